@@ -1,0 +1,17 @@
+"""rnn_ablations: the LSTM ablations of *LSTM as a Dynamically Computed Element-wise Weighted Sum*
+(Levy et al., ACL 2018) and *Recurrent Additive Networks* (Lee et al., 2017) as drop-ins for
+``torch.nn.LSTM``, with AllenNLP and OpenNMT-py integrations.
+
+Importing this package needs only torch; the framework integrations are imported lazily.
+"""
+from .variants import ALIASES, VARIANTS, Variant, get_variant, recurrent_param_count
+from .rnn import AblatedRNN
+from .analysis import WeightedSum, weighted_sum
+from .dispatch import kernel_available, set_backend, use_backend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "VARIANTS", "ALIASES", "Variant", "get_variant", "recurrent_param_count", "AblatedRNN",
+    "weighted_sum", "WeightedSum", "kernel_available", "set_backend", "use_backend",
+]

@@ -1,0 +1,133 @@
+"""Dispatch of one layer/direction to the fused C++ CPU kernel or to the generic PyTorch path.
+
+The fast path is used automatically for CPU tensors of dtype float32/float64 when the compiled
+extension ``rnn_ablations._C`` is importable; everything else (CUDA, half precision, an install
+without the extension, ``RNN_ABLATIONS_DISABLE_KERNEL=1``) takes :func:`generic_layer`, which
+computes the same function.  :func:`set_backend` forces one path (the tests use it to compare them).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Optional
+
+import torch
+
+from .functional import generic_layer
+from .variants import Variant
+
+__all__ = ["kernel_available", "set_backend", "use_backend", "run_layer"]
+
+try:  # pragma: no cover - depends on the build
+    from . import _C  # type: ignore[attr-defined]
+    _KERNEL_ERROR: Optional[str] = None
+except ImportError as exc:  # pragma: no cover
+    _C = None
+    _KERNEL_ERROR = str(exc)
+
+_BACKENDS = ("auto", "kernel", "generic")
+_backend = "generic" if os.environ.get("RNN_ABLATIONS_DISABLE_KERNEL") == "1" else "auto"
+_warned = False
+
+
+def kernel_available() -> bool:
+    """True when the compiled CPU kernel could be imported."""
+    return _C is not None
+
+
+def set_backend(name: str) -> None:
+    """``"auto"`` (kernel on CPU when available), ``"kernel"`` (required) or ``"generic"``."""
+    global _backend
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(_BACKENDS)}")
+    if name == "kernel" and _C is None:
+        raise RuntimeError(
+            "the compiled kernel rnn_ablations._C is not available "
+            f"({_KERNEL_ERROR}); reinstall with `pip install --no-build-isolation -e .`"
+        )
+    _backend = name
+
+
+def get_backend() -> str:
+    return _backend
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    old = _backend
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(old)
+
+
+def _kernel_applies(xr: torch.Tensor) -> bool:
+    global _warned
+    if _backend == "generic":
+        return False
+    ok = xr.device.type == "cpu" and xr.dtype in (torch.float32, torch.float64)
+    if _C is None:
+        if _backend == "kernel":
+            raise RuntimeError("rnn_ablations._C is not available: " + str(_KERNEL_ERROR))
+        if not _warned and ok:
+            warnings.warn("rnn_ablations: compiled CPU kernel unavailable "
+                          f"({_KERNEL_ERROR}); using the slower generic path")
+            _warned = True
+        return False
+    if _backend == "kernel" and not ok:
+        raise RuntimeError(
+            f"the rnn_ablations kernel handles CPU float32/float64 only, got {xr.device} {xr.dtype}")
+    return ok
+
+
+class _KernelLayer(torch.autograd.Function):
+    """Autograd wrapper: forward and the hand-written backward of the C++ kernel."""
+
+    @staticmethod
+    def forward(ctx, proj, w_hh, h0, c0, kind, highway, batch_sizes, rec_mask):
+        mask_ = rec_mask if rec_mask is not None else proj.new_empty(0)
+        out, h_n, c_n, gates, cs, hin = _C.forward(kind, highway, proj, w_hh, h0, c0,
+                                                   batch_sizes, mask_, True)
+        ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_)
+        ctx.kind, ctx.highway = kind, highway
+        return out, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, g_out, g_hn, g_cn):
+        gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask = ctx.saved_tensors
+        g_out = torch.zeros_like(out) if g_out is None else g_out
+        g_hn = torch.zeros_like(h0) if g_hn is None else g_hn.contiguous()
+        g_cn = torch.zeros_like(c0) if g_cn is None else g_cn.contiguous()
+        dproj, dw, dh0, dc0 = _C.backward(ctx.kind, ctx.highway, g_out, g_hn, g_cn, gates, cs,
+                                          hin, out, proj, w_hh, h0, c0, batch_sizes, mask)
+        return dproj, dw, dh0, dc0, None, None, None, None
+
+
+def run_layer(variant: Variant, highway: bool, proj: torch.Tensor, w_hh: torch.Tensor,
+              h0: torch.Tensor, c0: torch.Tensor, batch_sizes: torch.Tensor,
+              rec_mask: Optional[torch.Tensor] = None):
+    """One layer, one direction. Returns ``(output (T,B,H), h_n (B,H), c_n (B,H))``.
+
+    ``proj`` (T, B, (R+X)·H) holds the input projections, recurrent blocks first (with their
+    bias), then the input-only blocks; ``batch_sizes`` is a CPU int64 tensor of length T (see
+    :mod:`rnn_ablations.functional`).
+    """
+    if _kernel_applies(proj):
+        proj, w_hh, h0, c0 = proj.contiguous(), w_hh.contiguous(), h0.contiguous(), c0.contiguous()
+        rec_mask = rec_mask.contiguous() if rec_mask is not None else None
+        needs_grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (proj, w_hh, h0, c0))
+        if needs_grad:
+            return _KernelLayer.apply(proj, w_hh, h0, c0, variant.kind, highway, batch_sizes,
+                                      rec_mask)
+        out, h_n, c_n, _, _, _ = _C.forward(
+            variant.kind, highway, proj, w_hh, h0, c0, batch_sizes,
+            rec_mask if rec_mask is not None else proj.new_empty(0), False)
+        return out, h_n, c_n
+    rh = w_hh.shape[0]
+    xo = proj[..., rh:] if proj.shape[-1] > rh else None
+    out, h_n, c_n, _ = generic_layer(variant, highway, proj[..., :rh], xo, w_hh, h0, c0,
+                                     batch_sizes.tolist(), rec_mask)
+    return out, h_n, c_n

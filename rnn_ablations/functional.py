@@ -1,0 +1,94 @@
+"""The generic (reference) path: one recurrent layer in one direction, written with PyTorch ops.
+
+It runs on every device and dtype and is differentiated by autograd.  The C++ kernel
+(:mod:`rnn_ablations._kernel`) computes exactly the same function faster on CPU; the tests check
+the two against each other.  Both read the block layout from :mod:`rnn_ablations.variants`.
+
+Conventions of a *layer call* (shared with the kernel):
+
+* time-major tensors: ``xr`` (T, B, R·H) = the recurrent blocks' input projections *plus bias*,
+  ``xo`` (T, B, X·H) = the input-only blocks (content ``c̃``, highway projection), or ``None``;
+* the batch is sorted by decreasing length and ``batch_sizes[t]`` rows are active at step t
+  (as in a :class:`~torch.nn.utils.rnn.PackedSequence`); an inactive row keeps its state and
+  outputs zero, so the final state of every row is the state after its last real token;
+* ``rec_mask`` (B, H) or ``None``: the variational recurrent-dropout mask multiplied into
+  ``h_{t-1}`` before it enters the recurrent projection.
+"""
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Sequence
+
+import torch
+
+from .variants import KIND_LSTM, KIND_SRNN, Variant
+
+__all__ = ["StepResult", "pointwise", "generic_layer"]
+
+
+class StepResult(NamedTuple):
+    h: torch.Tensor
+    c: torch.Tensor
+    input_gate: Optional[torch.Tensor]
+    forget_gate: Optional[torch.Tensor]
+    content: Optional[torch.Tensor]
+
+
+def pointwise(variant: Variant, highway: bool, a: torch.Tensor, xo: Optional[torch.Tensor],
+              c_prev: torch.Tensor) -> StepResult:
+    """The element-wise part of one step, from the pre-activations ``a`` (n, R·H)."""
+    hidden = c_prev.shape[-1]
+    rec_names, inp_names = variant.blocks(highway)
+    pre = dict(zip(rec_names, a.split(hidden, dim=-1)))
+    if inp_names:
+        pre.update(zip(inp_names, xo.split(hidden, dim=-1)))
+    if variant.kind == KIND_SRNN:
+        h = torch.tanh(pre["h"])
+        c, i, f, content = h, None, None, None
+    else:
+        i = torch.sigmoid(pre["i"])
+        f = torch.sigmoid(pre["f"])
+        content = torch.tanh(pre["g"]) if variant.kind == KIND_LSTM else pre["c"]
+        c = i * content + f * c_prev
+        if variant.output == "o_tanh":
+            h = torch.sigmoid(pre["o"]) * torch.tanh(c)
+        elif variant.output == "tanh":
+            h = torch.tanh(c)
+        else:  # identity
+            h = c
+    if highway:
+        r = torch.sigmoid(pre["r"])
+        h = r * h + (1 - r) * pre["hw"]
+        if variant.kind == KIND_SRNN:
+            c = h
+    return StepResult(h, c, i, f, content)
+
+
+def generic_layer(variant: Variant, highway: bool, xr: torch.Tensor, xo: Optional[torch.Tensor],
+                  w_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
+                  batch_sizes: Sequence[int], rec_mask: Optional[torch.Tensor] = None,
+                  keep_steps: bool = False):
+    """Run one layer/direction; returns ``(output (T,B,H), h_n, c_n, steps)``.
+
+    ``steps`` is the list of :class:`StepResult` per time step (for ``weighted_sum``) when
+    ``keep_steps`` is true, else ``None``.
+    """
+    seq_len, batch = xr.shape[0], xr.shape[1]
+    h, c = h0, c0
+    outputs: List[torch.Tensor] = []
+    steps: Optional[List[StepResult]] = [] if keep_steps else None
+    w_t = w_hh.t()
+    for t in range(seq_len):
+        n = int(batch_sizes[t])
+        h_prev = h[:n] if rec_mask is None else h[:n] * rec_mask[:n]
+        a = torch.addmm(xr[t, :n], h_prev, w_t)
+        res = pointwise(variant, highway, a, None if xo is None else xo[t, :n], c[:n])
+        if keep_steps:
+            steps.append(res)
+        if n < batch:
+            outputs.append(torch.cat([res.h, res.h.new_zeros(batch - n, res.h.shape[1])]))
+            h = torch.cat([res.h, h[n:]])
+            c = torch.cat([res.c, c[n:]])
+        else:
+            outputs.append(res.h)
+            h, c = res.h, res.c
+    return torch.stack(outputs), h, c, steps

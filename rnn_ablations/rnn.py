@@ -1,0 +1,384 @@
+"""``AblatedRNN``: every variant of :mod:`rnn_ablations.variants` as a drop-in for ``torch.nn.LSTM``."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from .dispatch import run_layer
+from .variants import KIND_LSTM, KIND_SRNN, Variant, get_variant
+
+__all__ = ["AblatedRNN"]
+
+HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
+
+
+def _check_prob(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Number) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class AblatedRNN(nn.Module):
+    r"""A multi-layer recurrent network of one of the papers' variants, with ``torch.nn.LSTM``'s API.
+
+    For each element of the input sequence each layer computes, depending on ``variant``
+    (the table lives in :mod:`rnn_ablations.variants`)::
+
+        lstm            i,f,o = σ(W_·x x_t + W_·h h_{t-1} + b_·),  c̃_t = tanh(W_cx x_t + W_ch h_{t-1} + b_c)
+                        c_t = i_t ∘ c̃_t + f_t ∘ c_{t-1},           h_t = o_t ∘ tanh(c_t)
+        srnn            h_t = tanh(W_hx x_t + W_hh h_{t-1} + b_h)            (LSTM − GATES)
+        lstm_minus_srnn i,f,o as above, c̃_t = W_cx x_t (no bias), c_t as above, h_t = o_t ∘ tanh(c_t)
+        ran             i,f as above,   c̃_t = W_cx x_t (no bias), c_t as above, h_t = tanh(c_t)
+        identity_ran    as ``ran`` with h_t = c_t
+
+    Args:
+        variant: ``"lstm"``, ``"srnn"``, ``"lstm_minus_srnn"``, ``"ran"``, ``"identity_ran"``
+            (aliases: ``lstm_minus_gates``, ``lstm_minus_srnn_minus_out``, ``tanh_ran``).
+        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional:
+            as in :class:`torch.nn.LSTM` (``dropout`` is applied to the outputs of every layer
+            but the last, during training).
+        recurrent_dropout: variational dropout on ``h_{t-1}`` where it enters the recurrent
+            projection: one mask per sequence (per layer and direction), drawn at every forward
+            in training mode (Gal & Ghahramani 2016).  Unlike AllenNLP's ``AugmentedLstm`` the
+            layer's *outputs* are not dropped.
+        highway: AllenNLP ``AugmentedLstm``'s highway connection in every layer:
+            ``h_t ← r_t ∘ h_t + (1 − r_t) ∘ W_hw x_t``, ``r_t = σ(W_rx x_t + W_rh h_{t-1} + b_r)``.
+
+    Parameters (``{k}`` = layer, ``_reverse`` suffix for the backward direction); ``R`` = number
+    of recurrent blocks (4 LSTM, 1 S-RNN, 3 LSTM − S-RNN, 2 RAN, +1 with highway), ``X`` = input-only
+    blocks (0 LSTM and S-RNN, 1 content block for the others, +1 with highway):
+
+    * ``weight_ih_l{k}`` ``((R + X)·H, d_in)``: recurrent blocks first, in the order
+      ``i, f, g, o`` (LSTM, as ``nn.LSTM``), ``h`` (S-RNN), ``i, f, o`` (LSTM − S-RNN), ``i, f``
+      (RAN), then ``r`` (highway gate); then the input-only blocks ``c`` and ``hw``.
+    * ``weight_hh_l{k}`` ``(R·H, H)``.
+    * plain LSTM: ``bias_ih_l{k}`` and ``bias_hh_l{k}`` ``(4H)`` exactly like ``nn.LSTM``, so its
+      ``state_dict`` loads as is.  Every other cell: one bias ``bias_l{k}`` ``(R·H)``; the name
+      contains neither ``bias_ih`` nor ``bias_hh`` on purpose, so initializers written for LSTM
+      biases (AllenNLP's ``lstm_hidden_bias`` on ``.*bias_hh.*``, which assumes 4H entries) cannot
+      touch it.  An ``nn.RNN`` ``state_dict`` (``bias_ih_l{k}`` + ``bias_hh_l{k}``) is accepted by
+      ``srnn``: the two biases are summed on load.
+
+    Initialisation (:meth:`reset_parameters`): every weight ``U(−1/√H, 1/√H)`` as in ``nn.LSTM``;
+    ``lstm`` biases like ``nn.LSTM`` (uniform), ``srnn`` bias uniform like ``nn.RNN``; the gated
+    ablations' gate biases 0 except the forget gate, which is 1 (so a new cell remembers), and
+    the highway gate bias 0.
+
+    Inputs: ``input, hx=None, *, mask=None, lengths=None``
+        * ``input``: ``(T, B, d_in)`` (``(B, T, d_in)`` with ``batch_first``), ``(T, d_in)`` for an
+          unbatched sequence, or a :class:`~torch.nn.utils.rnn.PackedSequence`.
+        * ``hx``: ``(h_0, c_0)``, each ``(num_layers·num_directions, B, H)``; ``srnn`` also accepts
+          ``h_0`` alone and ignores ``c_0``.  Zeros when omitted.
+        * ``mask`` ``(B, T)`` bool (True = real token, left-aligned) or ``lengths`` ``(B,)``, for
+          padded input: a row's backward direction starts at its last real token, outputs at
+          padded positions are zero and final states are taken at each row's last real token.
+
+    Outputs: ``output, (h_n, c_n)`` with ``nn.LSTM``'s shapes.  For ``srnn``, which has no memory
+    cell, ``c_n`` is a copy of ``h_n`` (so that code that unpacks ``(h, c)`` keeps working).
+    """
+
+    def __init__(self, variant: Union[str, Variant], input_size: int, hidden_size: int,
+                 num_layers: int = 1, bias: bool = True, batch_first: bool = False,
+                 dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 recurrent_dropout: float = 0.0, highway: bool = False,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        self.variant = get_variant(variant)
+        self.input_size = _check_positive_int("input_size", input_size)
+        self.hidden_size = _check_positive_int("hidden_size", hidden_size)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        for name, flag in (("bias", bias), ("batch_first", batch_first),
+                           ("bidirectional", bidirectional), ("highway", highway)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if proj_size:
+            raise ValueError("proj_size is not supported by AblatedRNN (the papers' cells have no "
+                             "output projection); leave it at 0")
+        self.bias = bias
+        self.batch_first = batch_first
+        self.dropout = _check_prob("dropout", dropout)
+        self.recurrent_dropout = _check_prob("recurrent_dropout", recurrent_dropout)
+        self.bidirectional = bidirectional
+        self.highway = highway
+        self.num_directions = 2 if bidirectional else 1
+        self.mode = self.variant.name
+        rec, inp = self.variant.num_recurrent(highway), self.variant.num_input_only(highway)
+        self._num_rec, self._num_inp = rec, inp
+        H = self.hidden_size
+        factory = {"device": device, "dtype": dtype}
+        self._param_names: List[List[Tuple[str, ...]]] = []
+        for layer in range(self.num_layers):
+            d_in = self.input_size if layer == 0 else H * self.num_directions
+            per_dir = []
+            for direction in range(self.num_directions):
+                sfx = f"_l{layer}" + ("_reverse" if direction else "")
+                names = [f"weight_ih{sfx}", f"weight_hh{sfx}"]
+                setattr(self, names[0], nn.Parameter(torch.empty((rec + inp) * H, d_in, **factory)))
+                setattr(self, names[1], nn.Parameter(torch.empty(rec * H, H, **factory)))
+                if bias:
+                    if self.variant.uses_lstm_bias_names(highway):
+                        names += [f"bias_ih{sfx}", f"bias_hh{sfx}"]
+                        for n in names[2:]:
+                            setattr(self, n, nn.Parameter(torch.empty(rec * H, **factory)))
+                    else:
+                        names.append(f"bias{sfx}")
+                        setattr(self, names[2], nn.Parameter(torch.empty(rec * H, **factory)))
+                per_dir.append(tuple(names))
+            self._param_names.append(per_dir)
+        self._register_load_state_dict_pre_hook(self._merge_rnn_biases)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ parameters and init
+    def reset_parameters(self) -> None:
+        """The documented initialisation (see the class docstring)."""
+        H = self.hidden_size
+        stdv = 1.0 / math.sqrt(H)
+        v = self.variant
+        for layer in self._param_names:
+            for names in layer:
+                for name in names:
+                    p = getattr(self, name)
+                    if name.startswith("weight") or v.kind in (KIND_LSTM, KIND_SRNN):
+                        nn.init.uniform_(p, -stdv, stdv)
+                    else:
+                        self.init_gate_bias_(p)
+
+    def init_gate_bias_(self, bias: torch.Tensor) -> torch.Tensor:
+        """Gate bias of the gated ablations: 0, forget gate 1 (in place)."""
+        H = self.hidden_size
+        rec_names, _ = self.variant.blocks(self.highway)
+        with torch.no_grad():
+            bias.zero_()
+            if "f" in rec_names:
+                f = rec_names.index("f")
+                bias[f * H:(f + 1) * H] = 1.0
+        return bias
+
+    def _merge_rnn_biases(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                          unexpected_keys, error_msgs):
+        """Accept ``nn.RNN``/``nn.LSTM``-style ``bias_ih``/``bias_hh`` pairs for single-bias cells."""
+        if self.variant.uses_lstm_bias_names(self.highway):
+            return
+        for layer in self._param_names:
+            for names in layer:
+                if len(names) < 3:
+                    continue
+                sfx = names[2][len("bias"):]
+                k_ih, k_hh, k_b = prefix + "bias_ih" + sfx, prefix + "bias_hh" + sfx, prefix + names[2]
+                if k_b not in state_dict and k_ih in state_dict and k_hh in state_dict:
+                    state_dict[k_b] = state_dict.pop(k_ih) + state_dict.pop(k_hh)
+
+    def layer_parameters(self, layer: int, direction: int = 0):
+        """``(weight_ih, weight_hh, bias or None)`` of one layer/direction; bias = the sum of
+        ``bias_ih`` and ``bias_hh`` for the plain LSTM."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
+        if not 0 <= direction < self.num_directions:
+            raise ValueError(f"direction must be in [0, {self.num_directions}), got {direction}")
+        names = self._param_names[layer][direction]
+        w_ih, w_hh = getattr(self, names[0]), getattr(self, names[1])
+        if len(names) == 4:
+            b = getattr(self, names[2]) + getattr(self, names[3])
+        elif len(names) == 3:
+            b = getattr(self, names[2])
+        else:
+            b = None
+        return w_ih, w_hh, b
+
+    def extra_repr(self) -> str:
+        s = f"{self.variant.name!r}, {self.input_size}, {self.hidden_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
+                              ("bidirectional", False), ("recurrent_dropout", 0.0),
+                              ("highway", False)):
+            if getattr(self, name) != default:
+                s += f", {name}={getattr(self, name)}"
+        return s
+
+    # ------------------------------------------------------------------ input checking
+    def _lengths_from(self, mask, lengths, batch: int, seq_len: int, device) -> Optional[torch.Tensor]:
+        if mask is not None and lengths is not None:
+            raise ValueError("give either mask or lengths, not both")
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+                raise ValueError(f"mask must be a (batch, seq_len) boolean tensor, got "
+                                 f"{getattr(mask, 'shape', type(mask).__name__)}")
+            if tuple(mask.shape) != (batch, seq_len):
+                raise ValueError(f"mask has shape {tuple(mask.shape)} but the input has batch "
+                                 f"{batch} and seq_len {seq_len}: it must be (batch, seq_len)")
+            if mask.dtype != torch.bool:
+                if mask.is_floating_point() or not ((mask == 0) | (mask == 1)).all():
+                    raise ValueError(f"mask must be boolean (or 0/1 integers), got {mask.dtype}")
+                mask = mask.bool()
+            lengths = mask.sum(dim=1)
+            positions = torch.arange(seq_len, device=mask.device).unsqueeze(0)
+            if not torch.equal(mask, positions < lengths.unsqueeze(1)):
+                raise ValueError("mask must be left-aligned (True for the first n tokens of a row, "
+                                 "then False); right-pad your sequences")
+        elif lengths is None:
+            return None
+        else:
+            if not isinstance(lengths, torch.Tensor):
+                lengths = torch.as_tensor(lengths)
+            if lengths.dim() != 1 or lengths.shape[0] != batch:
+                raise ValueError(f"lengths must have shape ({batch},) to match the batch, got "
+                                 f"{tuple(lengths.shape)}")
+            if lengths.is_floating_point() or lengths.dtype == torch.bool:
+                raise ValueError(f"lengths must be integers, got {lengths.dtype}")
+        lengths = lengths.to("cpu", torch.int64)
+        if batch and int(lengths.min()) < 1:
+            raise ValueError(f"every sequence needs at least one token; got a length of "
+                             f"{int(lengths.min())} (drop empty rows before the RNN)")
+        if batch and int(lengths.max()) > seq_len:
+            raise ValueError(f"a length of {int(lengths.max())} exceeds the input's seq_len "
+                             f"{seq_len}")
+        return lengths
+
+    def _initial_state(self, hx, batch: int, ref: torch.Tensor):
+        shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
+        if hx is None:
+            z = ref.new_zeros(shape)
+            return z, z
+        if isinstance(hx, torch.Tensor):
+            if self.variant.kind != KIND_SRNN:
+                raise ValueError(f"hx for {self.variant.name!r} must be a tuple (h_0, c_0); only "
+                                 "'srnn' accepts a single h_0 tensor")
+            h0, c0 = hx, hx
+        elif isinstance(hx, (tuple, list)) and len(hx) == 2:
+            h0, c0 = hx
+        else:
+            raise ValueError("hx must be a tuple (h_0, c_0) of tensors")
+        for name, t in (("h_0", h0), ("c_0", c0)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape} (num_layers*num_directions, "
+                                 f"batch, hidden_size), got {tuple(getattr(t, 'shape', ()))}")
+            if t.dtype != ref.dtype or t.device != ref.device:
+                raise ValueError(f"{name} must have the input's dtype and device ({ref.dtype}, "
+                                 f"{ref.device}), got ({t.dtype}, {t.device})")
+        return h0, c0
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input, hx: Optional[HiddenState] = None, *, mask=None, lengths=None):
+        packed = isinstance(input, PackedSequence)
+        unbatched = False
+        if packed:
+            if mask is not None or lengths is not None:
+                raise ValueError("a PackedSequence carries its own lengths: do not pass mask or lengths")
+            x, lengths = pad_packed_sequence(input, batch_first=False)
+            if hx is not None:  # nn.LSTM takes hx in the original batch order, as we do
+                pass
+        else:
+            if not isinstance(input, torch.Tensor):
+                raise ValueError(f"input must be a tensor or a PackedSequence, got {type(input).__name__}")
+            if input.dim() == 2:
+                unbatched = True
+                if mask is not None or lengths is not None:
+                    raise ValueError("mask/lengths need batched (3-D) input")
+                x = input.unsqueeze(1)
+                if hx is not None:
+                    hx = (hx.unsqueeze(1) if isinstance(hx, torch.Tensor)
+                          else tuple(h.unsqueeze(1) if isinstance(h, torch.Tensor) else h for h in hx))
+            elif input.dim() == 3:
+                x = input.transpose(0, 1) if self.batch_first else input
+            else:
+                raise ValueError(f"input must be 2-D (unbatched) or 3-D, got {input.dim()}-D "
+                                 f"with shape {tuple(input.shape)}")
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"input.size(-1) must be equal to input_size. Expected "
+                             f"{self.input_size}, got {x.shape[-1]}")
+        if not x.is_floating_point():
+            raise ValueError(f"input must be a floating-point tensor, got {x.dtype}")
+        seq_len, batch = x.shape[0], x.shape[1]
+        if seq_len == 0:
+            raise ValueError("input has seq_len 0; every sequence needs at least one token")
+        lengths = self._lengths_from(mask, lengths, batch, seq_len, x.device)
+        h0, c0 = self._initial_state(hx, batch, x)
+        output, h_n, c_n = self._run(x, lengths, h0, c0)
+        if packed:
+            output = pack_padded_sequence(output, lengths, enforce_sorted=False)
+        elif unbatched:
+            output, h_n, c_n = output.squeeze(1), h_n.squeeze(1), c_n.squeeze(1)
+        elif self.batch_first:
+            output = output.transpose(0, 1)
+        return output, (h_n, c_n)
+
+    def _run(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
+        """Time-major core: x (T, B, d_in), original batch order; ``num_layers`` stops early
+        (used by :func:`rnn_ablations.weighted_sum` to get a layer's input)."""
+        seq_len, batch = x.shape[0], x.shape[1]
+        order = None
+        if lengths is None or bool((lengths == seq_len).all()):
+            batch_sizes = torch.full((seq_len,), batch, dtype=torch.int64)
+            rev_index = None
+            t_eff = seq_len
+        else:
+            sorted_len, order = torch.sort(lengths, descending=True, stable=True)
+            if torch.equal(order, torch.arange(batch)):
+                order = None
+            else:
+                dev_order = order.to(x.device)
+                x = x.index_select(1, dev_order)
+                h0, c0 = h0.index_select(1, dev_order), c0.index_select(1, dev_order)
+            t_eff = int(sorted_len[0])
+            x = x[:t_eff]
+            steps = torch.arange(t_eff).unsqueeze(1)
+            batch_sizes = (steps < sorted_len.unsqueeze(0)).sum(1)
+            # reverse every row within its length; padded positions map to themselves
+            rev = torch.where(steps < sorted_len, sorted_len - 1 - steps, steps)
+            rev_index = rev.to(x.device)
+
+        def reverse(t: torch.Tensor) -> torch.Tensor:
+            if rev_index is None:
+                return t.flip(0)
+            return t.gather(0, rev_index.unsqueeze(-1).expand_as(t))
+
+        layer_input = x
+        h_finals, c_finals = [], []
+        H = self.hidden_size
+        for layer in range(self.num_layers if num_layers is None else num_layers):
+            outputs = []
+            for direction in range(self.num_directions):
+                w_ih, w_hh, b = self.layer_parameters(layer, direction)
+                inp = layer_input if direction == 0 else reverse(layer_input)
+                if b is not None and self._num_inp:
+                    b = torch.cat([b, b.new_zeros(self._num_inp * H)])
+                proj = F.linear(inp, w_ih, b)
+                idx = layer * self.num_directions + direction
+                rec_mask = None
+                if self.training and self.recurrent_dropout > 0:
+                    keep = 1.0 - self.recurrent_dropout
+                    rec_mask = torch.empty(batch, H, dtype=x.dtype, device=x.device).bernoulli_(keep) / keep
+                out, h_n, c_n = run_layer(self.variant, self.highway, proj, w_hh, h0[idx], c0[idx],
+                                          batch_sizes, rec_mask)
+                if direction == 1:
+                    out = reverse(out)
+                outputs.append(out)
+                h_finals.append(h_n)
+                c_finals.append(c_n)
+            layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                layer_input = F.dropout(layer_input, self.dropout, True)
+        output = layer_input
+        h_n, c_n = torch.stack(h_finals), torch.stack(c_finals)
+        if t_eff < seq_len:
+            output = torch.cat([output, output.new_zeros(seq_len - t_eff, *output.shape[1:])])
+        if order is not None:
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(batch)
+            inverse = inverse.to(x.device)
+            output = output.index_select(1, inverse)
+            h_n, c_n = h_n.index_select(1, inverse), c_n.index_select(1, inverse)
+        return output, h_n, c_n
