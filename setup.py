@@ -38,12 +38,50 @@ if os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1":
     ]
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
 
+from setuptools.command.build_py import build_py as _build_py
+
+
+class build_py(_build_py):
+    """Also place ``rnn_ablations_hooks.pth`` at the root of the wheel (= of site-packages), so
+    that it is installed and uninstalled with the package (normal and editable installs)."""
+
+    _PTH = "rnn_ablations_hooks.pth"
+
+    def run(self):
+        super().run()
+        self.copy_file(self._PTH, os.path.join(self.build_lib, self._PTH), preserve_mode=0)
+
+    def get_outputs(self, include_bytecode=1):
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, self._PTH)]
+
+    def get_output_mapping(self):
+        mapping = dict(super().get_output_mapping())
+        mapping[os.path.join(self.build_lib, self._PTH)] = self._PTH
+        return mapping
+
+
+cmdclass["build_py"] = build_py
+
+try:  # editable installs (PEP 660) build their wheel without build_py's outputs at the root
+    from setuptools.command.editable_wheel import editable_wheel as _editable_wheel
+
+    class editable_wheel(_editable_wheel):
+        def _install_namespaces(self, installation_dir, pth_prefix):
+            super()._install_namespaces(installation_dir, pth_prefix)
+            import shutil
+            shutil.copyfile(build_py._PTH, os.path.join(installation_dir, build_py._PTH))
+
+    cmdclass["editable_wheel"] = editable_wheel
+except ImportError:  # pragma: no cover - very old setuptools
+    pass
+
 setup(
     name="rnn_ablations",
     version="0.1.0",
     description="LSTM ablations (S-RNN, LSTM−S-RNN, RAN) as fast drop-ins for torch.nn.LSTM, "
     "with AllenNLP and OpenNMT-py integrations",
     packages=find_packages(include=["rnn_ablations", "rnn_ablations.*"]),
+    py_modules=["rnn_ablations_hooks"],
     package_data={"rnn_ablations": ["csrc/*.cpp"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.1", "numpy"],

@@ -1,0 +1,1 @@
+"""Adapters to host frameworks (AllenNLP, OpenNMT-py).  Each imports its framework lazily."""

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv/ in the repository root with everything the project needs, from pinned files:
+# torch 2.13 + the package (with its C++ kernel), AllenNLP 2.10.1 and OpenNMT-py 3.5.1.
+# Idempotent: a second run only checks.  Usage: bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+stamp=.venv/.rnn_ablations_setup
+want=$(cat requirements/*.txt setup.py rnn_ablations/csrc/*.cpp | sha1sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import rnn_ablations._C" 2>/dev/null; then
+  echo "setup: .venv is up to date"
+  exit 0
+fi
+$PIP install -q -r requirements/core.txt
+$PIP install -q --no-deps -r requirements/allennlp-nodeps.txt
+$PIP install -q -r requirements/allennlp.txt
+$PIP install -q --no-deps -r requirements/onmt-nodeps.txt
+$PIP install -q -r requirements/onmt.txt
+# The kernel is compiled against the installed torch: no build isolation.
+$PIP install -q --use-pep517 --no-build-isolation --no-deps -e .
+.venv/bin/python -c "import rnn_ablations, rnn_ablations._C; print('setup: rnn_ablations', rnn_ablations.__version__, 'with its CPU kernel')"
+echo "$want" > "$stamp"
