@@ -1,0 +1,84 @@
+"""``rnn-ablations visualize``: the heat map and arrows of a trained model for one sentence."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from .core import DIRECTIONS
+
+__all__ = ["add_subparser", "run"]
+
+_EPILOG = """\
+model kinds (detected from PATH):
+  AllenNLP archive     model.tar.gz, or a serialization directory with config.json and
+                       weights.th/best.th; the text is tokenised by the archive's dataset reader
+                       and embedded by the model (biaffine parser with POS tags: word/TAG pairs)
+  OpenNMT-py           a .pt checkpoint from onmt_train; whitespace tokens, the source vocabulary
+  language model       a checkpoint from 'rnn-ablations lm train'; whitespace tokens, its vocabulary
+
+examples:
+  rnn-ablations visualize --model runs/ran/model.pt --text "the cat sat on the mat" --out fig.png
+  rnn-ablations visualize --model bidaf/model.tar.gz --encoder phrase_layer \\
+      --text "The cat sat on the mat ." --out fig.png --json fig.json
+"""
+
+
+def add_subparser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "visualize",
+        help="weight heat map (ACL paper Table 5) and arrows (RAN paper Figure 1) of a trained model",
+        description="Decompose the memory of one layer of a trained model's recurrent encoder for "
+                    "a sentence, c_t = Σ_j w_j^t ∘ c̃_j, and draw ‖w_j^t‖₂ as a heat map (column = "
+                    "current word t, row = context word j; for a bidirectional encoder the forward "
+                    "direction in the upper-right triangle and the backward direction in the "
+                    "lower-left) and, for each word, an arrow to its most influential earlier "
+                    "(later) word v_t = argmax_j max_m w_j^t(m), also printed as text.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="AllenNLP archive, OpenNMT-py checkpoint or rnn-ablations LM checkpoint")
+    p.add_argument("--text", required=True, help="the sentence to analyse")
+    p.add_argument("--out", metavar="FIG", help="where to write the figure (.png, .pdf, .svg)")
+    p.add_argument("--encoder", metavar="NAME",
+                   help="which recurrent encoder (module name, e.g. BiDAF's phrase_layer); "
+                        "needed when the model has several, which are then listed")
+    p.add_argument("--layer", type=int, default=0, metavar="K",
+                   help="layer of the encoder, 0-based (default 0: the layer that reads the words)")
+    p.add_argument("--direction", choices=DIRECTIONS, default=None,
+                   help="default: both for a bidirectional encoder, forward otherwise")
+    p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    p.add_argument("--dpi", type=int, default=150, help="resolution of raster figures (default 150)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .loaders import visualize_model
+    from .plot import plot_weight_map
+
+    if not args.out and not args.json:
+        raise ValueError("nothing to write: give --out FIG.png and/or --json FILE")
+    for path in (args.out, args.json):
+        if path:
+            parent = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(parent):
+                raise FileNotFoundError(f"the directory of {path} does not exist; create it first")
+    if args.out:
+        ext = os.path.splitext(args.out)[1].lower()
+        if ext not in (".png", ".pdf", ".svg", ".jpg", ".jpeg"):
+            raise ValueError(f"--out must end in .png, .pdf, .svg or .jpg, got {args.out!r}")
+    if args.dpi <= 0:
+        raise ValueError(f"--dpi must be positive, got {args.dpi}")
+    wm = visualize_model(args.model, args.text, encoder=args.encoder, layer=args.layer,
+                         direction=args.direction)
+    print(f"{wm.source.get('kind')}: {wm.source.get('path')}, encoder {wm.source.get('encoder')}")
+    if wm.source.get("unknown_words"):
+        print(f"not in the vocabulary (embedded as <unk>): {wm.source['unknown_words']}")
+    print(wm.arrows_text())
+    if args.out:
+        plot_weight_map(wm, args.out, dpi=args.dpi)
+        print(f"wrote {args.out}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(wm.to_dict(), f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
