@@ -1,0 +1,447 @@
+"""OpenNMT-py 3.5.1 encoders for every variant of :mod:`rnn_ablations.variants`.
+
+After :func:`register` (which the start-up hook ``rnn_ablations_hooks`` runs automatically right
+after ``onmt`` is imported) the plain OpenNMT-py commands accept these encoder types::
+
+    onmt_train -config my.yaml -encoder_type bran        # or `encoder_type: bran` in the YAML
+
+=================  ===========================  ==================================
+encoder type       variant                      direction
+=================  ===========================  ==================================
+``lstm``           LSTM (our implementation)    unidirectional
+``srnn``           LSTM − GATES (S-RNN)         unidirectional
+``lstm_minus_srnn`` LSTM − S-RNN                unidirectional
+``ran``            LSTM − S-RNN − OUT (RAN)     unidirectional
+``identity_ran``   identity RAN                 unidirectional
+``b`` + any above  (``blstm``, ``bsrnn``, ``blstm_minus_srnn``, ``bran``, ``bidentity_ran``):
+                   the same cell, bidirectional, like OpenNMT's ``brnn``
+=================  ===========================  ==================================
+
+The encoder honours ``-enc_layers``, ``-enc_hid_size`` (``-hidden_size``), ``-dropout`` (between
+layers and on the source embeddings, and ``-dropout_steps`` through ``update_dropout``) and
+``-bridge``; the ``rnn_type`` option only selects the *decoder* cell (and how many states the
+bridge maps).  Bidirectional encoders use ``enc_hid_size / 2`` units per direction and join the
+two directions of every layer before handing the state to the decoder, exactly like OpenNMT's
+``brnn`` + ``_fix_enc_hidden``.  The final state is always ``(h, c)``, each
+``(enc_layers, batch, enc_hid_size)`` (``c`` is a copy of ``h`` for ``srnn``); the GRU decoder
+uses ``h``.
+
+Initialisation: OpenNMT re-initialises every parameter after building the model (``-param_init``
+uniform, or ``-param_init_glorot``).  The option ``-ablated_init`` (added to ``onmt_train``'s
+model options, so it is saved in the checkpoint) decides what happens to the encoder afterwards,
+for a new model only (never after ``-train_from``):
+
+* ``gate_bias`` (default): OpenNMT's initialisation of all weights is kept (as for its own LSTM
+  encoder), and the gated ablations' biases (``lstm_minus_srnn``, ``ran``, ``identity_ran``) are
+  reset to their own init: 0, forget gate 1.  ``lstm`` and ``srnn`` keep OpenNMT's uniform biases
+  (their own init is uniform too).
+* ``onmt``: keep OpenNMT's initialisation for everything.
+* ``variant``: :meth:`AblatedRNN.reset_parameters` for the whole recurrent stack (weights
+  ``U(±1/√H)``, biases as above); the embeddings and the bridge keep OpenNMT's init.
+
+:func:`register` also makes ``argparse.Namespace`` a torch safe global (OpenNMT-py 3.5.1
+checkpoints contain one and torch ≥ 2.6 loads ``weights_only``), and checks the model options
+early: an unknown ``-encoder_type`` lists the valid ones, and with our encoders the encoder and
+decoder hidden sizes must match and an RNN decoder may not have more layers than the encoder.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import numbers
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:
+    from onmt.encoders.encoder import EncoderBase
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "rnn_ablations.integrations.onmt needs OpenNMT-py 3.5.1 (`bash scripts/setup.sh` installs "
+        f"it into .venv/): {_exc}") from _exc
+
+from ..rnn import AblatedRNN
+from ..variants import KIND_LSTM, KIND_SRNN, VARIANTS, get_variant
+
+__all__ = [
+    "AblatedRNNEncoder", "ENCODER_TYPES", "ENCODER_CLASSES", "INIT_CHOICES", "DEFAULT_INIT",
+    "register", "is_registered", "check_model_opts", "encoder_type_for",
+]
+
+#: ``-ablated_init`` choices (see the module docstring).
+INIT_CHOICES = ("gate_bias", "onmt", "variant")
+DEFAULT_INIT = "gate_bias"
+
+#: encoder type -> (variant, bidirectional)
+ENCODER_TYPES: Dict[str, Tuple[str, bool]] = {}
+for _v in VARIANTS:
+    ENCODER_TYPES[_v] = (_v, False)
+for _v in VARIANTS:
+    ENCODER_TYPES["b" + _v] = (_v, True)
+
+
+def encoder_type_for(variant: str, bidirectional: bool = True) -> str:
+    """The encoder type name of a variant (aliases accepted): ``("ran", True)`` -> ``"bran"``."""
+    name = get_variant(variant).name
+    return ("b" if bidirectional else "") + name
+
+
+def _check_prob(name, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Number) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _check_positive_int(name, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class AblatedRNNEncoder(EncoderBase):
+    """OpenNMT-py encoder around :class:`rnn_ablations.AblatedRNN`.
+
+    Args:
+        variant: a variant name (``lstm``, ``srnn``, ``lstm_minus_srnn``, ``ran``, ``identity_ran``).
+        bidirectional: two directions of ``hidden_size // 2`` units each, joined per layer.
+        num_layers, hidden_size: ``-enc_layers``, ``-enc_hid_size`` (the *total* size: the
+            decoder's hidden size).
+        dropout: ``-dropout``: between layers, and (via ``update_dropout``) on the embeddings.
+        embeddings: the :class:`onmt.modules.Embeddings` of the source side.
+        use_bridge: ``-bridge``: a ReLU layer from the encoder's final state (all layers
+            concatenated) to the decoder's initial state, one per state (``bridge_states``).
+        bridge_states: 2 for an LSTM decoder (``h`` and ``c``), 1 for a GRU decoder (``h``; ``c``
+            is then passed on unchanged and unused).
+        init: ``-ablated_init``; applied by :meth:`apply_ablated_init` after OpenNMT's init.
+
+    ``forward(src, src_len)`` -> ``(enc_out (B, T, hidden_size), (h, c), src_len)`` with
+    ``h``, ``c`` each ``(num_layers, B, hidden_size)``; outputs at padded positions are 0 and the
+    final states are taken at each row's last real token.
+    """
+
+    #: set on the per-type subclasses made by this module
+    encoder_type: Optional[str] = None
+    __rnn_ablations_encoder__ = True
+
+    def __init__(self, variant, bidirectional: bool, num_layers: int, hidden_size: int,
+                 dropout: float = 0.0, embeddings=None, use_bridge: bool = False,
+                 bridge_states: int = 2, init: str = DEFAULT_INIT) -> None:
+        super().__init__()
+        self.variant = get_variant(variant)
+        if not isinstance(bidirectional, bool):
+            raise ValueError(f"bidirectional must be True or False, got {bidirectional!r}")
+        num_layers = _check_positive_int("enc_layers", num_layers)
+        hidden_size = _check_positive_int("enc_hid_size", hidden_size)
+        dropout = _check_prob("dropout", dropout)
+        if embeddings is None or not hasattr(embeddings, "embedding_size"):
+            raise ValueError("embeddings must be the onmt.modules.Embeddings of the source side "
+                             f"(with an embedding_size), got {type(embeddings).__name__}")
+        if bidirectional and hidden_size % 2:
+            raise ValueError(f"a bidirectional encoder splits enc_hid_size between its two "
+                             f"directions: it must be even, got {hidden_size}")
+        if bridge_states not in (1, 2):
+            raise ValueError(f"bridge_states must be 1 (GRU decoder) or 2 (LSTM decoder), got "
+                             f"{bridge_states!r}")
+        if init not in INIT_CHOICES:
+            raise ValueError(f"ablated_init must be one of {', '.join(INIT_CHOICES)}, got {init!r}")
+        self.bidirectional = bidirectional
+        self.num_layers = num_layers
+        self.hidden_size = hidden_size
+        self.ablated_init = init
+        self.embeddings = embeddings
+        num_directions = 2 if bidirectional else 1
+        self.rnn = AblatedRNN(self.variant.name, embeddings.embedding_size,
+                              hidden_size // num_directions, num_layers=num_layers,
+                              batch_first=True, dropout=dropout, bidirectional=bidirectional)
+        self.use_bridge = bool(use_bridge)
+        if self.use_bridge:
+            total = hidden_size * num_layers
+            self.bridge = nn.ModuleList([nn.Linear(total, total) for _ in range(bridge_states)])
+
+    @classmethod
+    def from_opt(cls, opt, embeddings):
+        """Build from OpenNMT's model options (``cls`` must be a per-type subclass)."""
+        if cls.encoder_type is None:
+            raise ValueError("use one of the registered encoder classes (ENCODER_CLASSES), not "
+                             "the base class, with from_opt")
+        variant, bidirectional = ENCODER_TYPES[cls.encoder_type]
+        dropout = opt.dropout[0] if isinstance(opt.dropout, (list, tuple)) else opt.dropout
+        return cls(variant, bidirectional, opt.enc_layers, opt.enc_hid_size, dropout, embeddings,
+                   use_bridge=bool(getattr(opt, "bridge", False)),
+                   bridge_states=2 if getattr(opt, "rnn_type", "LSTM") == "LSTM" else 1,
+                   init=getattr(opt, "ablated_init", DEFAULT_INIT))
+
+    # ------------------------------------------------------------------ init
+    def apply_ablated_init(self, mode: Optional[str] = None) -> None:
+        """Re-apply the variant's own initialisation after OpenNMT's ``param_init`` (see the
+        module docstring for the modes); ``mode`` defaults to the ``-ablated_init`` it was built
+        with."""
+        mode = self.ablated_init if mode is None else mode
+        if mode not in INIT_CHOICES:
+            raise ValueError(f"ablated_init must be one of {', '.join(INIT_CHOICES)}, got {mode!r}")
+        if mode == "onmt":
+            return
+        if mode == "variant":
+            self.rnn.reset_parameters()
+            return
+        if self.variant.kind in (KIND_LSTM, KIND_SRNN):
+            return  # their own bias init is uniform, like OpenNMT's
+        for name, param in self.rnn.named_parameters():
+            if name.startswith("bias"):
+                self.rnn.init_gate_bias_(param)
+
+    # ------------------------------------------------------------------ forward
+    def _join_directions(self, state: torch.Tensor) -> torch.Tensor:
+        # (layers * 2, B, H/2), directions interleaved per layer -> (layers, B, H)
+        return torch.cat([state[0::2], state[1::2]], dim=2)
+
+    def _bridge(self, state: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+        layers, batch, hidden = state.shape
+        flat = state.permute(1, 0, 2).reshape(batch, layers * hidden)
+        out = F.relu(linear(flat)).view(batch, layers, hidden)
+        return out.permute(1, 0, 2).contiguous()
+
+    def forward(self, src, src_len=None):
+        """See :meth:`onmt.encoders.encoder.EncoderBase.forward`."""
+        emb = self.embeddings(src)
+        enc_out, (h, c) = self.rnn(emb, lengths=src_len)
+        if self.bidirectional:
+            h, c = self._join_directions(h), self._join_directions(c)
+        if self.use_bridge:
+            h = self._bridge(h, self.bridge[0])
+            c = self._bridge(c, self.bridge[1]) if len(self.bridge) == 2 else c
+        return enc_out, (h, c), src_len
+
+    def update_dropout(self, dropout, attention_dropout=None):
+        """Called by OpenNMT for ``-dropout_steps``."""
+        self.rnn.dropout = _check_prob("dropout", dropout)
+        self.embeddings.update_dropout(dropout)
+
+    def extra_repr(self) -> str:
+        return (f"encoder_type={self.encoder_type!r}, hidden_size={self.hidden_size}, "
+                f"bridge={self.use_bridge}, ablated_init={self.ablated_init!r}")
+
+
+def _class_name(encoder_type: str) -> str:
+    variant, bidirectional = ENCODER_TYPES[encoder_type]
+    camel = "".join(part.capitalize() for part in variant.split("_"))
+    return f"Ablated{'Bi' if bidirectional else ''}{camel}Encoder"
+
+
+#: encoder type -> encoder class (module-level classes, so they can be pickled)
+ENCODER_CLASSES: Dict[str, type] = {}
+for _name in ENCODER_TYPES:
+    _cls_name = _class_name(_name)
+    _cls = type(_cls_name, (AblatedRNNEncoder,), {
+        "encoder_type": _name,
+        "__module__": __name__,
+        "__qualname__": _cls_name,
+        "__doc__": (f"OpenNMT-py encoder type ``{_name}``: {ENCODER_TYPES[_name][0]}, "
+                    f"{'bidirectional' if ENCODER_TYPES[_name][1] else 'unidirectional'} "
+                    "(see :class:`AblatedRNNEncoder`)."),
+    })
+    globals()[_cls_name] = _cls
+    ENCODER_CLASSES[_name] = _cls
+    __all__.append(_cls_name)
+
+
+# ---------------------------------------------------------------------- option checks
+def _valid_types_message(str2enc) -> str:
+    ours = [t for t in ENCODER_TYPES]
+    theirs = sorted(t for t in str2enc if t not in ENCODER_TYPES)
+    return (f"valid encoder types are: {', '.join(theirs)} (OpenNMT-py) and {', '.join(ours)} "
+            "(rnn_ablations: a variant name for a unidirectional encoder, 'b' + the name for a "
+            "bidirectional one)")
+
+
+def _suggest(name) -> Optional[str]:
+    """Our encoder type for a near miss: another case, '-', or a variant alias (``tanh_ran``)."""
+    if not isinstance(name, str):
+        return None
+    key = name.strip().lower().replace("-", "_")
+    candidates = [(key, False)]
+    if key.startswith("bi_"):
+        candidates.append((key[3:], True))
+    if key.startswith("b"):
+        candidates.append((key[1:], True))
+    for variant, bidirectional in candidates:
+        try:
+            return encoder_type_for(variant, bidirectional)
+        except (ValueError, TypeError):
+            continue
+    return None
+
+
+def check_model_opts(opt) -> None:
+    """Check the model options that concern the encoder; raise ``ValueError`` with a message
+    saying what is wrong and how to fix it.  Expects the options after OpenNMT's
+    ``ArgumentParser.update_model_opts`` (as ``validate_model_opts`` gets them)."""
+    from onmt.encoders import str2enc
+
+    if getattr(opt, "model_task", "seq2seq") != "seq2seq" or getattr(opt, "model_type", "text") != "text":
+        return  # the language-model task has no encoder
+    enc = getattr(opt, "encoder_type", None)
+    if enc not in str2enc:
+        hint = _suggest(enc)
+        hint = f" (did you mean {hint!r}?)" if hint else ""
+        raise ValueError(f"-encoder_type {enc!r} is unknown{hint}; {_valid_types_message(str2enc)}")
+    if enc not in ENCODER_TYPES:
+        return
+    _variant, bidirectional = ENCODER_TYPES[enc]
+    enc_h, dec_h = opt.enc_hid_size, opt.dec_hid_size
+    if enc_h != dec_h:
+        raise ValueError(
+            f"-encoder_type {enc}: the encoder hidden size (-enc_hid_size {enc_h}) must equal the "
+            f"decoder hidden size (-dec_hid_size {dec_h}): the decoder starts from the encoder's "
+            "final state and attends over its outputs; set both to the same value (or use "
+            "-hidden_size)")
+    if bidirectional and enc_h % 2:
+        raise ValueError(
+            f"-encoder_type {enc} is bidirectional: -enc_hid_size {enc_h} is split between the two "
+            "directions and must be even")
+    init = getattr(opt, "ablated_init", DEFAULT_INIT)
+    if init not in INIT_CHOICES:
+        raise ValueError(f"-ablated_init must be one of {', '.join(INIT_CHOICES)}, got {init!r}")
+    if getattr(opt, "decoder_type", "rnn") == "rnn":
+        enc_l, dec_l = opt.enc_layers, opt.dec_layers
+        if enc_l < dec_l:
+            raise ValueError(
+                f"-encoder_type {enc} with an RNN decoder: the encoder has fewer layers "
+                f"(-enc_layers {enc_l}) than the decoder (-dec_layers {dec_l}); decoder layer k "
+                "starts from encoder layer k's final state, so use -enc_layers >= -dec_layers "
+                "(or -layers N for both)")
+        if enc_l > dec_l and not getattr(opt, "input_feed", 1):
+            raise ValueError(
+                f"-encoder_type {enc} with -input_feed 0: the decoder (torch.nn.{opt.rnn_type}) "
+                f"needs an initial state with exactly -dec_layers {dec_l} layers but the encoder "
+                f"has -enc_layers {enc_l}; use the same number of layers or -input_feed 1")
+
+
+# ---------------------------------------------------------------------- registration
+_INIT_HELP = (
+    "How the rnn_ablations encoders (-encoder_type lstm, srnn, lstm_minus_srnn, ran, identity_ran "
+    "and their bidirectional b* forms) are initialised after -param_init/-param_init_glorot, for a "
+    "new model: 'gate_bias' keeps OpenNMT's init of the weights and resets the gated ablations' "
+    "biases to 0 with forget-gate bias 1; 'onmt' keeps OpenNMT's init; 'variant' re-applies "
+    "AblatedRNN's own init (weights U(+-1/sqrt(H))) to the recurrent layers.")
+
+_ENC_TYPE_HELP = (
+    " rnn_ablations adds the unidirectional " + "|".join(t for t in ENCODER_TYPES if not ENCODER_TYPES[t][1])
+    + " and the bidirectional " + "|".join(t for t in ENCODER_TYPES if ENCODER_TYPES[t][1]) + ".")
+
+
+def _add_model_opts(parser) -> None:
+    if "-ablated_init" in getattr(parser, "_option_string_actions", {}):
+        return
+    group = parser.add_argument_group("Model- rnn_ablations encoders")
+    group.add_argument("--ablated_init", "-ablated_init", type=str, default=DEFAULT_INIT,
+                       choices=list(INIT_CHOICES), help=_INIT_HELP)
+    for action in getattr(parser, "_actions", []):
+        if action.dest == "encoder_type" and action.help and _ENC_TYPE_HELP not in action.help:
+            action.help += _ENC_TYPE_HELP
+
+
+def _wrapped(func, marker="__rnn_ablations_wrapped__"):
+    return getattr(func, marker, False)
+
+
+def _patch_model_opts(onmt_opts) -> None:
+    original = onmt_opts.model_opts
+    if _wrapped(original):
+        return
+
+    @functools.wraps(original)
+    def model_opts(parser):
+        original(parser)
+        _add_model_opts(parser)
+
+    model_opts.__rnn_ablations_wrapped__ = True
+    onmt_opts.model_opts = model_opts
+
+
+def _patch_validate_model_opts(parser_cls) -> None:
+    current = parser_cls.__dict__.get("validate_model_opts")
+    original = current.__func__ if isinstance(current, classmethod) else None
+    if original is None or _wrapped(original):
+        return
+
+    @functools.wraps(original)
+    def validate_model_opts(cls, model_opt):
+        check_model_opts(model_opt)
+        return original(cls, model_opt)
+
+    validate_model_opts.__rnn_ablations_wrapped__ = True
+    parser_cls.validate_model_opts = classmethod(validate_model_opts)
+
+
+def _reinit_encoders(model, checkpoint) -> None:
+    if checkpoint is not None:
+        return  # -train_from (also with -update_vocab): the weights come from the checkpoint
+    for module in model.modules():
+        if isinstance(module, AblatedRNNEncoder):
+            module.apply_ablated_init()
+
+
+def _patch_build_model(modules) -> None:
+    import onmt.model_builder as mb
+
+    original = mb.build_model
+    if not _wrapped(original):
+        @functools.wraps(original)
+        def build_model(model_opt, opt, vocabs, checkpoint, *args, **kwargs):
+            model = original(model_opt, opt, vocabs, checkpoint, *args, **kwargs)
+            _reinit_encoders(model, checkpoint)
+            return model
+
+        build_model.__rnn_ablations_wrapped__ = True
+        mb.build_model = build_model
+    # modules that did `from onmt.model_builder import build_model` before we ran
+    for module in modules:
+        if module is not None and getattr(module, "build_model", None) is original:
+            module.build_model = mb.build_model
+
+
+def is_registered() -> bool:
+    """True when every encoder type is in ``onmt.encoders.str2enc``."""
+    import sys
+    encoders = sys.modules.get("onmt.encoders")
+    if encoders is None:
+        return False
+    return all(encoders.str2enc.get(t) is c for t, c in ENCODER_CLASSES.items())
+
+
+def register() -> None:
+    """Register every encoder type into OpenNMT-py (idempotent, safe to call again).
+
+    * ``onmt.encoders.str2enc[type] = class`` for every type of :data:`ENCODER_TYPES`
+      (``register_encoder`` refuses duplicates, so the dict is filled directly);
+    * ``-ablated_init`` is added to ``onmt.opts.model_opts`` (shown by ``onmt_train -h`` and
+      saved with the model options in the checkpoint) and the ``-encoder_type`` help lists ours;
+    * ``ArgumentParser.validate_model_opts`` first runs :func:`check_model_opts`;
+    * ``onmt.model_builder.build_model`` applies ``-ablated_init`` after OpenNMT's init;
+    * ``torch.serialization.add_safe_globals([argparse.Namespace])``.
+    """
+    import sys
+
+    import onmt.encoders
+    import onmt.model_builder
+    import onmt.opts
+    import onmt.utils.parse
+
+    str2enc = onmt.encoders.str2enc
+    for name, cls in ENCODER_CLASSES.items():
+        existing = str2enc.get(name)
+        if existing is not None and existing is not cls and not getattr(
+                existing, "__rnn_ablations_encoder__", False):
+            raise ValueError(f"OpenNMT-py already has an encoder type {name!r} "
+                             f"({existing.__module__}.{existing.__qualname__}); rnn_ablations "
+                             "cannot register its own under that name")
+        str2enc[name] = cls
+    _patch_model_opts(onmt.opts)
+    _patch_validate_model_opts(onmt.utils.parse.ArgumentParser)
+    _patch_build_model([sys.modules.get("onmt.train_single")])
+    if hasattr(torch.serialization, "add_safe_globals"):
+        torch.serialization.add_safe_globals([argparse.Namespace])
+
