@@ -190,7 +190,8 @@ def _allennlp_embed(model, reader, text: str, target: str) -> Embedded:
     if pos_embedding is not None:
         pairs = [tok.rsplit("/", 1) for tok in text.split()]
         namespace = getattr(pos_embedding, "_vocab_namespace", None) or "pos"
-        known = list(model.vocab.get_token_to_index_vocabulary(namespace))
+        known = [t for t in model.vocab.get_token_to_index_vocabulary(namespace)
+                 if t not in ("@@PADDING@@", "@@UNKNOWN@@")]
         if not all(len(p) == 2 and p[0] and p[1] for p in pairs):
             raise ValueError(
                 f"this {type(model).__name__} also reads POS tags (it concatenates a POS-tag embedding "
@@ -214,6 +215,7 @@ def _allennlp_embed(model, reader, text: str, target: str) -> Embedded:
     if not indexers:
         raise ValueError(f"the archive's dataset reader ({type(reader).__name__}) has no token "
                          "indexers to index the text with")
+    unknown = _allennlp_unknown_words(model.vocab, indexers, tokens)
     batch = Batch([Instance({"tokens": TextField(tokens, indexers)})])
     batch.index_instances(model.vocab)
     tensors = batch.as_tensor_dict()["tokens"]
@@ -248,7 +250,23 @@ def _allennlp_embed(model, reader, text: str, target: str) -> Embedded:
                 raise ValueError(_not_reading_embeddings(model, target, target, rnn.input_size, dim,
                                                          steps))
             rnn(embedded if rnn.batch_first else embedded.transpose(0, 1))
-    return Embedded([t.text for t in tokens])
+    return Embedded([t.text for t in tokens], unknown)
+
+
+def _allennlp_unknown_words(vocab, indexers, tokens) -> List[str]:
+    """Words that a single-id indexer of the text maps to the unknown token."""
+    from allennlp.data.token_indexers import SingleIdTokenIndexer
+
+    unknown = []
+    for indexer in indexers.values():
+        if not isinstance(indexer, SingleIdTokenIndexer):
+            continue
+        known = vocab.get_token_to_index_vocabulary(indexer.namespace)
+        for tok in tokens:
+            text = tok.text.lower() if indexer.lowercase_tokens else tok.text
+            if text not in known and tok.text not in unknown:
+                unknown.append(tok.text)
+    return unknown
 
 
 def _not_reading_embeddings(model, target, encoder_name, wanted, dim, steps) -> str:

@@ -21,6 +21,15 @@ __all__ = ["plot_heatmap", "plot_arrows", "plot_weight_map", "HEATMAP_CMAP"]
 
 HEATMAP_CMAP = "viridis"
 _ARROW_CMAPS = {"forward": "Blues", "backward": "Oranges"}
+_NORM = r"$\Vert w_j^t \Vert_2$"
+
+
+def _content_note(wm: WeightMap) -> str:
+    from ..variants import get_variant
+
+    if get_variant(wm.variant).context_independent_content:
+        return r"content $\tilde c_j = W_{cx} x_j$ depends on word $j$ only"
+    return r"content $\tilde c_j = \tanh(W_c [x_j; h_{j-1}] + b_c)$ (the LSTM's S-RNN state)"
 
 
 def _mpl():
@@ -118,20 +127,20 @@ def plot_heatmap(wm: WeightMap, ax=None, cmap: str = HEATMAP_CMAP, colorbar: boo
     ax.set_xlabel("current word t", fontsize=fs + 1)
     ax.set_ylabel("context word j", fontsize=fs + 1)
     if len(wm.directions) == 2:
-        where = "upper right: forward (j ≤ t); lower left: backward (j ≥ t)"
+        where = "upper right: forward ($j \\leq t$), lower left: backward ($j \\geq t$)"
     elif "forward" in wm.directions:
-        where = "forward direction (j ≤ t)"
+        where = "forward direction ($j \\leq t$)"
     else:
-        where = "backward direction (j ≥ t)"
-    caption = (f"‖w_j^t‖₂ — {wm.variant}, layer {wm.layer}: {where}\n{wm.content_note}")
+        where = "backward direction ($j \\geq t$)"
+    caption = f"{_NORM} — {wm.variant}, layer {wm.layer}; {where}\n{_content_note(wm)}"
     label = _source_label(wm)
     if label:
         caption = label + "\n" + caption
-    ax.text(0.5, -0.03, caption, transform=ax.transAxes, ha="center", va="top", fontsize=fs)
+    ax.set_title(caption, fontsize=fs + 1, pad=10)
     if colorbar:
         cb = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
         cb.ax.tick_params(labelsize=fs)
-        cb.set_label("‖w_j^t‖₂", fontsize=fs)
+        cb.set_label(_NORM, fontsize=fs + 1)
     return ax
 
 
@@ -200,11 +209,11 @@ def plot_arrows(wm: WeightMap, ax=None):
     ax.axis("off")
     notes = []
     if has_fwd:
-        notes.append("above: each word → its most influential earlier word")
+        notes.append("above: to the most influential earlier word")
     if has_bwd:
-        notes.append("below: each word → its most influential later word")
-    ax.set_title(f"v_t = argmax_j max_m w_j^t(m) — {wm.variant}, layer {wm.layer}\n"
-                 + "; ".join(notes) + " (darker = larger weight)", fontsize=fs - 1)
+        notes.append("below: to the most influential later word")
+    ax.set_title(r"$v_t = \mathrm{argmax}_j\,\mathrm{max}_m\,w_j^t(m)$" + f" — {wm.variant}, layer {wm.layer}\n"
+                 + "; ".join(notes) + " (darker = larger weight)", fontsize=fs)
     return ax
 
 
@@ -222,7 +231,7 @@ def plot_weight_map(wm: WeightMap, path: Optional[str] = None, dpi: int = 150):
     arrow_h = 1.6 + 1.2 * n_dirs
     width = max(heat_side + 1.6, arrow_w, 5.0)
     fig = plt.figure(figsize=(width, heat_side + 1.2 + arrow_h))
-    grid = fig.add_gridspec(2, 1, height_ratios=[heat_side + 1.2, arrow_h], hspace=0.25)
+    grid = fig.add_gridspec(2, 1, height_ratios=[heat_side + 1.2, arrow_h], hspace=0.2)
     plot_heatmap(wm, ax=fig.add_subplot(grid[0]))
     plot_arrows(wm, ax=fig.add_subplot(grid[1]))
     if path is not None:
