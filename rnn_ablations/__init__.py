@@ -15,3 +15,9 @@ __all__ = [
     "VARIANTS", "ALIASES", "Variant", "get_variant", "recurrent_param_count", "AblatedRNN",
     "weighted_sum", "WeightedSum", "kernel_available", "set_backend", "use_backend",
 ]
+
+import sys as _sys
+
+if "allennlp" in _sys.modules:  # AllenNLP in use: register the encoders, DrQA model, reader, predictor
+    from .integrations import allennlp as _allennlp_integration  # noqa: E402,F401
+del _sys
