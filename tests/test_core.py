@@ -1,0 +1,292 @@
+"""Numerics of AblatedRNN against references: nn.LSTM, nn.RNN, the weighted-sum identity,
+gradcheck through the fast path, padding invariance, fast path == generic path."""
+import itertools
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+import rnn_ablations as ra
+from rnn_ablations import AblatedRNN, VARIANTS, recurrent_param_count, use_backend, weighted_sum
+
+MEMORY_VARIANTS = [v for v in VARIANTS if v != "srnn"]
+BACKENDS = ["kernel", "generic"] if ra.kernel_available() else ["generic"]
+
+
+def test_kernel_is_built():
+    assert ra.kernel_available(), "the C++ kernel was not built: run `bash scripts/setup.sh`"
+
+
+def _run(m, x, **kw):
+    out, (h, c) = m(x, **kw)
+    return out, h, c
+
+
+# --------------------------------------------------------------------------- references
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layers,bidirectional,batch_first", [
+    (1, False, False), (2, True, True), (3, True, False), (3, False, True)])
+@pytest.mark.parametrize("sizes", [(5, 7, 6, 3), (16, 12, 9, 4)])
+def test_lstm_matches_torch(backend, layers, bidirectional, batch_first, sizes):
+    d_in, hidden, seq_len, batch = sizes
+    ref = torch.nn.LSTM(d_in, hidden, num_layers=layers, bidirectional=bidirectional,
+                        batch_first=batch_first)
+    ours = AblatedRNN("lstm", d_in, hidden, num_layers=layers, bidirectional=bidirectional,
+                      batch_first=batch_first)
+    ours.load_state_dict(ref.state_dict())
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    x = torch.randn((batch, seq_len, d_in) if batch_first else (seq_len, batch, d_in))
+    h0 = torch.randn(layers * (2 if bidirectional else 1), batch, hidden)
+    c0 = torch.randn_like(h0)
+    with use_backend(backend):
+        for hx in (None, (h0, c0)):
+            got = _run(ours, x, hx=hx) if hx is not None else _run(ours, x)
+            want = ref(x, hx) if hx is not None else ref(x)
+            want = (want[0], *want[1])
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layers,bidirectional,batch_first", [(1, False, True), (2, True, False), (3, True, True)])
+def test_srnn_matches_torch_rnn(backend, layers, bidirectional, batch_first):
+    ref = torch.nn.RNN(6, 8, num_layers=layers, bidirectional=bidirectional, nonlinearity="tanh",
+                       batch_first=batch_first)
+    ours = AblatedRNN("srnn", 6, 8, num_layers=layers, bidirectional=bidirectional,
+                      batch_first=batch_first)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 5, 6)
+    h0 = torch.randn(layers * (2 if bidirectional else 1), 5 if not batch_first else 4, 8)
+    if batch_first:
+        h0 = torch.randn(layers * (2 if bidirectional else 1), 4, 8)
+    with use_backend(backend):
+        out, (h, c) = ours(x, h0)
+    want_out, want_h = ref(x, h0)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h, want_h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(c, h)  # documented: c_n is a copy of h_n for the S-RNN
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_packed_sequence_matches_torch(backend, bidirectional):
+    ref = torch.nn.LSTM(4, 6, num_layers=2, bidirectional=bidirectional)
+    ours = AblatedRNN("lstm", 4, 6, num_layers=2, bidirectional=bidirectional)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(7, 4, 4)
+    lengths = torch.tensor([3, 7, 1, 5])
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+    with use_backend(backend):
+        out, (h, c) = ours(packed)
+    want_out, (want_h, want_c) = ref(packed)
+    assert torch.equal(out.batch_sizes, want_out.batch_sizes)
+    torch.testing.assert_close(out.data, want_out.data, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h, want_h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(c, want_c, atol=1e-5, rtol=1e-5)
+    # lengths= on the padded tensor gives the same as the packed input
+    with use_backend(backend):
+        out2, (h2, c2) = ours(x, lengths=lengths)
+    padded, _ = pad_packed_sequence(want_out)
+    torch.testing.assert_close(out2[:padded.shape[0]], padded, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h2, want_h, atol=1e-5, rtol=1e-5)
+
+
+def test_unbatched_input_matches_torch():
+    ref = torch.nn.LSTM(3, 5)
+    ours = AblatedRNN("lstm", 3, 5)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(6, 3)
+    out, (h, c) = ours(x)
+    want, (wh, wc) = ref(x)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h, wh, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- fast == generic, gradcheck
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("highway,recurrent_dropout", [(False, 0.0), (True, 0.3)])
+def test_kernel_equals_generic(variant, highway, recurrent_dropout):
+    m = AblatedRNN(variant, 5, 6, num_layers=2, bidirectional=True, highway=highway,
+                   recurrent_dropout=recurrent_dropout, dropout=0.2)
+    x = torch.randn(7, 4, 5, requires_grad=True)
+    lengths = torch.tensor([7, 3, 5, 1])
+    results = []
+    for backend in ("kernel", "generic"):
+        torch.manual_seed(1)  # same dropout masks
+        with use_backend(backend):
+            out, (h, c) = m(x, lengths=lengths)
+            (out.square().sum() + h.sum() + 2 * c.sum()).backward()
+        grads = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+        x.grad = None
+        m.zero_grad()
+        results.append((out.detach(), h.detach(), c.detach(), grads))
+    (o1, h1, c1, g1), (o2, h2, c2, g2) = results
+    for a, b in zip((o1, h1, c1, *g1), (o2, h2, c2, *g2)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("highway", [False, True])
+def test_gradcheck_fast_path(variant, highway):
+    m = AblatedRNN(variant, 3, 4, num_layers=2, bidirectional=True, highway=highway).double()
+    x = torch.randn(5, 3, 3, dtype=torch.double, requires_grad=True)
+    h0 = torch.randn(4, 3, 4, dtype=torch.double, requires_grad=True)
+    c0 = torch.randn(4, 3, 4, dtype=torch.double, requires_grad=True)
+    lengths = torch.tensor([5, 2, 4])
+    params = list(m.parameters())
+
+    def f(x, h0, c0, *ps):
+        with torch.nn.utils.stateless._reparametrize_module(
+                m, dict(zip([n for n, _ in m.named_parameters()], ps))):
+            out, (h, c) = m(x, (h0, c0), lengths=lengths)
+        return out, h, c
+
+    with use_backend("kernel"):
+        assert torch.autograd.gradcheck(f, (x, h0, c0, *[p.detach().requires_grad_() for p in params]))
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+def test_gradcheck_recurrent_dropout_mask():
+    m = AblatedRNN("ran", 3, 4, recurrent_dropout=0.5).double()
+    x = torch.randn(4, 2, 3, dtype=torch.double, requires_grad=True)
+
+    def f(x):
+        torch.manual_seed(3)
+        return m(x)[0]
+
+    with use_backend("kernel"):
+        assert torch.autograd.gradcheck(f, (x,))
+
+
+# --------------------------------------------------------------------------- padding
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_invariance_both_directions(backend, variant):
+    m = AblatedRNN(variant, 4, 5, num_layers=2, bidirectional=True, batch_first=True).eval()
+    lengths = [6, 2, 4]
+    rows = [torch.randn(n, 4) for n in lengths]
+    padded = torch.zeros(3, 6, 4)
+    for i, r in enumerate(rows):
+        padded[i, :len(r)] = r
+    padded_garbage = padded.clone()
+    padded_garbage[1, 2:] = 100.0  # padding content must not matter
+    mask = torch.arange(6).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    with use_backend(backend):
+        out, (h, c) = m(padded_garbage, mask=mask)
+        for i, r in enumerate(rows):
+            alone, (ha, ca) = m(r.unsqueeze(0))
+            n = len(r)
+            torch.testing.assert_close(out[i, :n], alone[0], atol=1e-5, rtol=1e-5)
+            assert torch.all(out[i, n:] == 0)
+            torch.testing.assert_close(h[:, i], ha[:, 0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(c[:, i], ca[:, 0], atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- weighted sum
+@pytest.mark.parametrize("variant", MEMORY_VARIANTS)
+@pytest.mark.parametrize("layer,direction", [(0, 0), (1, 1)])
+def test_weighted_sum_identity(variant, layer, direction):
+    m = AblatedRNN(variant, 4, 5, num_layers=2, bidirectional=True, batch_first=True)
+    x = torch.randn(3, 6, 4)
+    lengths = torch.tensor([6, 3, 5])
+    ws = weighted_sum(m, x, layer=layer, direction=direction, lengths=lengths)
+    assert ws.weights.shape == (3, 6, 6, 5)
+    recon = (ws.weights * ws.content.unsqueeze(1)).sum(dim=2)
+    torch.testing.assert_close(recon, ws.memory, atol=1e-5, rtol=1e-5)
+    # weights only where the direction reaches
+    t, j = torch.meshgrid(torch.arange(6), torch.arange(6), indexing="ij")
+    unreachable = (j > t) if direction == 0 else (j < t)
+    assert torch.all(ws.weights[:, unreachable] == 0)
+    # the memory is the model's own cell: for the top layer, c_n of the model
+    out, (h, c) = m(x, lengths=lengths)
+    idx = layer * 2 + direction
+    last = ws.memory[torch.arange(3), lengths - 1] if direction == 0 else ws.memory[:, 0]
+    torch.testing.assert_close(last, c[idx], atol=1e-5, rtol=1e-5)
+
+
+def test_weighted_sum_refuses_srnn():
+    m = AblatedRNN("srnn", 3, 4)
+    with pytest.raises(ValueError, match="no memory cell"):
+        weighted_sum(m, torch.randn(5, 1, 3))
+
+
+# --------------------------------------------------------------------------- parameters and init
+@pytest.mark.parametrize("variant,hidden,expected", [
+    ("lstm", 650, 6.77e6), ("ran", 650, 4.23e6), ("lstm", 1500, 36.02e6), ("ran", 1500, 22.52e6)])
+def test_param_counts_match_ran_paper_table1(variant, hidden, expected):
+    n = recurrent_param_count(variant, hidden, hidden, num_layers=2)
+    assert abs(n - expected) / expected < 0.005
+    if hidden == 650:  # the module allocates exactly that
+        m = AblatedRNN(variant, hidden, hidden, num_layers=2)
+        assert sum(p.numel() for p in m.parameters()) == n
+
+
+def test_parameter_names_protect_ablated_biases():
+    for v in VARIANTS:
+        names = [n for n, _ in AblatedRNN(v, 3, 4, bidirectional=True).named_parameters()]
+        if v == "lstm":
+            assert "bias_hh_l0" in names and "bias_ih_l0_reverse" in names
+        else:
+            assert not any("bias_hh" in n or "bias_ih" in n for n in names), names
+            assert "bias_l0" in names and "bias_l0_reverse" in names
+
+
+@pytest.mark.parametrize("variant", ["lstm_minus_srnn", "ran", "identity_ran"])
+def test_documented_init_forget_bias(variant):
+    m = AblatedRNN(variant, 3, 4, highway=True)
+    H = 4
+    expected = torch.zeros_like(m.bias_l0)
+    expected[H:2 * H] = 1.0  # blocks i, f, (o), r: forget gate = 1
+    assert torch.equal(m.bias_l0.detach(), expected)
+    assert m.weight_ih_l0.abs().max() <= 0.5 and m.weight_hh_l0.shape == (m._num_rec * H, H)
+
+
+# --------------------------------------------------------------------------- bad input
+def test_unknown_variant_lists_valid_ones():
+    with pytest.raises(ValueError, match="valid variants are lstm, srnn, lstm_minus_srnn, ran, identity_ran"):
+        AblatedRNN("gru", 3, 4)
+
+
+def test_aliases():
+    assert AblatedRNN("lstm_minus_gates", 3, 4).variant.name == "srnn"
+    assert AblatedRNN("tanh_ran", 3, 4).variant.name == "ran"
+    assert AblatedRNN("LSTM-minus-SRNN-minus-OUT", 3, 4).variant.name == "ran"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dropout=1.0), "dropout must be a number in \\[0, 1\\)"),
+    (dict(dropout=-0.1), "dropout must be a number in \\[0, 1\\)"),
+    (dict(recurrent_dropout=1.5), "recurrent_dropout must be"),
+    (dict(num_layers=0), "num_layers must be a positive integer"),
+    (dict(proj_size=3), "proj_size is not supported"),
+])
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AblatedRNN("ran", 3, 4, **kwargs)
+
+
+def test_bad_forward_inputs():
+    m = AblatedRNN("ran", 3, 4, num_layers=2)
+    x = torch.randn(5, 2, 3)
+    with pytest.raises(ValueError, match="Expected 3, got 7"):
+        m(torch.randn(5, 2, 7))
+    with pytest.raises(ValueError, match="lengths must have shape \\(2,\\)"):
+        m(x, lengths=torch.tensor([5, 4, 3]))
+    with pytest.raises(ValueError, match="mask has shape \\(3, 5\\)"):
+        m(x, mask=torch.ones(3, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="at least one token; got a length of 0"):
+        m(x, lengths=torch.tensor([5, 0]))
+    with pytest.raises(ValueError, match="a length of 6 exceeds the input's seq_len 5"):
+        m(x, lengths=torch.tensor([6, 2]))
+    with pytest.raises(ValueError, match="left-aligned"):
+        m(x, mask=torch.tensor([[True, False, True, False, False]] * 2))
+    with pytest.raises(ValueError, match="h_0 must have shape \\(2, 2, 4\\)"):
+        m(x, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
+    with pytest.raises(ValueError, match="must be a tuple \\(h_0, c_0\\)"):
+        m(x, torch.zeros(2, 2, 4))
+    with pytest.raises(ValueError, match="either mask or lengths"):
+        m(x, mask=torch.ones(2, 5, dtype=torch.bool), lengths=torch.tensor([5, 5]))
+    with pytest.raises(ValueError, match="2-D \\(unbatched\\) or 3-D"):
+        m(torch.randn(5, 2, 3, 1))
