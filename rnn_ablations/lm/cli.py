@@ -1,0 +1,275 @@
+"""Sub-commands ``lm`` (``train``, ``evaluate``), ``ablate`` and ``params`` of ``rnn-ablations``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from ..variants import VARIANTS
+
+__all__ = ["add_subparser"]
+
+_VARIANT_HELP = ", ".join(VARIANTS)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _parse_set(items) -> Dict:
+    """``--set key=value`` overrides of config fields (numbers parsed)."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set hidden_size=64")
+        k, val = item.split("=", 1)
+        k = k.strip()
+        try:
+            num = float(val)
+            out[k] = int(num) if num.is_integer() and "." not in val and "e" not in val.lower() else num
+        except ValueError:
+            raise ValueError(f"--set {item!r}: the value must be a number")
+    return out
+
+
+def _add_common(p: argparse.ArgumentParser, config_default_help: str) -> None:
+    p.add_argument("--config", default=None,
+                   help=f"hyper-parameter set: tiny, synthetic, small, medium, large "
+                        f"(default: {config_default_help})")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="PTB-format directory (ptb.train.txt, ptb.valid.txt[, ptb.test.txt] or "
+                        "train.txt, valid.txt[, test.txt]); default: the embedded synthetic corpus")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--epochs", type=_positive_int, default=None, help="override the config's epochs")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                   help="override any config field, e.g. --set hidden_size=64 (repeatable)")
+    p.add_argument("--same-lr", action="store_true",
+                   help="do not apply the RAN code's lowered learning rates (medium/large RAN runs)")
+    p.add_argument("--corpus-seed", type=int, default=None,
+                   help="seed of the embedded synthetic corpus (default 1234)")
+    p.add_argument("--corpus-sentences", type=_positive_int, default=None,
+                   help="training sentences of the embedded corpus (default 6000; valid and test "
+                        "get a tenth each)")
+    p.add_argument("--resume", action="store_true", help="continue the run(s) in --out")
+    p.add_argument("--overwrite", action="store_true", help="discard the run(s) in --out and start again")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _corpus(args) -> Tuple[object, Dict]:
+    from .data import load_corpus
+    if args.data is not None:
+        if args.corpus_seed is not None or args.corpus_sentences is not None:
+            raise ValueError("--corpus-seed/--corpus-sentences apply to the embedded corpus only; "
+                             "drop them or drop --data")
+        path = str(Path(args.data).resolve()) if Path(args.data).exists() else args.data
+        return load_corpus(args.data), {"kind": "dir", "path": path}
+    from .synthetic import SyntheticSpec, synthetic_corpus
+    kw = {}
+    if args.corpus_seed is not None:
+        kw["seed"] = args.corpus_seed
+    if args.corpus_sentences is not None:
+        n = args.corpus_sentences
+        kw.update(train_sentences=n, valid_sentences=max(1, n // 10), test_sentences=max(1, n // 10))
+    spec = SyntheticSpec(**kw)
+    return synthetic_corpus(spec), {"kind": "synthetic", "spec": spec.to_dict()}
+
+
+def _config(args):
+    from .configs import get_config
+    name = args.config or ("small" if args.data is not None else "synthetic")
+    overrides = _parse_set(args.set)
+    if args.epochs is not None:
+        overrides["epochs"] = args.epochs
+    return get_config(name, **overrides)
+
+
+def _setup(args):
+    import torch
+    from .trainer import init_distributed
+    if args.resume and args.overwrite:
+        raise ValueError("give either --resume or --overwrite, not both")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return init_distributed(args.device)
+
+
+def _cmd_train(args) -> int:
+    from .trainer import train_lm
+    cfg = _config(args)
+    corpus, spec = _corpus(args)
+    from ..variants import get_variant
+    variant = get_variant(args.variant).name
+    ctx = _setup(args)
+    cfg = cfg.for_variant(variant, paper_lr=not args.same_lr)
+    result = train_lm(variant, cfg, corpus, args.out, corpus_spec=spec, seed=args.seed, ctx=ctx,
+                      resume=args.resume, overwrite=args.overwrite,
+                      checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
+                      progress=not args.no_progress, record_losses=args.log_losses)
+    if result is not None and ctx.is_main and corpus.test is None:
+        print(f"note: {corpus.source} has no test file; only valid perplexity is reported")
+    return 0
+
+
+def _cmd_evaluate(args) -> int:
+    import torch
+    from .trainer import (corpus_from_spec, evaluate, load_checkpoint, model_from_checkpoint,
+                          _long_range_positions, _resolve_device)
+    from .configs import LMConfig
+    from .data import load_corpus
+    ckpt = load_checkpoint(args.run)
+    if args.variant is not None:
+        from ..variants import get_variant
+        if get_variant(args.variant).name != ckpt["variant"]:
+            raise ValueError(f"{args.run} holds a {ckpt['variant']!r} model, not "
+                             f"{get_variant(args.variant).name!r}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = LMConfig.from_dict(ckpt["config"])
+    if args.data is not None:
+        corpus = load_corpus(args.data)
+        if corpus.vocab.words != ckpt["vocab"]:
+            raise ValueError(f"the vocabulary of {args.data} differs from the one the checkpoint "
+                             f"was trained on ({ckpt['corpus']['source']}); evaluate on that data")
+    else:
+        spec = ckpt["corpus"].get("spec")
+        if not spec:
+            raise ValueError("the checkpoint does not say which data it was trained on; pass --data")
+        corpus = corpus_from_spec(spec)
+    device = _resolve_device(args.device)
+    model = model_from_checkpoint(ckpt, device)
+    bs = args.batch_size or cfg.eval_batch_size
+    out = {"variant": ckpt["variant"], "config": cfg.name, "epochs_trained": ckpt["epoch"],
+           "data": corpus.source}
+    for split in args.splits:
+        data = corpus.split(split)
+        if data is None:
+            print(f"{split}: no {split} file in {corpus.source}; skipped")
+            continue
+        r = evaluate(model, data, bs, cfg.num_steps, device, _long_range_positions(corpus, split))
+        out[split] = r
+        extra = (f", agreement accuracy {r['long_range_acc']:.1%}" if "long_range_acc" in r else "")
+        print(f"{ckpt['variant']} {split}: perplexity {r['ppl']:.2f} over {r['tokens']:,} tokens{extra}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _cmd_ablate(args) -> int:
+    from .ablate import parse_variants, run_ablation
+    cfg = _config(args)
+    variants = parse_variants(args.variants)
+    corpus, spec = _corpus(args)
+    ctx = _setup(args)
+    run_ablation(cfg, corpus, args.out, variants=variants, corpus_spec=spec, seed=args.seed,
+                 paper_lr=not args.same_lr, resume=args.resume, overwrite=args.overwrite, ctx=ctx,
+                 progress=not args.no_progress)
+    return 0
+
+
+def _cmd_params(args) -> int:
+    from .params import format_param_table, param_rows
+    configs = args.configs if args.configs is not None else ([] if args.sizes else
+                                                              ["small", "medium", "large"])
+    rows = param_rows(configs, args.sizes or [], args.variants, args.input_size)
+    print(format_param_table(rows))
+    print("\nRecurrent layers only (no embedding, no softmax), input size = hidden size unless "
+          "--input-size; LSTM biases counted as torch.nn.LSTM stores them (b_ih and b_hh).")
+    return 0
+
+
+def add_subparser(subparsers) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    # lm ------------------------------------------------------------------------------------
+    lm = subparsers.add_parser(
+        "lm", help="train / evaluate the PTB language model with one variant",
+        description="The word-level language model of Zaremba et al. (2014) with any variant "
+                    "as its recurrent layers (configs small/medium/large of the papers, tiny, "
+                    "synthetic).", formatter_class=fmt)
+    lm_sub = lm.add_subparsers(dest="lm_command", metavar="{train,evaluate}")
+    lm_sub.required = True
+    tr = lm_sub.add_parser(
+        "train", help="train one language model",
+        description="Train one language model; prints a progress bar (perplexity, words/s), a "
+                    "line per epoch and the final valid/test perplexity. RUN_DIR receives "
+                    "checkpoint.pt, result.json and train.log.\n\n"
+                    "Multi-process: torchrun --nproc-per-node N $(which rnn-ablations) lm train …",
+        formatter_class=fmt)
+    tr.add_argument("--variant", required=True, help=f"one of {_VARIANT_HELP} (or an alias)")
+    tr.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory")
+    _add_common(tr, "small with --data, synthetic without")
+    tr.add_argument("--checkpoint-every", type=_nonneg_int, default=0, metavar="STEPS",
+                    help="also checkpoint every STEPS training windows (default: at epoch ends)")
+    tr.add_argument("--max-steps", type=_positive_int, default=None,
+                    help="stop (with a checkpoint) after this many windows in total; --resume continues")
+    tr.add_argument("--log-losses", action="store_true",
+                    help="write the mean training loss of every window to RUN_DIR/losses.json")
+    tr.set_defaults(func=_cmd_train)
+    ev = lm_sub.add_parser(
+        "evaluate", help="perplexity of a trained model on valid/test",
+        description="Perplexity of a checkpoint on the valid/test split of the data it was "
+                    "trained on (or of --data, which must have the same vocabulary).")
+    ev.add_argument("run", metavar="RUN", help="run directory or checkpoint file")
+    ev.add_argument("--data", default=None, metavar="DIR", help="PTB-format directory")
+    ev.add_argument("--splits", nargs="+", choices=("train", "valid", "test"),
+                    default=["valid", "test"])
+    ev.add_argument("--variant", default=None, help="fail unless the checkpoint is this variant")
+    ev.add_argument("--batch-size", type=_positive_int, default=None,
+                    help="evaluation batch size (default: the config's eval_batch_size)")
+    ev.add_argument("--device", default=None)
+    ev.add_argument("--threads", type=_positive_int, default=None)
+    ev.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
+    ev.set_defaults(func=_cmd_evaluate)
+
+    # ablate --------------------------------------------------------------------------------
+    ab = subparsers.add_parser(
+        "ablate", help="the ablation study: train every variant, print and save the table",
+        description="Train every variant (or --variants) under the same config and seed; print "
+                    "the papers' table (variant, recurrent parameters, valid/test perplexity, "
+                    "training words/s) and write results.csv, results.json, results.md and "
+                    "results.png into --out.\n\n"
+                    "Without --data it runs on the embedded synthetic corpus (nested noun-verb "
+                    "agreement over long distances, generated from a seed) with the 'synthetic' "
+                    "config: a few minutes on 2 CPU cores. With --data DIR it runs on PTB-format "
+                    "text with the 'small' config unless --config says otherwise.",
+        formatter_class=fmt)
+    ab.add_argument("--variants", nargs="+", default=None, metavar="VARIANT",
+                    help=f"subset of {_VARIANT_HELP} (default: all)")
+    ab.add_argument("--out", default="ablation_results", metavar="DIR",
+                    help="output directory (default: ./ablation_results)")
+    _add_common(ab, "synthetic without --data, small with it")
+    ab.set_defaults(func=_cmd_ablate)
+
+    # params --------------------------------------------------------------------------------
+    pa = subparsers.add_parser(
+        "params", help="recurrent parameter counts of every variant (RAN paper, Table 1)",
+        description="Parameter counts of the recurrent layers for the configs' sizes (or "
+                    "--sizes), beside the RAN paper's Table 1 where it gives them.")
+    pa.add_argument("--configs", nargs="+", default=None,
+                    help="config names (default: small medium large)")
+    pa.add_argument("--sizes", nargs="+", default=None, metavar="LAYERSxHIDDEN",
+                    help="extra sizes, e.g. 2x650")
+    pa.add_argument("--variants", nargs="+", default=None, help=f"subset of {_VARIANT_HELP}")
+    pa.add_argument("--input-size", type=_positive_int, default=None,
+                    help="input size of the first layer (default: = hidden size)")
+    pa.set_defaults(func=_cmd_params)
