@@ -231,6 +231,18 @@ def test_more_encoder_than_decoder_layers_with_input_feed():
     assert dec_out.shape == (2, 2, 12)
 
 
+def test_transformer_decoder_reads_the_encoder_outputs():
+    # no RNN decoder: the layer checks do not apply (here 2 encoder layers, 1 decoder layer)
+    opt = _opts("-encoder_type", "bran", "-decoder_type", "transformer", "-heads", "2",
+                "-transformer_ff", "16", "-position_encoding", "-word_vec_size", "12",
+                "-layers", "-1", "-enc_layers", "2", "-dec_layers", "1")
+    model = _model(opt)
+    src, src_len = _batch([5, 3, 4], len(SRC_TOKENS))
+    tgt, _ = _batch([4, 4, 4], len(TGT_TOKENS), seed=1)
+    dec_out, _ = model(src, tgt, src_len)
+    assert dec_out.shape == (3, 3, 12) and torch.isfinite(dec_out).all()
+
+
 def test_encoder_constructor_checks():
     emb = _model(_opts("-encoder_type", "ran")).encoder.embeddings
     E = ours.AblatedRNNEncoder

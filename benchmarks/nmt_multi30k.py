@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""CPU-sized Multi30k En->De benchmark of the OpenNMT-py encoders (issue 4).
+
+For every encoder type (default: the bidirectional encoders of the paper's setup, plus
+OpenNMT's stock ``brnn`` LSTM encoder for reference) it runs the real commands:
+
+1. ``onmt_build_vocab`` once with ``onmt_configs/smoke_multi30k.yaml`` (and drops the empty token
+   that one double space in train.lc.norm.tok.en produces, which onmt_train cannot read back);
+2. ``onmt_train -config onmt_configs/smoke_multi30k.yaml -encoder_type T`` for ``--steps`` steps
+   (2 x 128 bidirectional encoder, 2 x 128 LSTM decoder with input feeding, 8000-word
+   vocabularies, Adam 0.002, 64 sentences per batch, seed 3435);
+3. ``onmt_translate`` of the whole val set (1014 sentences, val.lc.norm.tok.en) with greedy
+   decoding (``-beam_size 1``, max length 100) from the final checkpoint;
+4. BLEU of the translations against val.lc.norm.tok.de with sacrebleu
+   (``corpus_bleu(..., tokenize="none")``: the files are already tokenised and lower-cased).
+
+Time per 100 steps is measured from the training log's time stamps, between the first and the
+last progress report (so data loading, model building and the first ``--report-every`` steps are
+excluded); it is wall-clock time on whatever else the machine is doing.
+
+    nice -n 10 .venv/bin/python benchmarks/nmt_multi30k.py            # ~20 min on 2 CPU cores
+
+Results: ``benchmarks/results/nmt_multi30k.json`` and ``.md`` (and printed).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "onmt_configs" / "smoke_multi30k.yaml"
+DEFAULT_DATA = Path(os.environ.get("RNN_ABLATIONS_SHARED_DATA", REPO.parent / "shared" / "data"))
+DEFAULT_TYPES = ["blstm", "bsrnn", "blstm_minus_srnn", "bran", "bidentity_ran", "brnn"]
+STEP_RE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO\] Step\s+(\d+)/")
+
+
+def _bin(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise SystemExit(f"error: {path} not found: run this with the project's .venv/bin/python "
+                         "(bash scripts/setup.sh installs OpenNMT-py 3.5.1 there)")
+    return str(path)
+
+
+def _run(cmd, cwd: Path, env, log: Path) -> str:
+    with open(log, "w") as f:
+        proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, stdout=f,
+                              stderr=subprocess.STDOUT, text=True)
+    text = log.read_text()
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {' '.join(map(str, cmd))} failed with {proc.returncode}; the end "
+                         f"of {log}:\n{text[-3000:]}")
+    return text
+
+
+def time_per_100_steps(log: str):
+    points = []
+    for line in log.splitlines():
+        m = STEP_RE.match(line)
+        if m:
+            t = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            points.append((int(m.group(2)), t))
+    if len(points) < 2:
+        raise SystemExit("error: fewer than two progress reports in the training log; use "
+                         "--steps of at least twice --report-every")
+    (s0, t0), (s1, t1) = points[0], points[-1]
+    return 100.0 * (t1 - t0) / (s1 - s0), s0, s1
+
+
+def _grab(pattern: str, text: str, cast=float):
+    m = re.findall(pattern, text)
+    return cast(m[-1]) if m else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                    help="folder holding multi30k/ (default: ../shared/data or "
+                         "$RNN_ABLATIONS_SHARED_DATA)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/rnn_ablations_nmt_multi30k"),
+                    help="scratch folder for vocabularies, checkpoints and logs")
+    ap.add_argument("--types", default=",".join(DEFAULT_TYPES),
+                    help="comma-separated encoder types (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=300, help="training steps per encoder")
+    ap.add_argument("--report-every", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (OMP_NUM_THREADS) per run; 1 is the most stable on a "
+                         "shared 2-core machine")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "nmt_multi30k")
+    args = ap.parse_args(argv)
+
+    multi30k = args.data / "multi30k"
+    needed = ["train.lc.norm.tok.en", "train.lc.norm.tok.de", "val.lc.norm.tok.en",
+              "val.lc.norm.tok.de"]
+    missing = [n for n in needed if not (multi30k / n).is_file()]
+    if missing:
+        raise SystemExit(f"error: {multi30k} lacks {', '.join(missing)}; point --data (or "
+                         "RNN_ABLATIONS_SHARED_DATA) at the folder that holds multi30k/")
+    if args.steps < 2 * args.report_every:
+        raise SystemExit("error: --steps must be at least twice --report-every")
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    import onmt.encoders  # the start-up hook registers our encoder types
+    unknown = [t for t in types if t not in onmt.encoders.str2enc]
+    if unknown:
+        raise SystemExit(f"error: unknown encoder types {unknown}; valid: "
+                         f"{', '.join(sorted(onmt.encoders.str2enc))}")
+    import sacrebleu
+
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    link = work / "data"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(args.data.resolve())
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+               PYTHONWARNINGS="ignore")
+
+    vocab_en, vocab_de = work / "run/multi30k/vocab.en", work / "run/multi30k/vocab.de"
+    if not (vocab_en.exists() and vocab_de.exists()):
+        (work / "logs").mkdir(exist_ok=True)
+        _run([_bin("onmt_build_vocab"), "-config", CONFIG, "-n_sample", "-1", "-overwrite"],
+             work, env, work / "logs" / "build_vocab.log")
+    for vocab in (vocab_en, vocab_de):  # the empty token of the double-spaced line
+        lines = vocab.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if not line.startswith("\t")]
+        if len(kept) != len(lines):
+            vocab.write_text("".join(kept), encoding="utf-8")
+
+    refs = (multi30k / "val.lc.norm.tok.de").read_text(encoding="utf-8").splitlines()
+    results = []
+    started = time.time()
+    for enc_type in types:
+        d = work / "run" / "bench" / enc_type
+        d.mkdir(parents=True, exist_ok=True)
+        t = time.time()
+        log = _run([_bin("onmt_train"), "-config", CONFIG, "-encoder_type", enc_type,
+                    "-save_model", d / "model", "-train_steps", args.steps, "-valid_steps",
+                    args.steps, "-save_checkpoint_steps", args.steps, "-report_every",
+                    args.report_every], work, env, d / "train.log")
+        train_wall = time.time() - t
+        per100, s0, s1 = time_per_100_steps(log)
+        pred = d / "val.pred.de"
+        t = time.time()
+        _run([_bin("onmt_translate"), "-model", d / f"model_step_{args.steps}.pt", "-src",
+              link / "multi30k" / "val.lc.norm.tok.en", "-output", pred, "-beam_size", "1",
+              "-batch_size", "64", "-max_length", "100"], work, env, d / "translate.log")
+        translate_wall = time.time() - t
+        hyps = pred.read_text(encoding="utf-8").splitlines()
+        if len(hyps) != len(refs):
+            raise SystemExit(f"error: {pred} has {len(hyps)} lines for {len(refs)} references")
+        bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none")
+        row = {
+            "encoder_type": enc_type,
+            "bleu": round(bleu.score, 2),
+            "sec_per_100_steps": round(per100, 2),
+            "timed_steps": f"{s0}-{s1}",
+            "val_ppl": _grab(r"Validation perplexity: ([\d.]+)", log),
+            "val_acc": _grab(r"Validation accuracy: ([\d.]+)", log),
+            "encoder_params": _grab(r"INFO\] encoder: (\d+)", log, int),
+            "total_params": _grab(r"number of parameters: (\d+)", log, int),
+            "train_wall_s": round(train_wall, 1),
+            "translate_wall_s": round(translate_wall, 1),
+        }
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+    meta = {
+        "command": "nice -n 10 .venv/bin/python benchmarks/nmt_multi30k.py " + " ".join(
+            sys.argv[1:] if argv is None else argv),
+        "config": str(CONFIG.relative_to(REPO)),
+        "steps": args.steps,
+        "threads": args.threads,
+        "bleu": "sacrebleu corpus_bleu(tokenize='none'), greedy (-beam_size 1), all 1014 "
+                "sentences of val.lc.norm.tok.en -> val.lc.norm.tok.de",
+        "time": "wall-clock seconds per 100 training steps between the first and last progress "
+                "report (onmt_train log time stamps)",
+        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs "
+                   f"(shared), Python {platform.python_version()}",
+        "load_average_at_end": os.getloadavg(),
+        "total_wall_s": round(time.time() - started, 1),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+    }
+    try:
+        import torch
+        meta["torch"] = torch.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(args.out) + ".json").write_text(json.dumps({"meta": meta, "results": results},
+                                                        indent=2) + "\n")
+    header = ("| encoder type | BLEU (val, greedy) | val ppl | val acc % | s / 100 steps | "
+              "encoder params |\n|---|---|---|---|---|---|\n")
+    rows = "".join(f"| `{r['encoder_type']}` | {r['bleu']:.2f} | {r['val_ppl']} | {r['val_acc']} | "
+                   f"{r['sec_per_100_steps']:.1f} | {r['encoder_params']:,} |\n" for r in results)
+    md = (f"{header}{rows}\n{args.steps} steps of `{meta['config']}` per encoder, "
+          f"{args.threads} torch thread(s); BLEU: {meta['bleu']}; time: {meta['time']}.\n"
+          f"Machine: {meta['machine']}, torch {meta.get('torch')}; load average at the end "
+          f"{tuple(round(x, 1) for x in meta['load_average_at_end'])}; total "
+          f"{meta['total_wall_s'] / 60:.1f} min.\nCommand: `{meta['command'].strip()}`\n")
+    Path(str(args.out) + ".md").write_text(md)
+    print()
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
