@@ -228,7 +228,7 @@ def test_cli_rejects_a_path_of_no_known_kind(tmp_path, capsys):
     empty_dir.mkdir()
     assert main(["visualize", "--model", str(empty_dir), "--text", "a", "--out",
                  str(tmp_path / "f.png")]) == 2
-    assert "not an AllenNLP serialization directory" in capsys.readouterr().err
+    assert "neither an AllenNLP serialization directory" in capsys.readouterr().err
     torch.save({"something": torch.zeros(2)}, tmp_path / "x.pt")
     assert main(["visualize", "--model", str(tmp_path / "x.pt"), "--text", "a", "--out",
                  str(tmp_path / "f.png")]) == 2
@@ -239,3 +239,18 @@ def test_cli_rejects_a_path_of_no_known_kind(tmp_path, capsys):
     assert main(["visualize", "--model", str(junk), "--text", "   ", "--out",
                  str(tmp_path / "f.png")]) == 2
     assert "text is empty" in capsys.readouterr().err
+
+
+def test_plain_nn_lstm_is_read_as_the_ablated_lstm():
+    """A stock torch.nn.LSTM (e.g. OpenNMT-py's own brnn encoder) is visualised through an
+    AblatedRNN('lstm') with the same parameters: same outputs, so the same weights."""
+    from rnn_ablations.visualize.encoders import as_ablated
+
+    torch.manual_seed(3)
+    lstm = torch.nn.LSTM(5, 7, num_layers=2, bidirectional=True, batch_first=True)
+    rnn = as_ablated(lstm)
+    x = torch.randn(2, 6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(rnn(x)[0], lstm(x)[0], rtol=1e-5, atol=1e-6)
+    wm = weight_map(rnn, x[:1], list("abcdef"), layer=1)
+    assert wm.variant == "lstm" and set(wm.directions) == {"forward", "backward"}

@@ -146,3 +146,70 @@ def test_onmt_png_and_numbers(onmt_checkpoint, tmp_path, capsys):
     torch.testing.assert_close(got, ref.t(), rtol=1e-6, atol=1e-9)
 
 
+
+
+# ------------------------------------------------------------------------------------ language model
+def _train_lm(work, variant):
+    data = work / "data"
+    data.mkdir(exist_ok=True)
+    # any English sentences in PTB format: the OpenNMT fixture's source side
+    (data / "train.txt").write_text((FIXTURES / "onmt" / "src-train.txt").read_text())
+    (data / "valid.txt").write_text((FIXTURES / "onmt" / "src-val.txt").read_text())
+    out = work / f"lm_{variant}"
+    code = main(["lm", "train", "--variant", variant, "--config", "tiny", "--data", str(data),
+                 "--out", str(out), "--epochs", "1", "--no-progress"])
+    assert code == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    return _train_lm(tmp_path_factory.mktemp("lm"), "ran")
+
+
+def test_lm_png_and_numbers(lm_run, tmp_path, capsys):
+    capsys.readouterr()
+    out, js = tmp_path / "lm.png", tmp_path / "lm.json"
+    text = "a woman is playing on the street ."
+    code, stdout, err = _visualize(capsys, "--model", lm_run, "--text", text, "--out", out,
+                                   "--json", js, "--layer", "1")
+    assert code == 0, err
+    _check_png(out)
+    data = json.loads(js.read_text())
+    assert data["words"] == text.split() and data["layer"] == 1 and list(data["directions"]) == ["forward"]
+    assert data["source"]["encoder"] == "layers.1"
+    assert "7 .       ->" in stdout
+    # independent check: layer 1 of the LM reads layer 0's output of the embeddings
+    from rnn_ablations.lm.data import Vocabulary
+    from rnn_ablations.lm.trainer import load_checkpoint, model_from_checkpoint
+    ckpt = load_checkpoint(lm_run)
+    model = model_from_checkpoint(ckpt).eval()
+    ids, _ = Vocabulary(ckpt["vocab"]).encode(text.split())
+    with torch.no_grad():
+        h0, _ = model.layers[0](model.embedding(ids.view(-1, 1)))
+        ref = weighted_sum(model.layers[1], h0).weights[0].double()
+    got = torch.tensor(data["directions"]["forward"]["norms"], dtype=torch.float64)
+    torch.testing.assert_close(got, ref.norm(dim=-1).t(), rtol=1e-6, atol=1e-9)
+    assert data["directions"]["forward"]["arrows"] == [None] + [
+        int(ref[t, :t].max(dim=-1).values.argmax()) for t in range(1, len(ids))]
+    # the checkpoint file itself is accepted too; words the vocabulary lacks are refused clearly
+    # (this tiny corpus has no <unk>)
+    code, _, err = _visualize(capsys, "--model", lm_run / "checkpoint.pt", "--text", "a qwzx",
+                              "--out", out)
+    assert code == 2 and "'qwzx'" in err and "no <unk>" in err
+    code, _, err = _visualize(capsys, "--model", lm_run, "--text", "a woman", "--out", out,
+                              "--direction", "backward")
+    assert code == 2 and "unidirectional" in err
+    code, _, err = _visualize(capsys, "--model", lm_run, "--text", "a woman", "--out", out,
+                              "--layer", "2")
+    assert code == 2 and "[0, 1]" in err
+
+
+def test_variant_without_memory_is_refused(tmp_path, capsys):
+    run = _train_lm(tmp_path, "srnn")
+    capsys.readouterr()
+    code, _, err = _visualize(capsys, "--model", run, "--text", "a woman is playing", "--out",
+                              tmp_path / "srnn.png")
+    assert code == 2
+    assert "'srnn'" in err and "no memory cell" in err and "lstm, lstm_minus_srnn, ran, identity_ran" in err
+    assert not (tmp_path / "srnn.png").exists()

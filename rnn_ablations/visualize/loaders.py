@@ -10,7 +10,7 @@
 * **OpenNMT-py checkpoint**: a ``.pt`` file holding ``opt`` and ``model`` (from ``onmt_train``).
   Whitespace tokens, the checkpoint's source vocabulary (``<unk>`` for unknown words), the model's
   source embeddings, then its encoder.
-* **language-model checkpoint** from ``rnn-ablations lm train``: whitespace tokens, the LM's
+* **language-model run directory** (or its ``checkpoint.pt``) from ``rnn-ablations lm train``: whitespace tokens, the LM's
   vocabulary (``<unk>`` for unknown words), its embedding, then its recurrent layers.
 
 The input of the chosen recurrent module is captured with a forward pre-hook while this embedding
@@ -42,8 +42,8 @@ KINDS = {
 }
 _EXPECTED = ("an AllenNLP model archive (model.tar.gz, or a serialization directory with "
              "config.json and weights.th or best.th), an OpenNMT-py checkpoint (.pt with 'opt' and "
-             "'model' entries, from onmt_train) or a language-model checkpoint from "
-             "'rnn-ablations lm train'")
+             "'model' entries, from onmt_train) or a language-model run directory or its "
+             "checkpoint.pt from 'rnn-ablations lm train'")
 
 
 @dataclasses.dataclass
@@ -95,9 +95,14 @@ def detect_kind(path) -> Tuple[str, object]:
             return ALLENNLP, None
         if "model.tar.gz" in names:
             return ALLENNLP, None
-        raise ValueError(f"directory {path} is not an AllenNLP serialization directory (it has no "
-                         f"config.json with weights.th or best.th, nor model.tar.gz); expected "
-                         f"{_EXPECTED}")
+        from . import lm_support
+        if lm_support.is_run_dir(path):
+            obj = _torch_load(os.path.join(path, lm_support.CHECKPOINT_NAME))
+            if lm_support.is_lm_checkpoint(obj):
+                return LM, obj
+        raise ValueError(f"directory {path} is neither an AllenNLP serialization directory (it has no "
+                         f"config.json with weights.th or best.th, nor model.tar.gz) nor a "
+                         f"language-model run directory (no checkpoint.pt); expected {_EXPECTED}")
     if tarfile.is_tarfile(path):
         with tarfile.open(path) as tar:
             members = {os.path.normpath(m.name) for m in tar.getmembers()}
