@@ -72,7 +72,8 @@ def _add_common(p: argparse.ArgumentParser, config_default_help: str) -> None:
     p.add_argument("--overwrite", action="store_true", help="discard the run(s) in --out and start again")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--threads", type=_positive_int, default=None,
-                   help="CPU threads for torch (default: torch's choice)")
+                   help="CPU threads for torch (default: 1 for hidden size <= 256, whose "
+                        "per-step products are too small to share; torch's choice otherwise)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -104,14 +105,23 @@ def _config(args):
     return get_config(name, **overrides)
 
 
-def _setup(args):
+#: Below this hidden size the per-step matrix products are too small to gain from a second
+#: thread, and on a busy machine OpenMP threads that wait for each other slow down a lot.
+SINGLE_THREAD_MAX_HIDDEN = 256
+
+
+def _setup(args, cfg):
     import torch
     from .trainer import init_distributed
     if args.resume and args.overwrite:
         raise ValueError("give either --resume or --overwrite, not both")
+    ctx = init_distributed(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    return init_distributed(args.device)
+    elif (not ctx.distributed and ctx.device.type == "cpu"
+          and cfg.hidden_size <= SINGLE_THREAD_MAX_HIDDEN):
+        torch.set_num_threads(1)
+    return ctx
 
 
 def _cmd_train(args) -> int:
@@ -120,7 +130,7 @@ def _cmd_train(args) -> int:
     corpus, spec = _corpus(args)
     from ..variants import get_variant
     variant = get_variant(args.variant).name
-    ctx = _setup(args)
+    ctx = _setup(args, cfg)
     cfg = cfg.for_variant(variant, paper_lr=not args.same_lr)
     result = train_lm(variant, cfg, corpus, args.out, corpus_spec=spec, seed=args.seed, ctx=ctx,
                       resume=args.resume, overwrite=args.overwrite,
@@ -180,7 +190,7 @@ def _cmd_ablate(args) -> int:
     cfg = _config(args)
     variants = parse_variants(args.variants)
     corpus, spec = _corpus(args)
-    ctx = _setup(args)
+    ctx = _setup(args, cfg)
     run_ablation(cfg, corpus, args.out, variants=variants, corpus_spec=spec, seed=args.seed,
                  paper_lr=not args.same_lr, resume=args.resume, overwrite=args.overwrite, ctx=ctx,
                  progress=not args.no_progress)
