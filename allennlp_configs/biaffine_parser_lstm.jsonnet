@@ -22,6 +22,7 @@ local encoder = "ablated_lstm";
 // environment.
 // Predicting from raw sentences needs a spaCy pipeline: --predictor-args '{"language": "blank:en"}'
 // works offline (no POS tagger: prefer --use-dataset-reader on CoNLL-U input).
+local glove = std.extVar("GLOVE_6B_100D");  // "" = no pretrained vectors (random init)
 {
   "dataset_reader": {
     "type": "universal_dependencies"
@@ -35,7 +36,7 @@ local encoder = "ablated_lstm";
         "tokens": {
           "type": "embedding",
           "embedding_dim": 100,
-          "pretrained_file": std.extVar("GLOVE_6B_100D"),
+          "pretrained_file": if glove == "" then null else glove,
           "trainable": true,
           "sparse": false
         }

@@ -13,6 +13,7 @@ local encoder = "ablated_lstm";
 // "reduce_on_plateau" passes an argument that torch 2.x removed), spaCy "blank:en" tokenizer (the
 // English tokenization rules of en_core_web_sm, which cannot be downloaded here), no "cuda_device"
 // (AllenNLP picks GPU 0 when there is one, else the CPU), paths from the environment, not URLs.
+local glove = std.extVar("GLOVE_6B_100D");  // "" = no pretrained vectors (random init)
 {
   "dataset_reader": {
     "type": "squad",
@@ -34,7 +35,7 @@ local encoder = "ablated_lstm";
       "token_embedders": {
         "tokens": {
           "type": "embedding",
-          "pretrained_file": std.extVar("GLOVE_6B_100D"),
+          "pretrained_file": if glove == "" then null else glove,
           "embedding_dim": 100,
           "trainable": false
         },

@@ -24,6 +24,7 @@ local layers(input_size) = [
   {"type": encoder, "input_size": 2 * hidden, "hidden_size": hidden, "num_layers": 1, "bidirectional": true},
   {"type": encoder, "input_size": 2 * hidden, "hidden_size": hidden, "num_layers": 1, "bidirectional": true},
 ];
+local glove = std.extVar("GLOVE_840B_300D");  // "" = no pretrained vectors (random init)
 {
   "dataset_reader": {
     "type": "drqa_squad",
@@ -40,7 +41,7 @@ local layers(input_size) = [
       "token_embedders": {
         "tokens": {
           "type": "embedding",
-          "pretrained_file": std.extVar("GLOVE_840B_300D"),
+          "pretrained_file": if glove == "" then null else glove,
           "embedding_dim": embedding_dim,
           "trainable": false
         }
