@@ -68,6 +68,9 @@ def _add_common(p: argparse.ArgumentParser, config_default_help: str) -> None:
     p.add_argument("--corpus-sentences", type=_positive_int, default=None,
                    help="training sentences of the embedded corpus (default 6000; valid and test "
                         "get a tenth each)")
+    p.add_argument("--train-tokens", type=_positive_int, default=None, metavar="N",
+                   help="train on the first N tokens of the training split only (a CPU-sized run "
+                        "on big data; valid/test are kept whole)")
     p.add_argument("--resume", action="store_true", help="continue the run(s) in --out")
     p.add_argument("--overwrite", action="store_true", help="discard the run(s) in --out and start again")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
@@ -78,6 +81,15 @@ def _add_common(p: argparse.ArgumentParser, config_default_help: str) -> None:
 
 
 def _corpus(args) -> Tuple[object, Dict]:
+    corpus, spec = _base_corpus(args)
+    if args.train_tokens is not None:
+        from .trainer import truncate_train
+        corpus = truncate_train(corpus, args.train_tokens)
+        spec = dict(spec, train_tokens=args.train_tokens)
+    return corpus, spec
+
+
+def _base_corpus(args) -> Tuple[object, Dict]:
     from .data import load_corpus
     if args.data is not None:
         if args.corpus_seed is not None or args.corpus_sentences is not None:

@@ -47,6 +47,7 @@ from .data import Corpus, Vocabulary, batchify, load_corpus
 from .model import LanguageModel
 
 __all__ = ["train_lm", "evaluate", "load_checkpoint", "model_from_checkpoint", "corpus_from_spec",
+           "truncate_train",
            "corpus_fingerprint", "DistContext", "init_distributed", "CHECKPOINT", "RESULT"]
 
 CHECKPOINT = "checkpoint.pt"
@@ -142,11 +143,28 @@ def corpus_from_spec(spec: Dict) -> Corpus:
     ``{"kind": "synthetic", "spec": {…}}``)."""
     kind = spec.get("kind")
     if kind == "dir":
-        return load_corpus(spec["path"])
-    if kind == "synthetic":
+        corpus = load_corpus(spec["path"])
+    elif kind == "synthetic":
         from .synthetic import SyntheticSpec, synthetic_corpus
-        return synthetic_corpus(SyntheticSpec(**spec["spec"]))
-    raise ValueError(f"unknown corpus kind {kind!r} in the checkpoint")
+        corpus = synthetic_corpus(SyntheticSpec(**spec["spec"]))
+    else:
+        raise ValueError(f"unknown corpus kind {kind!r} in the checkpoint")
+    if spec.get("train_tokens"):
+        corpus = truncate_train(corpus, spec["train_tokens"])
+    return corpus
+
+
+def truncate_train(corpus: Corpus, train_tokens: int) -> Corpus:
+    """The corpus with only the first ``train_tokens`` tokens of its training split (a CPU-sized
+    run on big data); valid and test are kept whole."""
+    if isinstance(train_tokens, bool) or not isinstance(train_tokens, int) or train_tokens < 2:
+        raise ValueError(f"--train-tokens must be an integer >= 2, got {train_tokens!r}")
+    if train_tokens >= corpus.train.numel():
+        return corpus
+    import dataclasses
+    return dataclasses.replace(
+        corpus, train=corpus.train[:train_tokens].clone(),
+        source=f"{corpus.source} (first {train_tokens:,} of {corpus.train.numel():,} training tokens)")
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -477,8 +495,11 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
 
     result = None
     if ctx.is_main:
-        valid = evaluate(model, corpus.valid, cfg.eval_batch_size, T, device,
-                         _long_range_positions(corpus, "valid"))
+        positions = _long_range_positions(corpus, "valid")
+        if positions is None and history and history[-1]["valid_ppl"] is not None:
+            valid = {"ppl": history[-1]["valid_ppl"]}   # the model has not changed since
+        else:
+            valid = evaluate(model, corpus.valid, cfg.eval_batch_size, T, device, positions)
         test = None
         if evaluate_test and corpus.test is not None:
             test = evaluate(model, corpus.test, cfg.eval_batch_size, T, device,

@@ -1,0 +1,106 @@
+"""The papers' language-model ablation on real Penn Treebank data, CPU-sized.
+
+Runs ``rnn-ablations ablate`` on ``../shared/data/ptb`` (train + valid only: there is no test file
+there, so only valid perplexity is reported) with all five variants under the ``small`` config of
+Zaremba et al. (2 × 200, BPTT 20, batch 20, init 0.1, lr 1.0, clip 5, no dropout, same seed)
+but trained for ONE epoch over the first ``--train-tokens`` tokens of ``ptb.train.txt`` (the
+full schedule is 13 epochs over all 929,589 tokens: hours per variant on 2 CPU cores).
+
+Records the table, the exact command, the wall time and the machine into
+``benchmarks/results/ptb_ablation.{json,md,csv,png}``.  The run directories (checkpoints, ~20 MB
+per variant) go to ``--work`` (outside the repository).
+
+    nice -n 10 .venv/bin/python benchmarks/ptb_ablation.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RNN_ABLATIONS_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=str(SHARED / "ptb"), help="PTB directory (default: %(default)s)")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--train-tokens", type=int, default=300_000,
+                    help="train on the first N tokens of ptb.train.txt (default %(default)s)")
+    ap.add_argument("--variants", nargs="+", default=None)
+    ap.add_argument("--work", default="/tmp/rnn_ablations_ptb_ablation",
+                    help="where the run directories go (default: %(default)s)")
+    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results"),
+                    help="where the table goes (default: %(default)s)")
+    ap.add_argument("--name", default="ptb_ablation", help="file name stem of the results")
+    args = ap.parse_args(argv)
+
+    if not (Path(args.data) / "ptb.train.txt").exists():
+        print(f"skipped: no PTB data at {args.data} (set RNN_ABLATIONS_SHARED_DATA or --data)")
+        return 2
+    exe = Path(sys.executable).with_name("rnn-ablations")
+    cmd = [str(exe) if exe.exists() else "rnn-ablations", "ablate", "--data", args.data,
+           "--config", "small", "--epochs", str(args.epochs), "--out", args.work, "--overwrite",
+           "--no-progress"]
+    if args.train_tokens:
+        cmd += ["--train-tokens", str(args.train_tokens)]
+    if args.variants:
+        cmd += ["--variants", *args.variants]
+    shown = " ".join(shlex.quote(c) for c in cmd).replace(str(exe), "rnn-ablations")
+    print("$", shown, flush=True)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO)
+    wall = time.perf_counter() - t0
+    load_after = os.getloadavg()
+    if proc.returncode != 0:
+        print(f"ablate failed with exit code {proc.returncode}", file=sys.stderr)
+        return proc.returncode
+
+    out = Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    for ext in ("csv", "json", "md", "png"):
+        shutil.copyfile(Path(args.work) / f"results.{ext}", out / f"{args.name}.{ext}")
+    import torch
+    data = json.loads((Path(args.work) / "results.json").read_text())
+    record = {
+        "command": shown,
+        "wall_time_s": wall,
+        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+                    "python": platform.python_version(),
+                    "load_average_before": load_before, "load_average_after": load_after},
+        "what": (f"config small (2 x 200, BPTT 20, batch 20, init 0.1, lr 1.0, clip 5, dropout 0), "
+                 f"{args.epochs} epoch(s) over the first {args.train_tokens:,} tokens of "
+                 "ptb.train.txt; perplexity on all of ptb.valid.txt (there is no test file)"),
+        "results": data["results"],
+    }
+    (out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    md = (out / f"{args.name}.md").read_text()
+    md += (f"\nCommand: `{shown}`  \nWall time: {wall / 60:.1f} min for all variants "
+           f"({_cpu_model()}, {os.cpu_count()} cores, load average {load_before[0]:.1f} → "
+           f"{load_after[0]:.1f} from other jobs on the machine).\n")
+    (out / f"{args.name}.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
