@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .dispatch import run_layer
+from .dispatch import input_projection, run_layer
 from .variants import KIND_LSTM, KIND_SRNN, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
@@ -355,7 +355,7 @@ class AblatedRNN(nn.Module):
                 inp = layer_input if direction == 0 else reverse(layer_input)
                 if b is not None and self._num_inp:
                     b = torch.cat([b, b.new_zeros(self._num_inp * H)])
-                proj = F.linear(inp, w_ih, b)
+                proj = input_projection(inp, w_ih, b)
                 idx = layer * self.num_directions + direction
                 rec_mask = None
                 if self.training and self.recurrent_dropout > 0:

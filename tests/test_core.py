@@ -294,3 +294,22 @@ def test_bad_forward_inputs():
         m(x, mask=torch.ones(2, 5, dtype=torch.bool), lengths=torch.tensor([5, 5]))
     with pytest.raises(ValueError, match="2-D \\(unbatched\\) or 3-D"):
         m(torch.randn(5, 2, 3, 1))
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+def test_large_projection_path_equals_generic():
+    """Above ONEDNN_MIN_WEIGHT the input projection runs on oneDNN (forward and input gradient)."""
+    from rnn_ablations.dispatch import ONEDNN_MIN_WEIGHT
+    m = AblatedRNN("lstm", 400, 400)
+    assert m.weight_ih_l0.numel() >= ONEDNN_MIN_WEIGHT
+    x = torch.randn(5, 3, 400, requires_grad=True)
+    results = []
+    for backend in ("kernel", "generic"):
+        with use_backend(backend):
+            out, (h, c) = m(x)
+            (out.square().sum() + c.sum()).backward()
+        results.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in m.parameters()])
+        x.grad = None
+        m.zero_grad()
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)

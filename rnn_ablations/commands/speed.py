@@ -40,12 +40,19 @@ def _machine() -> str:
 
 def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: int = 64,
             repeats: int = 7, variants: Sequence[str] = VARIANTS, warmup: int = 2,
-            device: str = "cpu") -> List[Dict]:
+            device: str = "cpu", clock: str = "wall") -> List[Dict]:
     """Rows ``{hidden, model, mode, median_ms, ratio_vs_nn_lstm}`` for mode in {train, inference}.
 
     train = forward + backward of ``output.sum()``; inference = forward under ``no_grad``.
     Shapes: input (batch, seq_len, hidden), ``batch_first=True``, one layer, float32.
+    ``clock="cpu"`` times with the process's CPU time instead of the wall clock: with one thread
+    (``torch.set_num_threads(1)``) that is the work done, whatever else loads the machine.
     """
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    if clock == "cpu" and torch.get_num_threads() != 1:
+        raise ValueError("clock='cpu' measures work only with one thread: use --threads 1")
+    timer = time.perf_counter if clock == "wall" else time.process_time
     for name, v in (("batch", batch), ("seq_len", seq_len), ("repeats", repeats)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
@@ -75,12 +82,12 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
                 for mode, fn in (("train", train_step), ("inference", infer_step)):
                     if device != "cpu":
                         torch.cuda.synchronize()
-                    t0 = time.perf_counter()
+                    t0 = timer()
                     fn(m)
                     if device != "cpu":
                         torch.cuda.synchronize()
                     if r >= warmup:
-                        times[(k, mode)].append(time.perf_counter() - t0)
+                        times[(k, mode)].append(timer() - t0)
                 m.zero_grad(set_to_none=True)
                 x.grad = None
         for mode in ("train", "inference"):
@@ -107,21 +114,30 @@ def format_table(rows: List[Dict]) -> str:
 
 
 def run(args) -> int:
-    rows = measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    rows = measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
+                   clock=args.clock)
     meta = {"machine": _machine(), "kernel": kernel_available(), "backend": get_backend(),
+            "clock": args.clock, "threads": torch.get_num_threads(),
             "shapes": f"batch {args.batch}, seq_len {args.seq_len}, input = hidden, batch_first, "
                       "1 layer, float32", "repeats": args.repeats, "rows": rows}
     table = format_table(rows)
-    print(f"# speed vs torch.nn.LSTM ({meta['shapes']}; median of {args.repeats} interleaved rounds)")
+    print(f"# speed vs torch.nn.LSTM ({meta['shapes']}; median of {args.repeats} interleaved rounds; "
+          f"{args.clock} clock, {meta['threads']} thread(s))")
     print(f"# machine: {meta['machine']}; fused kernel: {meta['kernel']}")
     print(table)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "speed.json").write_text(json.dumps(meta, indent=2))
-        (out / "speed.md").write_text(f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}, "
-                                      f"median of {args.repeats} rounds\n\n{table}\n")
-        print(f"# wrote {out / 'speed.json'} and {out / 'speed.md'}")
+        stem = f"speed_{args.clock}_{meta['threads']}t"
+        (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+        (out / f"{stem}.md").write_text(
+            f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}; median of {args.repeats} "
+            f"interleaved rounds; {args.clock} clock, {meta['threads']} thread(s)\n\n{table}\n")
+        print(f"# wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
     return 0
 
 
@@ -133,5 +149,9 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (median reported)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), help="variants to time")
-    p.add_argument("--out", default=None, help="folder for speed.json and speed.md")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall clock, or the process's CPU time (with --threads 1: robust to "
+                        "other load on the machine)")
+    p.add_argument("--out", default=None, help="folder for speed_<clock>_<threads>t.{json,md}")
     p.set_defaults(func=run)
