@@ -14,11 +14,18 @@ model kinds (detected from PATH):
   AllenNLP archive     model.tar.gz, or a serialization directory with config.json and
                        weights.th/best.th; the text is tokenised by the archive's dataset reader
                        and embedded by the model (biaffine parser with POS tags: word/TAG pairs)
-  OpenNMT-py           a .pt checkpoint from onmt_train; whitespace tokens, the source vocabulary
-  language model       a checkpoint from 'rnn-ablations lm train'; whitespace tokens, its vocabulary
+  OpenNMT-py           a .pt checkpoint from onmt_train (our encoder types, or OpenNMT's own
+                       rnn/brnn LSTM encoders); whitespace tokens, the source vocabulary
+  language model       a run directory (or its checkpoint.pt) from 'rnn-ablations lm train';
+                       whitespace tokens, its vocabulary; layers.0, layers.1, ... are --layer 0, 1, ...
+The chosen encoder must read the text's word representations (BiDAF: phrase_layer; DrQA:
+question_encoder; parser: encoder); encoders that read features computed from other inputs are
+refused with the list of those that can be shown.
 
 examples:
-  rnn-ablations visualize --model runs/ran/model.pt --text "the cat sat on the mat" --out fig.png
+  rnn-ablations visualize --model runs/ptb_ran --text "the cat sat on the mat" --out fig.png
+  rnn-ablations visualize --model nmt/model_step_1000.pt --text "a man is riding a bike ." \\
+      --layer 1 --direction forward --out fig.png
   rnn-ablations visualize --model bidaf/model.tar.gz --encoder phrase_layer \\
       --text "The cat sat on the mat ." --out fig.png --json fig.json
 """
@@ -36,7 +43,8 @@ def add_subparser(subparsers) -> None:
                     "(later) word v_t = argmax_j max_m w_j^t(m), also printed as text.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="PATH",
-                   help="AllenNLP archive, OpenNMT-py checkpoint or rnn-ablations LM checkpoint")
+                   help="AllenNLP archive, OpenNMT-py checkpoint, or rnn-ablations LM run directory "
+                        "(or its checkpoint.pt)")
     p.add_argument("--text", required=True, help="the sentence to analyse")
     p.add_argument("--out", metavar="FIG", help="where to write the figure (.png, .pdf, .svg)")
     p.add_argument("--encoder", metavar="NAME",

@@ -14,7 +14,6 @@ an S-RNN state, as the ACL paper notes; ``srnn`` has no memory cell and is refus
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Dict, List, Optional, Sequence
 
 import torch

@@ -34,7 +34,20 @@ def _describe(name: str, m: nn.Module) -> str:
 
 
 def describe_candidates(cands: Dict[str, nn.Module]) -> str:
-    return "; ".join(_describe(n, m) for n, m in cands.items())
+    text = "; ".join(_describe(n, m) for n, m in cands.items())
+    short = _short_names(cands)
+    if short and set(short) != set(cands):
+        text += f" (--encoder accepts the shorter names {', '.join(short)})"
+    return text
+
+
+def _short_names(cands: Dict[str, nn.Module]) -> List[str]:
+    """Top-level module names that pick one module or one stack of single-layer modules."""
+    groups: Dict[str, Dict[str, nn.Module]] = {}
+    for n, m in cands.items():
+        groups.setdefault(n.split(".")[0], {})[n] = m
+    return [top.lstrip("_") or top for top, members in groups.items()
+            if len(members) == 1 or _as_stack(members) is not None]
 
 
 def _norm_parts(name: str) -> List[str]:

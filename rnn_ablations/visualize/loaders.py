@@ -282,7 +282,7 @@ def _not_reading_embeddings(model, target, encoder_name, wanted, dim, steps) -> 
         for prefix in _prefixes(name):
             sub = model.get_submodule(prefix)
             if isinstance(sub, Seq2SeqEncoder):
-                if sub.get_input_dim() == dim:
+                if sub.get_input_dim() == dim and prefix not in readers:
                     readers.append(prefix)
                 break
     return (f"encoder {encoder_name!r} reads {wanted}-dimensional vectors computed inside the "

@@ -52,11 +52,14 @@ def _check(wm: WeightMap) -> None:
 
 
 def _cell_inches(n: int) -> float:
-    return max(0.16, min(0.42, 9.0 / max(n, 1)))
+    return max(0.28, min(0.42, 12.0 / max(n, 1)))
 
 
 def _font_size(n: int) -> float:
-    return max(5.0, min(10.0, 200.0 / max(n, 1)))
+    return max(6.5, min(10.0, 240.0 / max(n, 1)))
+
+
+_CHAR_INCHES = 0.095     # horizontal room per character of the sentence in the arrow panel
 
 
 def heatmap_matrix(wm: WeightMap):
@@ -78,8 +81,10 @@ def heatmap_matrix(wm: WeightMap):
     return mat, diag
 
 
-def plot_heatmap(wm: WeightMap, ax=None, cmap: str = HEATMAP_CMAP, colorbar: bool = True):
+def plot_heatmap(wm: WeightMap, ax=None, cmap: str = HEATMAP_CMAP, colorbar: bool = True,
+                 cax=None):
     """Draw the Table 5 heat map of ``wm`` on ``ax`` (a new figure when ``None``); returns ``ax``.
+    The colour bar goes into ``cax`` when given, else it takes room from ``ax``.
 
     The drawn values are ``‖w_j^t‖₂`` themselves (no normalisation), on one colour scale shared
     by both directions.
@@ -138,7 +143,10 @@ def plot_heatmap(wm: WeightMap, ax=None, cmap: str = HEATMAP_CMAP, colorbar: boo
         caption = label + "\n" + caption
     ax.set_title(caption, fontsize=fs + 1, pad=10)
     if colorbar:
-        cb = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+        if cax is not None:
+            cb = ax.figure.colorbar(image, cax=cax)
+        else:
+            cb = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
         cb.ax.tick_params(labelsize=fs)
         cb.set_label(_NORM, fontsize=fs + 1)
     return ax
@@ -174,9 +182,9 @@ def plot_arrows(wm: WeightMap, ax=None):
 
     T = len(wm.words)
     xs, total = _word_positions(wm.words)
-    fs = _font_size(T) + 1
+    fs = min(_font_size(T) + 1, 10.0)
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(4.0, total * 0.11 + 1.0), 3.0))
+        _, ax = plt.subplots(figsize=(max(4.0, total * _CHAR_INCHES + 1.0), 3.0))
     span = max(xs[-1] - xs[0], 1.0)
     max_h = 0.0
     for name, d in wm.directions.items():
@@ -223,17 +231,25 @@ def plot_weight_map(wm: WeightMap, path: Optional[str] = None, dpi: int = 150):
     _check(wm)
     _, plt = _mpl()
     T = len(wm.words)
-    cell = _cell_inches(T)
-    heat_side = T * cell + 2.5
+    side = T * _cell_inches(T)                      # the heat map's square, in inches
     _, total = _word_positions(wm.words)
-    arrow_w = total * 0.11 + 1.0
-    n_dirs = len(wm.directions)
-    arrow_h = 1.6 + 1.2 * n_dirs
-    width = max(heat_side + 1.6, arrow_w, 5.0)
-    fig = plt.figure(figsize=(width, heat_side + 1.2 + arrow_h))
-    grid = fig.add_gridspec(2, 1, height_ratios=[heat_side + 1.2, arrow_h], hspace=0.2)
-    plot_heatmap(wm, ax=fig.add_subplot(grid[0]))
-    plot_arrows(wm, ax=fig.add_subplot(grid[1]))
+    arrow_w = max(total * _CHAR_INCHES, 4.0)
+    arrow_h = 0.9 + 1.1 * len(wm.directions)
+    label_w = max(len(w) for w in wm.words) * _font_size(T) / 72 * 0.62 + 0.5
+    width = max(label_w + side + 1.4, arrow_w + 0.4, 5.0)
+    gap = 1.3                                       # arrow title between the panels
+    top = label_w * 0.87 + 1.3                      # rotated column labels and the caption
+    height = arrow_h + gap + side + top
+    fig = plt.figure(figsize=(width, height))
+    # explicit placement (inches → figure fractions), heat map centred, colour bar beside it
+    left = (width - side) / 2 + (label_w - 1.0) / 2
+    bottom = arrow_h + gap
+    ax_heat = fig.add_axes((left / width, bottom / height, side / width, side / height))
+    cax = fig.add_axes(((left + side + 0.15) / width, bottom / height, 0.18 / width, side / height))
+    plot_heatmap(wm, ax=ax_heat, cax=cax)
+    ax_arrows = fig.add_axes(((width - arrow_w) / 2 / width, 0.05 / height, arrow_w / width,
+                              arrow_h / height))
+    plot_arrows(wm, ax=ax_arrows)
     if path is not None:
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
         plt.close(fig)
