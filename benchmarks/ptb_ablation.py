@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--train-tokens", type=int, default=300_000,
                     help="train on the first N tokens of ptb.train.txt (default %(default)s)")
     ap.add_argument("--variants", nargs="+", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config overrides passed to ablate (e.g. learning_rate=0.25)")
     ap.add_argument("--work", default="/tmp/rnn_ablations_ptb_ablation",
                     help="where the run directories go (default: %(default)s)")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results"),
@@ -64,6 +66,8 @@ def main(argv=None) -> int:
         cmd += ["--train-tokens", str(args.train_tokens)]
     if args.variants:
         cmd += ["--variants", *args.variants]
+    for item in args.set:
+        cmd += ["--set", item]
     shown = " ".join(shlex.quote(c) for c in cmd).replace(str(exe), "rnn-ablations")
     print("$", shown, flush=True)
     load_before = os.getloadavg()
@@ -87,7 +91,8 @@ def main(argv=None) -> int:
         "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "python": platform.python_version(),
                     "load_average_before": load_before, "load_average_after": load_after},
-        "what": (f"config small (2 x 200, BPTT 20, batch 20, init 0.1, lr 1.0, clip 5, dropout 0), "
+        "what": (f"config small (2 x 200, BPTT 20, batch 20, init 0.1, lr 1.0, clip 5, dropout 0)"
+                 + (f" with {', '.join(args.set)}" if args.set else "") + ", "
                  f"{args.epochs} epoch(s) over the first {args.train_tokens:,} tokens of "
                  "ptb.train.txt; perplexity on all of ptb.valid.txt (there is no test file)"),
         "results": data["results"],

@@ -186,7 +186,8 @@ def run_ablation(config: LMConfig, corpus: Corpus, out, *, variants: Optional[Se
     if corpus.test is None:
         note = (f"The data ({corpus.source}) has no test file: only valid perplexity is reported.")
     title = title or (f"LSTM ablations, config {config.name} ({config.num_layers} × "
-                      f"{config.hidden_size}, {config.epochs} epochs), seed {seed}, "
+                      f"{config.hidden_size}, {config.epochs} epoch{'s' if config.epochs != 1 else ''}), "
+                      f"seed {seed}, "
                       f"data: {corpus.source}")
     paths = write_results(results, out, title, note)
     say("")

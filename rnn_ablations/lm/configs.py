@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Dict, Optional
+from typing import Dict
 
 from ..variants import get_variant
 

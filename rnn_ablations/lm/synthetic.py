@@ -31,9 +31,8 @@ versions and platforms), so the same seed gives the same text everywhere.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from .data import EOS, Corpus, Vocabulary
 

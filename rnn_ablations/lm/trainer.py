@@ -31,7 +31,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ import torch.nn.functional as F
 
 from ..variants import get_variant
 from .configs import LMConfig
-from .data import Corpus, Vocabulary, batchify, load_corpus
+from .data import Corpus, batchify, load_corpus
 from .model import LanguageModel
 
 __all__ = ["train_lm", "evaluate", "load_checkpoint", "model_from_checkpoint", "corpus_from_spec",
@@ -255,7 +254,7 @@ def model_from_checkpoint(ckpt: Dict, device=None) -> LanguageModel:
 
 
 def _check_resume(ckpt: Dict, variant: str, cfg: LMConfig, seed: int, fingerprint: str,
-                  world_batch: int, path: Path) -> None:
+                  path: Path) -> None:
     if ckpt["variant"] != variant:
         raise ValueError(
             f"the checkpoint in {str(path)!r} is from variant {ckpt['variant']!r}, not {variant!r}; "
@@ -326,7 +325,7 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
         ctx.barrier()
         if resume and (out / CHECKPOINT).exists():
             ckpt = load_checkpoint(out / CHECKPOINT)
-            _check_resume(ckpt, v.name, cfg, seed, fingerprint, cfg.batch_size, out)
+            _check_resume(ckpt, v.name, cfg, seed, fingerprint, out)
             if ckpt.get("done"):
                 say(f"{v.name}: {out} is complete; using its result")
                 return ckpt["result"] if ctx.is_main else None
