@@ -10,17 +10,21 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 PIP=".venv/bin/python -m pip"
+# Every install is constrained to the exact versions of a working environment
+# (requirements/constraints.txt, made with `pip freeze` minus the --no-deps packages and this one).
+C="-c requirements/constraints.txt"
 stamp=.venv/.rnn_ablations_setup
 want=$(cat requirements/*.txt setup.py rnn_ablations/csrc/*.cpp | sha1sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import rnn_ablations._C" 2>/dev/null; then
   echo "setup: .venv is up to date"
   exit 0
 fi
-$PIP install -q -r requirements/core.txt
+$PIP install -q $C -r requirements/core.txt
+# (pip then prints "dependency conflicts" about their declared pins: expected, see DESIGN.md §3-4)
 $PIP install -q --no-deps -r requirements/allennlp-nodeps.txt
-$PIP install -q -r requirements/allennlp.txt
+$PIP install -q $C -r requirements/allennlp.txt
 $PIP install -q --no-deps -r requirements/onmt-nodeps.txt
-$PIP install -q -r requirements/onmt.txt
+$PIP install -q $C -r requirements/onmt.txt
 # The kernel is compiled against the installed torch: no build isolation.
 $PIP install -q --use-pep517 --no-build-isolation --no-deps -e .
 .venv/bin/python -c "import rnn_ablations, rnn_ablations._C; print('setup: rnn_ablations', rnn_ablations.__version__, 'with its CPU kernel')"
