@@ -189,6 +189,7 @@ def _allennlp_embed(model, reader, text: str, target: str) -> Embedded:
     from allennlp.data import Batch, Instance, Token
     from allennlp.data.fields import TextField
     from allennlp.modules.seq2seq_encoders import Seq2SeqEncoder
+    from allennlp.modules.seq2vec_encoders import Seq2VecEncoder
 
     pos_embedding = getattr(model, "_pos_tag_embedding", None)
     tags = None
@@ -241,7 +242,7 @@ def _allennlp_embed(model, reader, text: str, target: str) -> Embedded:
         encoder = None
         for prefix in _prefixes(target):
             sub = model.get_submodule(prefix)
-            if isinstance(sub, Seq2SeqEncoder):
+            if isinstance(sub, (Seq2SeqEncoder, Seq2VecEncoder)):
                 encoder = sub
                 break
         if encoder is not None:
@@ -276,12 +277,13 @@ def _allennlp_unknown_words(vocab, indexers, tokens) -> List[str]:
 
 def _not_reading_embeddings(model, target, encoder_name, wanted, dim, steps) -> str:
     from allennlp.modules.seq2seq_encoders import Seq2SeqEncoder
+    from allennlp.modules.seq2vec_encoders import Seq2VecEncoder
 
     readers = []
     for name in recurrent_modules(model):
         for prefix in _prefixes(name):
             sub = model.get_submodule(prefix)
-            if isinstance(sub, Seq2SeqEncoder):
+            if isinstance(sub, (Seq2SeqEncoder, Seq2VecEncoder)):
                 if sub.get_input_dim() == dim and prefix not in readers:
                     readers.append(prefix)
                 break
