@@ -16,9 +16,11 @@ OpenNMT's stock ``brnn`` LSTM encoder for reference) it runs the real commands:
 
 Time per 100 steps is measured from the training log's time stamps, between the first and the
 last progress report (so data loading, model building and the first ``--report-every`` steps are
-excluded); it is wall-clock time on whatever else the machine is doing.
+excluded); it is wall-clock time on whatever else the machine is doing.  The CPU time of each
+whole ``onmt_train`` process (user + system, from ``getrusage``) is recorded too: it depends
+less on the other load of a shared machine.
 
-    nice -n 10 .venv/bin/python benchmarks/nmt_multi30k.py            # ~20 min on 2 CPU cores
+    nice -n 10 .venv/bin/python benchmarks/nmt_multi30k.py   # 15-27 min on 2 shared CPU cores
 
 Results: ``benchmarks/results/nmt_multi30k.json`` and ``.md`` (and printed).
 """
@@ -30,6 +32,7 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -48,6 +51,11 @@ def _bin(name: str) -> str:
         raise SystemExit(f"error: {path} not found: run this with the project's .venv/bin/python "
                          "(bash scripts/setup.sh installs OpenNMT-py 3.5.1 there)")
     return str(path)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _run(cmd, cwd: Path, env, log: Path) -> str:
@@ -89,7 +97,7 @@ def main(argv=None) -> int:
                     help="scratch folder for vocabularies, checkpoints and logs")
     ap.add_argument("--types", default=",".join(DEFAULT_TYPES),
                     help="comma-separated encoder types (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=300, help="training steps per encoder")
+    ap.add_argument("--steps", type=int, default=250, help="training steps per encoder")
     ap.add_argument("--report-every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (OMP_NUM_THREADS) per run; 1 is the most stable on a "
@@ -140,12 +148,12 @@ def main(argv=None) -> int:
     for enc_type in types:
         d = work / "run" / "bench" / enc_type
         d.mkdir(parents=True, exist_ok=True)
-        t = time.time()
+        t, cpu = time.time(), _children_cpu()
         log = _run([_bin("onmt_train"), "-config", CONFIG, "-encoder_type", enc_type,
                     "-save_model", d / "model", "-train_steps", args.steps, "-valid_steps",
                     args.steps, "-save_checkpoint_steps", args.steps, "-report_every",
                     args.report_every], work, env, d / "train.log")
-        train_wall = time.time() - t
+        train_wall, train_cpu = time.time() - t, _children_cpu() - cpu
         per100, s0, s1 = time_per_100_steps(log)
         pred = d / "val.pred.de"
         t = time.time()
@@ -156,7 +164,7 @@ def main(argv=None) -> int:
         hyps = pred.read_text(encoding="utf-8").splitlines()
         if len(hyps) != len(refs):
             raise SystemExit(f"error: {pred} has {len(hyps)} lines for {len(refs)} references")
-        bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none")
+        bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", force=True)
         row = {
             "encoder_type": enc_type,
             "bleu": round(bleu.score, 2),
@@ -167,6 +175,7 @@ def main(argv=None) -> int:
             "encoder_params": _grab(r"INFO\] encoder: (\d+)", log, int),
             "total_params": _grab(r"number of parameters: (\d+)", log, int),
             "train_wall_s": round(train_wall, 1),
+            "train_cpu_s": round(train_cpu, 1),
             "translate_wall_s": round(translate_wall, 1),
         }
         results.append(row)
@@ -181,7 +190,8 @@ def main(argv=None) -> int:
         "bleu": "sacrebleu corpus_bleu(tokenize='none'), greedy (-beam_size 1), all 1014 "
                 "sentences of val.lc.norm.tok.en -> val.lc.norm.tok.de",
         "time": "wall-clock seconds per 100 training steps between the first and last progress "
-                "report (onmt_train log time stamps)",
+                "report (onmt_train log time stamps); CPU s = user + system time of the whole "
+                "onmt_train process (start-up, data loading, all steps, validation, saving)",
         "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs "
                    f"(shared), Python {platform.python_version()}",
         "load_average_at_end": os.getloadavg(),
@@ -196,10 +206,11 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(str(args.out) + ".json").write_text(json.dumps({"meta": meta, "results": results},
                                                         indent=2) + "\n")
-    header = ("| encoder type | BLEU (val, greedy) | val ppl | val acc % | s / 100 steps | "
-              "encoder params |\n|---|---|---|---|---|---|\n")
-    rows = "".join(f"| `{r['encoder_type']}` | {r['bleu']:.2f} | {r['val_ppl']} | {r['val_acc']} | "
-                   f"{r['sec_per_100_steps']:.1f} | {r['encoder_params']:,} |\n" for r in results)
+    header = ("| encoder type | BLEU (val, greedy) | val ppl | val acc % | s / 100 steps (wall) | "
+              "CPU s, whole onmt_train run | encoder params |\n|---|---|---|---|---|---|---|\n")
+    rows = "".join(f"| `{r['encoder_type']}` | {r['bleu']:.2f} | {r['val_ppl']:.1f} | "
+                   f"{r['val_acc']:.1f} | {r['sec_per_100_steps']:.1f} | {r['train_cpu_s']:.0f} | "
+                   f"{r['encoder_params']:,} |\n" for r in results)
     md = (f"{header}{rows}\n{args.steps} steps of `{meta['config']}` per encoder, "
           f"{args.threads} torch thread(s); BLEU: {meta['bleu']}; time: {meta['time']}.\n"
           f"Machine: {meta['machine']}, torch {meta.get('torch')}; load average at the end "

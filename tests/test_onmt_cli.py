@@ -122,6 +122,11 @@ def test_onmt_train_translate_and_train_from(workdir):
 
 MATRIX_DRIVER = textwrap.dedent('''
     import json, sys
+    assert "onmt" not in sys.modules
+    # importing our module first imports onmt, whose start-up hook calls back into the module
+    # while it is still being imported: the registration must still happen
+    import rnn_ablations.integrations.onmt as ours
+    assert ours.is_registered()
     from onmt.bin.train import main as train_main
     from onmt.bin.translate import main as translate_main
     cfg, out, runs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -163,6 +168,7 @@ def test_every_encoder_type_trains_and_translates(workdir):
     results = json.loads(proc.stdout.split("RESULTS", 1)[1])
     assert results == {r["type"]: N_VAL for r in runs}
     log = proc.stdout + proc.stderr
+    assert "start-up hook" not in log
     for r in runs:
         ckpt = torch.load(out / r["type"] / "model_step_3.pt")
         assert ckpt["opt"].encoder_type == r["type"]

@@ -55,6 +55,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Defined before OpenNMT-py is imported below: when this module is imported before `onmt`, the
+# import of `onmt` fires the start-up hook, which imports `register` from this (still partially
+# initialised) module and calls it; the registration then happens at the end of this module.
+_READY = False
+_REGISTER_WHEN_READY = False
+
+
+def register() -> None:
+    """Register every encoder type into OpenNMT-py (idempotent, safe to call again).
+
+    * ``onmt.encoders.str2enc[type] = class`` for every type of :data:`ENCODER_TYPES`
+      (``register_encoder`` refuses duplicates, so the dict is filled directly);
+    * ``-ablated_init`` is added to ``onmt.opts.model_opts`` (shown by ``onmt_train -h`` and
+      saved with the model options in the checkpoint) and the ``-encoder_type`` help lists ours;
+    * ``ArgumentParser.validate_model_opts`` first runs :func:`check_model_opts`;
+    * ``onmt.model_builder.build_model`` applies ``-ablated_init`` after OpenNMT's init;
+    * ``torch.serialization.add_safe_globals([argparse.Namespace])``.
+    """
+    global _REGISTER_WHEN_READY
+    if not _READY:
+        _REGISTER_WHEN_READY = True
+        return
+    _register()
+
+
 try:
     from onmt.encoders.encoder import EncoderBase
 except ImportError as _exc:  # pragma: no cover - depends on the environment
@@ -412,17 +437,7 @@ def is_registered() -> bool:
     return all(encoders.str2enc.get(t) is c for t, c in ENCODER_CLASSES.items())
 
 
-def register() -> None:
-    """Register every encoder type into OpenNMT-py (idempotent, safe to call again).
-
-    * ``onmt.encoders.str2enc[type] = class`` for every type of :data:`ENCODER_TYPES`
-      (``register_encoder`` refuses duplicates, so the dict is filled directly);
-    * ``-ablated_init`` is added to ``onmt.opts.model_opts`` (shown by ``onmt_train -h`` and
-      saved with the model options in the checkpoint) and the ``-encoder_type`` help lists ours;
-    * ``ArgumentParser.validate_model_opts`` first runs :func:`check_model_opts`;
-    * ``onmt.model_builder.build_model`` applies ``-ablated_init`` after OpenNMT's init;
-    * ``torch.serialization.add_safe_globals([argparse.Namespace])``.
-    """
+def _register() -> None:
     import sys
 
     import onmt.encoders
@@ -445,3 +460,7 @@ def register() -> None:
     if hasattr(torch.serialization, "add_safe_globals"):
         torch.serialization.add_safe_globals([argparse.Namespace])
 
+
+_READY = True
+if _REGISTER_WHEN_READY:
+    _register()
