@@ -5,17 +5,17 @@ after ``onmt`` is imported) the plain OpenNMT-py commands accept these encoder t
 
     onmt_train -config my.yaml -encoder_type bran        # or `encoder_type: bran` in the YAML
 
-=================  ===========================  ==================================
-encoder type       variant                      direction
-=================  ===========================  ==================================
-``lstm``           LSTM (our implementation)    unidirectional
-``srnn``           LSTM − GATES (S-RNN)         unidirectional
-``lstm_minus_srnn`` LSTM − S-RNN                unidirectional
-``ran``            LSTM − S-RNN − OUT (RAN)     unidirectional
-``identity_ran``   identity RAN                 unidirectional
-``b`` + any above  (``blstm``, ``bsrnn``, ``blstm_minus_srnn``, ``bran``, ``bidentity_ran``):
-                   the same cell, bidirectional, like OpenNMT's ``brnn``
-=================  ===========================  ==================================
+====================  ===========================  ===================================
+encoder type          variant                      direction
+====================  ===========================  ===================================
+``lstm``              LSTM (our implementation)    unidirectional
+``srnn``              LSTM − GATES (S-RNN)         unidirectional
+``lstm_minus_srnn``   LSTM − S-RNN                 unidirectional
+``ran``               LSTM − S-RNN − OUT (RAN)     unidirectional
+``identity_ran``      identity RAN                 unidirectional
+``blstm`` ...         the same cells               bidirectional (``b`` + the variant
+                                                   name), like OpenNMT's ``brnn``
+====================  ===========================  ===================================
 
 The encoder honours ``-enc_layers``, ``-enc_hid_size`` (``-hidden_size``), ``-dropout`` (between
 layers and on the source embeddings, and ``-dropout_steps`` through ``update_dropout``) and
