@@ -53,7 +53,13 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results"),
                     help="where the table goes (default: %(default)s)")
     ap.add_argument("--name", default="ptb_ablation", help="file name stem of the results")
+    ap.add_argument("--render-only", action="store_true",
+                    help="only re-render NAME.{csv,md,png} from the recorded NAME.json")
     args = ap.parse_args(argv)
+    if args.render_only:
+        record = json.loads((Path(args.results) / f"{args.name}.json").read_text())
+        print(render(record, Path(args.results), args.name))
+        return 0
 
     if not (Path(args.data) / "ptb.train.txt").exists():
         print(f"skipped: no PTB data at {args.data} (set RNN_ABLATIONS_SHARED_DATA or --data)")
@@ -79,10 +85,6 @@ def main(argv=None) -> int:
         print(f"ablate failed with exit code {proc.returncode}", file=sys.stderr)
         return proc.returncode
 
-    out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
-    for ext in ("csv", "json", "md", "png"):
-        shutil.copyfile(Path(args.work) / f"results.{ext}", out / f"{args.name}.{ext}")
     import torch
     data = json.loads((Path(args.work) / "results.json").read_text())
     record = {
@@ -95,16 +97,31 @@ def main(argv=None) -> int:
                  + (f" with {', '.join(args.set)}" if args.set else "") + ", "
                  f"{args.epochs} epoch(s) over the first {args.train_tokens:,} tokens of "
                  "ptb.train.txt; perplexity on all of ptb.valid.txt (there is no test file)"),
+        "title": data["title"], "note": data["note"],
         "results": data["results"],
     }
-    (out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
-    md = (out / f"{args.name}.md").read_text()
-    md += (f"\nCommand: `{shown}`  \nWall time: {wall / 60:.1f} min for all variants "
-           f"({_cpu_model()}, {os.cpu_count()} cores, load average {load_before[0]:.1f} → "
-           f"{load_after[0]:.1f} from other jobs on the machine).\n")
-    (out / f"{args.name}.md").write_text(md)
-    print(md)
+    print(render(record, Path(args.results), args.name))
     return 0
+
+
+def render(record, out: Path, name: str) -> str:
+    """Write NAME.{json,csv,md,png} into ``out`` from a benchmark record; returns the markdown."""
+    import tempfile
+    from rnn_ablations.lm.ablate import write_results
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        write_results(record["results"], Path(tmp), record["title"], record["note"])
+        for ext in ("csv", "md", "png"):
+            shutil.copyfile(Path(tmp) / f"results.{ext}", out / f"{name}.{ext}")
+    m = record["machine"]
+    md = (out / f"{name}.md").read_text()
+    md += (f"\nWhat: {record['what']}.  \nCommand: `{record['command']}`  \n"
+           f"Wall time: {record['wall_time_s'] / 60:.1f} min for all variants ({m['cpu']}, "
+           f"{m['cores']} cores, torch {m['torch']}; load average {m['load_average_before'][0]:.1f} "
+           f"→ {m['load_average_after'][0]:.1f}: other jobs were using the machine).\n")
+    (out / f"{name}.md").write_text(md)
+    return md
 
 
 if __name__ == "__main__":

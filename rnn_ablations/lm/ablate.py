@@ -45,13 +45,20 @@ def _fmt(x, spec=".2f", missing="n/a") -> str:
     return format(x, spec)
 
 
+def _fmt_ppl(x) -> str:
+    """Perplexity with 2 decimals; a diverged model's astronomic value in scientific notation."""
+    if x is not None and not (isinstance(x, float) and math.isnan(x)) and x >= 1e5:
+        return f"{x:.3g}"
+    return _fmt(x)
+
+
 def _columns(results: List[Dict]):
     cols = [("variant", lambda r: r["variant"]),
             ("paper name", lambda r: r["paper_name"]),
             ("recurrent params", lambda r: f"{r['recurrent_params'] / 1e6:.3f}M"),
             ("lr", lambda r: f"{r['hyper_parameters']['learning_rate']:g}"),
-            ("valid ppl", lambda r: _fmt(r["valid_ppl"])),
-            ("test ppl", lambda r: _fmt(r["test_ppl"]))]
+            ("valid ppl", lambda r: _fmt_ppl(r["valid_ppl"])),
+            ("test ppl", lambda r: _fmt_ppl(r["test_ppl"]))]
     if any(r.get("valid_long_range_acc") is not None for r in results):
         cols.append(("agreement acc (valid)", lambda r: _fmt(r.get("valid_long_range_acc"), ".1%")))
     cols.append(("train words/s", lambda r: f"{r['train_words_per_sec']:,.0f}"))
@@ -90,9 +97,13 @@ def _plot(results: List[Dict], path: Path, title: str) -> None:
         ax1.bar([x + w / 2 for x in xs], [r["test_ppl"] or 0 for r in results], w, label="test",
                 color="#e0a040")
     for x, r in zip(xs, results):
-        ax1.text(x - (w / 2 if has_test else 0), r["valid_ppl"], f"{r['valid_ppl']:.2f}",
+        ax1.text(x - (w / 2 if has_test else 0), r["valid_ppl"], _fmt_ppl(r["valid_ppl"]),
                  ha="center", va="bottom", fontsize=8)
-    ax1.set_ylabel("perplexity (lower is better)")
+    ppls = [p for r in results for p in (r["valid_ppl"], r["test_ppl"]) if p]
+    log_scale = max(ppls) / min(ppls) > 20
+    if log_scale:  # a diverged variant would flatten the others' bars
+        ax1.set_yscale("log")
+    ax1.set_ylabel("perplexity (lower is better)" + (", log scale" if log_scale else ""))
     ax1.set_xticks(xs, labels, fontsize=8)
     ax1.legend()
     ax1.set_title("perplexity")
