@@ -184,6 +184,8 @@ def test_bad_encoder_configurations_fail_clearly():
     enc = Seq2SeqEncoder.from_params(Params({"type": "ran", "input_size": 3, "hidden_size": 4}))
     with pytest.raises(ValueError, match="input_size"):
         enc(torch.randn(2, 4, 7), _mask([4, 4], 4))
+    with pytest.raises(ValueError, match="left-aligned"):
+        enc(torch.randn(2, 4, 3), torch.tensor([[True] * 4, [False, False, True, True]]))
 
 
 def test_a_hidden_size_that_does_not_fit_the_model_is_named():

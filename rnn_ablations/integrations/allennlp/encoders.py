@@ -84,7 +84,7 @@ def run_masked(rnn: AblatedRNN, inputs: torch.Tensor, mask: Optional[torch.Tenso
         raise ValueError(f"mask has shape {tuple(mask.shape)} but the inputs have (batch, seq_len) "
                          f"= {tuple(inputs.shape[:2])}")
     mask = mask.bool()
-    valid = mask[:, 0]
+    valid = mask.any(dim=1)  # a row that is not left-aligned goes on to AblatedRNN, which says so
     batch = inputs.shape[0]
     if bool(valid.all()):
         return rnn(inputs, hidden_state, mask=mask)
