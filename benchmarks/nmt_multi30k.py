@@ -83,6 +83,17 @@ def time_per_100_steps(log: str):
     return 100.0 * (t1 - t0) / (s1 - s0), s0, s1
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def _grab(pattern: str, text: str, cast=float):
     m = re.findall(pattern, text)
     return cast(m[-1]) if m else None
@@ -192,8 +203,8 @@ def main(argv=None) -> int:
         "time": "wall-clock seconds per 100 training steps between the first and last progress "
                 "report (onmt_train log time stamps); CPU s = user + system time of the whole "
                 "onmt_train process (start-up, data loading, all steps, validation, saving)",
-        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs "
-                   f"(shared), Python {platform.python_version()}",
+        "machine": f"{_cpu_model()} ({platform.machine()}), {os.cpu_count()} CPUs (shared), "
+                   f"Python {platform.python_version()}",
         "load_average_at_end": os.getloadavg(),
         "total_wall_s": round(time.time() - started, 1),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
