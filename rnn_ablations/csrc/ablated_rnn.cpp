@@ -59,7 +59,13 @@ template <> inline float tanh_<float>(float x) {
 }
 template <> inline double tanh_<double>(double x) { return std::tanh(x); }
 
-inline int64_t grain_rows(int64_t hidden) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(hidden, 1)); }
+// Rows per task of the element-wise pass: one task when the step is small (a parallel region
+// costs more than it saves), otherwise the rows split evenly over the threads.
+inline int64_t grain_rows(int64_t rows, int64_t hidden) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  if (threads == 1 || rows * hidden < 8192) return std::max<int64_t>(rows, 1);
+  return std::max<int64_t>(1, (rows + threads - 1) / threads);
+}
 
 struct Dims {
   int64_t T, B, H, R, X;
@@ -309,7 +315,7 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
       scalar_t* cp = cs[t].data_ptr<scalar_t>();
       scalar_t* hp = out[t].data_ptr<scalar_t>();
       scalar_t* hinp = hin.defined() ? hin[t].data_ptr<scalar_t>() : nullptr;
-      at::parallel_for(0, n, grain_rows(H), [&](int64_t r0, int64_t r1) {
+      at::parallel_for(0, n, grain_rows(n, H), [&](int64_t r0, int64_t r1) {
         pointwise_forward<scalar_t>(kind, highway, d, gp, xop, cpp, cp, hp, hinp, r0, r1);
       });
     }
@@ -364,7 +370,7 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
       scalar_t* dcp = dc.data_ptr<scalar_t>();
       scalar_t* dap = dproj[t].data_ptr<scalar_t>();
       scalar_t* dxop = X > 0 ? dap + R * H : nullptr;
-      at::parallel_for(0, n, grain_rows(H), [&](int64_t r0, int64_t r1) {
+      at::parallel_for(0, n, grain_rows(n, H), [&](int64_t r0, int64_t r1) {
         pointwise_backward<scalar_t>(kind, highway, d, gp, xop, ccur, cprev, hinp, dhp, dcp, dap,
                                      dxop, r0, r1);
       });
