@@ -63,7 +63,7 @@ template <> inline double tanh_<double>(double x) { return std::tanh(x); }
 // costs more than it saves), otherwise the rows split evenly over the threads.
 inline int64_t grain_rows(int64_t rows, int64_t hidden) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  if (threads == 1 || rows * hidden < 8192) return std::max<int64_t>(rows, 1);
+  if (threads == 1 || rows * hidden < 16384) return std::max<int64_t>(rows, 1);
   return std::max<int64_t>(1, (rows + threads - 1) / threads);
 }
 
