@@ -14,6 +14,16 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one thread is much faster than two, above all on a busy 2-core machine
+    (waiting OpenMP threads spin)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def requires_shared_data(*parts):
     path = SHARED_DATA.joinpath(*parts)
     return pytest.mark.skipif(not path.exists(),

@@ -14,12 +14,7 @@ from rnn_ablations.lm.ablate import format_table, parse_variants
 SMALL = ["--config", "tiny", "--epochs", "1", "--corpus-sentences", "80", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
 
 
 def test_ablate_writes_csv_json_png_with_one_row_per_variant(tmp_path, capsys):

@@ -38,13 +38,7 @@ CONFIGS = REPO / "allennlp_configs"
 NAMES = ["ablated_lstm", "srnn", "lstm_minus_srnn", "ran", "identity_ran"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one thread is much faster than two on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
 
 
 def _mask(lengths, T):

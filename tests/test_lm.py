@@ -24,12 +24,7 @@ PTB = SHARED / "ptb"
 SMALL_SPEC = SyntheticSpec(train_sentences=120, valid_sentences=15, test_sentences=15)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
 
 
 @pytest.fixture(scope="module")
