@@ -351,7 +351,9 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
   const int64_t* bs = batch_sizes.data_ptr<int64_t>();
   grad_out = grad_out.contiguous();
 
-  at::Tensor dproj = at::zeros_like(proj);
+  // Every element of an active row is written by the element-wise pass; only the rows that are
+  // inactive at a step (padding) are zeroed.
+  at::Tensor dproj = at::empty_like(proj);
   at::Tensor dh = grad_hn.clone().contiguous();
   at::Tensor dc = grad_cn.clone().contiguous();
   if (kind == kSrnn) dh.add_(dc);  // c_n is a copy of h_n for the S-RNN
@@ -359,6 +361,7 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_backward", [&] {
     for (int64_t t = T - 1; t >= 0; --t) {
       const int64_t n = bs[t];
+      if (n < B) dproj[t].narrow(0, n, B - n).zero_();
       if (n == 0) continue;
       dh.narrow(0, 0, n).add_(grad_out[t].narrow(0, 0, n));
       const scalar_t* gp = gates[t].data_ptr<scalar_t>();
