@@ -146,7 +146,21 @@ class _StatefulMixin:
         return output
 
 
-class AblatedSeq2SeqEncoder(_StatefulMixin, Seq2SeqEncoder):
+class _AblatedModuleMixin:
+    """Sizes and the wrapped :class:`AblatedRNN` (``self._module``), shared by both encoder kinds."""
+
+    @property
+    def rnn(self) -> AblatedRNN:
+        return self._module
+
+    def get_input_dim(self) -> int:
+        return self._module.input_size
+
+    def get_output_dim(self) -> int:
+        return self._module.hidden_size * self._module.num_directions
+
+
+class AblatedSeq2SeqEncoder(_AblatedModuleMixin, _StatefulMixin, Seq2SeqEncoder):
     """A variant of :class:`AblatedRNN` with the keyword arguments of AllenNLP's ``lstm``
     ``Seq2SeqEncoder`` (``torch.nn.LSTM``'s).  Subclassed once per variant and registered under
     the variant's name (``ablated_lstm`` for the LSTM)."""
@@ -160,15 +174,6 @@ class AblatedSeq2SeqEncoder(_StatefulMixin, Seq2SeqEncoder):
                                   hidden_size=hidden_size, num_layers=num_layers, bias=bias,
                                   dropout=dropout, bidirectional=bidirectional)
 
-    @property
-    def rnn(self) -> AblatedRNN:
-        return self._module
-
-    def get_input_dim(self) -> int:
-        return self._module.input_size
-
-    def get_output_dim(self) -> int:
-        return self._module.hidden_size * self._module.num_directions
 
     def is_bidirectional(self) -> bool:
         return self._module.bidirectional
@@ -193,7 +198,7 @@ class StackedBidirectionalAblatedSeq2SeqEncoder(AblatedSeq2SeqEncoder):
                                     use_highway)
 
 
-class AblatedSeq2VecEncoder(Seq2VecEncoder):
+class AblatedSeq2VecEncoder(_AblatedModuleMixin, Seq2VecEncoder):
     """A variant of :class:`AblatedRNN` as a ``Seq2VecEncoder``: the final hidden state of the top
     layer at each row's last real token (both directions concatenated when bidirectional), as
     AllenNLP's ``lstm`` ``Seq2VecEncoder``."""
@@ -207,15 +212,6 @@ class AblatedSeq2VecEncoder(Seq2VecEncoder):
                                   hidden_size=hidden_size, num_layers=num_layers, bias=bias,
                                   dropout=dropout, bidirectional=bidirectional)
 
-    @property
-    def rnn(self) -> AblatedRNN:
-        return self._module
-
-    def get_input_dim(self) -> int:
-        return self._module.input_size
-
-    def get_output_dim(self) -> int:
-        return self._module.hidden_size * self._module.num_directions
 
     def forward(self, inputs: torch.Tensor, mask: torch.BoolTensor,
                 hidden_state: Optional[State] = None) -> torch.Tensor:
