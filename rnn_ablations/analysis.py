@@ -12,7 +12,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .functional import generic_layer
+from .functional import generic_layer, reversal_index
 from .variants import VARIANTS, get_variant
 
 __all__ = ["WeightedSum", "weighted_sum"]
@@ -62,7 +62,7 @@ def weighted_sum(rnn, input: torch.Tensor, layer: int = 0, direction: int = 0,
     lengths = rnn._lengths_from(mask, lengths, batch, seq_len, x.device)
     if lengths is None:
         lengths = torch.full((batch,), seq_len, dtype=torch.int64)
-    w_ih, w_hh, b = rnn.layer_parameters(layer, direction)  # validates layer and direction
+    w_ih, w_hh, b = rnn.projection_parameters(layer, direction)  # validates layer and direction
     was_training = rnn.training
     rnn.eval()
     try:
@@ -73,13 +73,11 @@ def weighted_sum(rnn, input: torch.Tensor, layer: int = 0, direction: int = 0,
     steps = torch.arange(seq_len).unsqueeze(1)
     valid = steps < lengths.unsqueeze(0)                         # (T, B)
     if direction == 1:
-        pos = torch.where(valid, lengths.unsqueeze(0) - 1 - steps, steps)  # processing step -> position
+        pos = reversal_index(lengths, seq_len)  # processing step -> position
         layer_input = layer_input.gather(0, pos.to(x.device).unsqueeze(-1).expand_as(layer_input))
     else:
         pos = steps.expand(seq_len, batch)
     H = rnn.hidden_size
-    if b is not None and rnn._num_inp:
-        b = torch.cat([b, b.new_zeros(rnn._num_inp * H)])
     proj = F.linear(layer_input, w_ih, b)
     rh = w_hh.shape[0]
     z = x.new_zeros(batch, H)

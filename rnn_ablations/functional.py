@@ -22,7 +22,7 @@ import torch
 
 from .variants import KIND_LSTM, KIND_SRNN, Variant
 
-__all__ = ["StepResult", "pointwise", "generic_layer"]
+__all__ = ["StepResult", "pointwise", "generic_layer", "reversal_index"]
 
 
 class StepResult(NamedTuple):
@@ -31,6 +31,14 @@ class StepResult(NamedTuple):
     input_gate: Optional[torch.Tensor]
     forget_gate: Optional[torch.Tensor]
     content: Optional[torch.Tensor]
+
+
+def reversal_index(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(T, B) int64 index that reverses every row within its length (``lengths`` (B,), CPU);
+    padded positions map to themselves.  ``t.gather(0, index)`` reverses a time-major tensor,
+    and the index is its own inverse."""
+    steps = torch.arange(seq_len).unsqueeze(1)
+    return torch.where(steps < lengths.unsqueeze(0), lengths.unsqueeze(0) - 1 - steps, steps)
 
 
 def pointwise(variant: Variant, highway: bool, a: torch.Tensor, xo: Optional[torch.Tensor],

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .dispatch import input_projection, run_layer
+from .functional import reversal_index
 from .variants import KIND_LSTM, KIND_SRNN, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
@@ -197,6 +198,14 @@ class AblatedRNN(nn.Module):
             b = None
         return w_ih, w_hh, b
 
+    def projection_parameters(self, layer: int, direction: int = 0):
+        """``(weight_ih, weight_hh, bias of the whole input projection or None)``: the bias of
+        :meth:`layer_parameters` followed by zeros for the input-only blocks (which have none)."""
+        w_ih, w_hh, b = self.layer_parameters(layer, direction)
+        if b is not None and self._num_inp:
+            b = torch.cat([b, b.new_zeros(self._num_inp * self.hidden_size)])
+        return w_ih, w_hh, b
+
     def extra_repr(self) -> str:
         s = f"{self.variant.name!r}, {self.input_size}, {self.hidden_size}"
         if self.num_layers != 1:
@@ -336,9 +345,7 @@ class AblatedRNN(nn.Module):
             x = x[:t_eff]
             steps = torch.arange(t_eff).unsqueeze(1)
             batch_sizes = (steps < sorted_len.unsqueeze(0)).sum(1)
-            # reverse every row within its length; padded positions map to themselves
-            rev = torch.where(steps < sorted_len, sorted_len - 1 - steps, steps)
-            rev_index = rev.to(x.device)
+            rev_index = reversal_index(sorted_len, t_eff).to(x.device)
 
         def reverse(t: torch.Tensor) -> torch.Tensor:
             if rev_index is None:
@@ -351,10 +358,8 @@ class AblatedRNN(nn.Module):
         for layer in range(self.num_layers if num_layers is None else num_layers):
             outputs = []
             for direction in range(self.num_directions):
-                w_ih, w_hh, b = self.layer_parameters(layer, direction)
+                w_ih, w_hh, b = self.projection_parameters(layer, direction)
                 inp = layer_input if direction == 0 else reverse(layer_input)
-                if b is not None and self._num_inp:
-                    b = torch.cat([b, b.new_zeros(self._num_inp * H)])
                 proj = input_projection(inp, w_ih, b)
                 idx = layer * self.num_directions + direction
                 rec_mask = None
