@@ -16,7 +16,10 @@ if os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1":
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     def _cpu_flags():
-        flags = ["-O3", "-fno-math-errno", "-fno-trapping-math"]
+        # -fopenmp: ATen's parallel_for is a header template, parallel only when the extension
+        # is compiled with OpenMP; it then runs in torch's own OpenMP team (the wheel's
+        # libgomp.so.1, already loaded by `import torch`, has the same soname).
+        flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
         if platform.machine() in ("x86_64", "AMD64"):
             try:
                 with open("/proc/cpuinfo") as f:
@@ -34,6 +37,7 @@ if os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1":
             "rnn_ablations._C",
             ["rnn_ablations/csrc/ablated_rnn.cpp"],
             extra_compile_args=_cpu_flags(),
+            extra_link_args=["-fopenmp"],
         )
     ]
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .dispatch import input_projection, run_layer
+from .dispatch import run_layer
 from .functional import reversal_index
 from .variants import KIND_LSTM, KIND_SRNN, Variant, get_variant
 
@@ -358,16 +358,15 @@ class AblatedRNN(nn.Module):
         for layer in range(self.num_layers if num_layers is None else num_layers):
             outputs = []
             for direction in range(self.num_directions):
-                w_ih, w_hh, b = self.projection_parameters(layer, direction)
+                w_ih, w_hh, b = self.layer_parameters(layer, direction)
                 inp = layer_input if direction == 0 else reverse(layer_input)
-                proj = input_projection(inp, w_ih, b)
                 idx = layer * self.num_directions + direction
                 rec_mask = None
                 if self.training and self.recurrent_dropout > 0:
                     keep = 1.0 - self.recurrent_dropout
                     rec_mask = torch.empty(batch, H, dtype=x.dtype, device=x.device).bernoulli_(keep) / keep
-                out, h_n, c_n = run_layer(self.variant, self.highway, proj, w_hh, h0[idx], c0[idx],
-                                          batch_sizes, rec_mask)
+                out, h_n, c_n = run_layer(self.variant, self.highway, inp, w_ih, b, w_hh, h0[idx],
+                                          c0[idx], batch_sizes, rec_mask)
                 if direction == 1:
                     out = reverse(out)
                 outputs.append(out)

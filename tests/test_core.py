@@ -1,5 +1,6 @@
 """Numerics of AblatedRNN against references: nn.LSTM, nn.RNN, the weighted-sum identity,
 gradcheck through the fast path, padding invariance, fast path == generic path."""
+import contextlib
 import itertools
 
 import pytest
@@ -7,10 +8,21 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import rnn_ablations as ra
-from rnn_ablations import AblatedRNN, VARIANTS, recurrent_param_count, use_backend, weighted_sum
+from rnn_ablations import (AblatedRNN, VARIANTS, recurrent_param_count, use_backend, use_pipeline,
+                           weighted_sum)
 
 MEMORY_VARIANTS = [v for v in VARIANTS if v != "srnn"]
-BACKENDS = ["kernel", "generic"] if ra.kernel_available() else ["generic"]
+#: the three code paths: the pipelined kernel, the plain kernel, the generic PyTorch path
+BACKENDS = ["pipelined", "plain", "generic"] if ra.kernel_available() else ["generic"]
+KERNELS = ["pipelined", "plain"]
+
+
+@contextlib.contextmanager
+def path(name):
+    """Force one code path (``auto`` would pick the pipeline only from 4 steps up)."""
+    backend = "generic" if name == "generic" else "kernel"
+    with use_backend(backend), use_pipeline("always" if name == "pipelined" else "never"):
+        yield
 
 
 def test_kernel_is_built():
@@ -38,7 +50,7 @@ def test_lstm_matches_torch(backend, layers, bidirectional, batch_first, sizes):
     x = torch.randn((batch, seq_len, d_in) if batch_first else (seq_len, batch, d_in))
     h0 = torch.randn(layers * (2 if bidirectional else 1), batch, hidden)
     c0 = torch.randn_like(h0)
-    with use_backend(backend):
+    with path(backend):
         for hx in (None, (h0, c0)):
             got = _run(ours, x, hx=hx) if hx is not None else _run(ours, x)
             want = ref(x, hx) if hx is not None else ref(x)
@@ -59,7 +71,7 @@ def test_srnn_matches_torch_rnn(backend, layers, bidirectional, batch_first):
     h0 = torch.randn(layers * (2 if bidirectional else 1), 5 if not batch_first else 4, 8)
     if batch_first:
         h0 = torch.randn(layers * (2 if bidirectional else 1), 4, 8)
-    with use_backend(backend):
+    with path(backend):
         out, (h, c) = ours(x, h0)
     want_out, want_h = ref(x, h0)
     torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
@@ -76,7 +88,7 @@ def test_packed_sequence_matches_torch(backend, bidirectional):
     x = torch.randn(7, 4, 4)
     lengths = torch.tensor([3, 7, 1, 5])
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
-    with use_backend(backend):
+    with path(backend):
         out, (h, c) = ours(packed)
     want_out, (want_h, want_c) = ref(packed)
     assert torch.equal(out.batch_sizes, want_out.batch_sizes)
@@ -84,7 +96,7 @@ def test_packed_sequence_matches_torch(backend, bidirectional):
     torch.testing.assert_close(h, want_h, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(c, want_c, atol=1e-5, rtol=1e-5)
     # lengths= on the padded tensor gives the same as the packed input
-    with use_backend(backend):
+    with path(backend):
         out2, (h2, c2) = ours(x, lengths=lengths)
     padded, _ = pad_packed_sequence(want_out)
     torch.testing.assert_close(out2[:padded.shape[0]], padded, atol=1e-5, rtol=1e-5)
@@ -104,17 +116,18 @@ def test_unbatched_input_matches_torch():
 
 # --------------------------------------------------------------------------- fast == generic, gradcheck
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("highway,recurrent_dropout", [(False, 0.0), (True, 0.3)])
-def test_kernel_equals_generic(variant, highway, recurrent_dropout):
+def test_kernel_equals_generic(kernel, variant, highway, recurrent_dropout):
     m = AblatedRNN(variant, 5, 6, num_layers=2, bidirectional=True, highway=highway,
                    recurrent_dropout=recurrent_dropout, dropout=0.2)
     x = torch.randn(7, 4, 5, requires_grad=True)
     lengths = torch.tensor([7, 3, 5, 1])
     results = []
-    for backend in ("kernel", "generic"):
+    for backend in (kernel, "generic"):
         torch.manual_seed(1)  # same dropout masks
-        with use_backend(backend):
+        with path(backend):
             out, (h, c) = m(x, lengths=lengths)
             (out.square().sum() + h.sum() + 2 * c.sum()).backward()
         grads = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
@@ -127,9 +140,44 @@ def test_kernel_equals_generic(variant, highway, recurrent_dropout):
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("chunk", [1, 3, 0])
+@pytest.mark.parametrize("variant,highway", [("lstm", False), ("ran", False), ("srnn", True)])
+@pytest.mark.parametrize("input_grad,bias", [(True, True), (False, False)])
+def test_pipeline_schedules_equal_generic(monkeypatch, threads, chunk, variant, highway,
+                                          input_grad, bias):
+    """Every chunking of the pipeline, its two roles on one or two threads, with and without
+    an input gradient (without one, the weight gradients are the pipelined task) and a bias."""
+    from rnn_ablations import dispatch
+    monkeypatch.setattr(dispatch, "PIPELINE_CHUNK", chunk)
+    m = AblatedRNN(variant, 5, 6, bidirectional=True, highway=highway, bias=bias)
+    x = torch.randn(10, 4, 5, requires_grad=input_grad)
+    lengths = torch.tensor([10, 7, 10, 2])
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results = []
+        for name in ("pipelined", "generic"):
+            with path(name):
+                out, (h, c) = m(x, lengths=lengths)
+                (out.square().sum() + h.sum() + 2 * c.sum()).backward()
+            grads = [p.grad.clone() for p in m.parameters()]
+            if input_grad:
+                grads.append(x.grad.clone())
+                x.grad = None
+            m.zero_grad()
+            results.append([out.detach(), h.detach(), c.detach()] + grads)
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("highway", [False, True])
-def test_gradcheck_fast_path(variant, highway):
+def test_gradcheck_fast_path(kernel, variant, highway):
     m = AblatedRNN(variant, 2, 3, num_layers=2, bidirectional=True, highway=highway).double()
     x = torch.randn(4, 3, 2, dtype=torch.double, requires_grad=True)
     h0 = torch.randn(4, 3, 3, dtype=torch.double, requires_grad=True)
@@ -143,7 +191,7 @@ def test_gradcheck_fast_path(variant, highway):
             out, (h, c) = m(x, (h0, c0), lengths=lengths)
         return out, h, c
 
-    with use_backend("kernel"):
+    with path(kernel):
         # the full Jacobian (fast_mode=False) w.r.t. the inputs and states ...
         assert torch.autograd.gradcheck(lambda x, h0, c0: f(x, h0, c0, *params), (x, h0, c0))
         # ... and random projections of it w.r.t. every parameter as well
@@ -152,7 +200,8 @@ def test_gradcheck_fast_path(variant, highway):
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
-def test_gradcheck_recurrent_dropout_mask():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gradcheck_recurrent_dropout_mask(kernel):
     m = AblatedRNN("ran", 3, 4, recurrent_dropout=0.5).double()
     x = torch.randn(4, 2, 3, dtype=torch.double, requires_grad=True)
 
@@ -160,7 +209,7 @@ def test_gradcheck_recurrent_dropout_mask():
         torch.manual_seed(3)
         return m(x)[0]
 
-    with use_backend("kernel"):
+    with path(kernel):
         assert torch.autograd.gradcheck(f, (x,))
 
 
@@ -177,7 +226,7 @@ def test_padding_invariance_both_directions(backend, variant):
     padded_garbage = padded.clone()
     padded_garbage[1, 2:] = 100.0  # padding content must not matter
     mask = torch.arange(6).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
-    with use_backend(backend):
+    with path(backend):
         out, (h, c) = m(padded_garbage, mask=mask)
         for i, r in enumerate(rows):
             alone, (ha, ca) = m(r.unsqueeze(0))
@@ -305,7 +354,7 @@ def test_large_projection_path_equals_generic():
     x = torch.randn(5, 3, 400, requires_grad=True)
     results = []
     for backend in ("kernel", "generic"):
-        with use_backend(backend):
+        with path(backend):
             out, (h, c) = m(x)
             (out.square().sum() + c.sum()).backward()
         results.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in m.parameters()])

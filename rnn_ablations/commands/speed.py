@@ -118,9 +118,18 @@ def run(args) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.device != "cpu":
+        if not args.device.startswith("cuda") or not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device!r}: use 'cpu', or 'cuda' on a machine with a GPU")
+        if args.clock != "wall":
+            raise ValueError("--clock cpu measures CPU work; use the wall clock with --device cuda")
     rows = measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
-                   clock=args.clock)
-    meta = {"machine": _machine(), "kernel": kernel_available(), "backend": get_backend(),
+                   device=args.device, clock=args.clock)
+    machine = _machine()
+    if args.device != "cpu":
+        machine = f"{torch.cuda.get_device_name(torch.device(args.device))}; host {machine}"
+    meta = {"machine": machine, "device": args.device, "kernel": kernel_available(),
+            "backend": get_backend(),
             "clock": args.clock, "threads": torch.get_num_threads(),
             "shapes": f"batch {args.batch}, seq_len {args.seq_len}, input = hidden, batch_first, "
                       "1 layer, float32", "repeats": args.repeats, "rows": rows}
@@ -132,7 +141,8 @@ def run(args) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        stem = f"speed_{args.clock}_{meta['threads']}t"
+        stem = (f"speed_{args.clock}_{meta['threads']}t" if args.device == "cpu"
+                else f"speed_{args.device.replace(':', '')}")
         (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
         (out / f"{stem}.md").write_text(
             f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}; median of {args.repeats} "
@@ -153,5 +163,9 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall clock, or the process's CPU time (with --threads 1: robust to "
                         "other load on the machine)")
-    p.add_argument("--out", default=None, help="folder for speed_<clock>_<threads>t.{json,md}")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default) or cuda: on CUDA every variant runs the generic path "
+                        "(a Python loop over steps) against cuDNN's nn.LSTM")
+    p.add_argument("--out", default=None,
+                   help="folder for speed_<clock>_<threads>t.{json,md} (speed_cuda.* on CUDA)")
     p.set_defaults(func=run)

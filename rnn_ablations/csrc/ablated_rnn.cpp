@@ -18,6 +18,10 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <utility>
 
 namespace {
 
@@ -69,7 +73,8 @@ inline int64_t grain_rows(int64_t rows, int64_t hidden) {
 
 struct Dims {
   int64_t T, B, H, R, X;
-  int64_t P;  // row stride of proj / d_proj: (R + X) * H
+  int64_t P;   // row stride of proj / d_proj: (R + X) * H
+  int64_t XS;  // row stride of the input-only blocks read in xo (P inside proj, X*H on its own)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -95,10 +100,10 @@ void tanh_to(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
 template <typename T>
 void pointwise_forward(int64_t kind, bool highway, const Dims& d, T* gates, const T* xo,
                        const T* c_prev, T* c_out, T* h_out, T* hin_out, int64_t r0, int64_t r1) {
-  const int64_t H = d.H, RH = d.R * d.H, P = d.P;
+  const int64_t H = d.H, RH = d.R * d.H, XS = d.XS;
   for (int64_t b = r0; b < r1; ++b) {
     T* __restrict__ g = gates + b * RH;
-    const T* __restrict__ xob = xo ? xo + b * P : nullptr;
+    const T* __restrict__ xob = xo ? xo + b * XS : nullptr;
     const T* __restrict__ cp = c_prev + b * H;
     T* __restrict__ cb = c_out + b * H;
     T* __restrict__ hb = h_out + b * H;
@@ -158,7 +163,7 @@ void pointwise_backward(int64_t kind, bool highway, const Dims& d, const T* gate
     const T* __restrict__ g = gates + b * RH;
     T* __restrict__ dab = da + b * P;
     T* __restrict__ dxob = dxo ? dxo + b * P : nullptr;
-    const T* __restrict__ xob = xo ? xo + b * P : nullptr;
+    const T* __restrict__ xob = xo ? xo + b * d.XS : nullptr;
     T* __restrict__ dhb = dh + b * H;
     T* __restrict__ dcb = dc + b * H;
     const T* __restrict__ cb = c_cur ? c_cur + b * H : nullptr;
@@ -272,7 +277,197 @@ void check_inputs(const at::Tensor& proj, const at::Tensor& w_hh, const at::Tens
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// One step of the recurrence, shared by the plain and the pipelined entry points.
+struct StepState {
+  int64_t kind;
+  bool highway;
+  Dims d;
+  const int64_t* bs;
+  bool has_mask;
+  at::Tensor gates, out, cs, hin, h0, c0, w_hh, w_t, rec_mask, hp_buf;  // forward
+  at::Tensor grad_out, dproj, dh, dc;                                     // backward
+};
+
+// Forward step t: gates[t] holds the pre-activations of the recurrent blocks (input projection
+// and bias); add h_{t-1} W_hh^T for the active rows, then the element-wise pass.  `parallel`
+// splits the rows over threads (false inside a pipeline role, which owns one core).
+template <typename scalar_t>
+void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) {
+  const int64_t n = s.bs[t];
+  at::Tensor h_prev = (t == 0 ? s.h0 : s.out[t - 1]).narrow(0, 0, n);
+  if (s.has_mask) {
+    at::Tensor hp = s.hp_buf.narrow(0, 0, n);
+    at::mul_out(hp, h_prev, s.rec_mask.narrow(0, 0, n));
+    h_prev = hp;
+  }
+  s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
+  scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
+  const scalar_t* cpp = (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
+  scalar_t* cp = s.cs[t].data_ptr<scalar_t>();
+  scalar_t* hp = s.out[t].data_ptr<scalar_t>();
+  scalar_t* hinp = s.hin.defined() ? s.hin[t].data_ptr<scalar_t>() : nullptr;
+  auto body = [&](int64_t r0, int64_t r1) {
+    pointwise_forward<scalar_t>(s.kind, s.highway, s.d, gp, xo_t, cpp, cp, hp, hinp, r0, r1);
+  };
+  if (parallel) at::parallel_for(0, n, grain_rows(n, s.d.H), body);
+  else body(0, n);
+}
+
+// Backward step t: add dL/dout_t to the carried dh, element-wise pass into dproj[t], then
+// dh_{t-1} = dproj[t] W_hh for the active rows.  Inactive rows of dproj[t] are zeroed.
+template <typename scalar_t>
+void backward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) {
+  const int64_t n = s.bs[t], B = s.d.B, R = s.d.R, H = s.d.H, X = s.d.X;
+  if (n < B) s.dproj[t].narrow(0, n, B - n).zero_();
+  if (n == 0) return;
+  s.dh.narrow(0, 0, n).add_(s.grad_out[t].narrow(0, 0, n));
+  const scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
+  const bool srnn = s.kind == kSrnn;
+  const scalar_t* ccur = srnn ? nullptr : s.cs[t].data_ptr<scalar_t>();
+  const scalar_t* cprev = srnn ? nullptr : (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
+  const scalar_t* hinp = s.highway ? s.hin[t].data_ptr<scalar_t>() : nullptr;
+  scalar_t* dhp = s.dh.data_ptr<scalar_t>();
+  scalar_t* dcp = s.dc.data_ptr<scalar_t>();
+  scalar_t* dap = s.dproj[t].data_ptr<scalar_t>();
+  scalar_t* dxop = X > 0 ? dap + R * H : nullptr;
+  auto body = [&](int64_t r0, int64_t r1) {
+    pointwise_backward<scalar_t>(s.kind, s.highway, s.d, gp, xo_t, ccur, cprev, hinp, dhp, dcp,
+                                 dap, dxop, r0, r1);
+  };
+  if (parallel) at::parallel_for(0, n, grain_rows(n, H), body);
+  else body(0, n);
+  at::Tensor dh_n = s.dh.narrow(0, 0, n);
+  at::mm_out(dh_n, s.dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), s.w_hh);
+  if (s.has_mask) dh_n.mul_(s.rec_mask.narrow(0, 0, n));
+}
+
+// Final states: row b's state after its last active step.
+std::pair<at::Tensor, at::Tensor> final_states(int64_t kind, const at::Tensor& out,
+                                               const at::Tensor& cs, const at::Tensor& h0,
+                                               const at::Tensor& c0, const int64_t* bs) {
+  const int64_t T = out.size(0);
+  at::Tensor h_n = h0.clone();
+  at::Tensor c_n = c0.clone();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = bs[t];
+    const int64_t n_next = t + 1 < T ? bs[t + 1] : 0;
+    if (n > n_next) {
+      h_n.narrow(0, n_next, n - n_next).copy_(out[t].narrow(0, n_next, n - n_next));
+      c_n.narrow(0, n_next, n - n_next).copy_(cs[t].narrow(0, n_next, n - n_next));
+    }
+  }
+  if (kind == kSrnn) c_n = h_n.clone();
+  return {h_n, c_n};
+}
+
+// h_{t-1} (masked) for steps [t0, t0 + len), as one (len*B, H) matrix.
+at::Tensor previous_hidden(const at::Tensor& out, const at::Tensor& h0, const at::Tensor& rec_mask,
+                           bool has_mask, int64_t t0, int64_t len) {
+  const int64_t B = h0.size(0), H = h0.size(1);
+  at::Tensor hp;
+  if (t0 > 0) {
+    hp = out.narrow(0, t0 - 1, len);
+  } else {
+    hp = len > 1 ? at::cat({h0.unsqueeze(0), out.narrow(0, 0, len - 1)}, 0) : h0.unsqueeze(0);
+  }
+  if (has_mask) hp = hp * rec_mask.unsqueeze(0);
+  return hp.reshape({len * B, H});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-role pipeline.  Role 0 runs the recurrence (inherently sequential, small GEMMs); role 1
+// runs the large GEMMs that do not depend on the next step (input projections of later chunks
+// of steps in the forward pass; input and weight gradients of finished chunks in the backward
+// pass) on the other core at the same time.  Both roles run inside one at::parallel_for of two
+// items, i.e. in torch's own OpenMP team; ATen and MKL calls inside a parallel region run
+// single-threaded, so each role owns one core.  With one thread the two roles run one after the
+// other, and the schedule below is still correct (role 0 never waits for work that only role 1
+// can do: it claims unstarted chunks itself).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+struct Pipeline {
+  explicit Pipeline(int64_t chunks) : done(new std::atomic<int>[std::max<int64_t>(chunks, 1)]) {
+    for (int64_t i = 0; i < std::max<int64_t>(chunks, 1); ++i) done[i].store(0);
+  }
+  std::unique_ptr<std::atomic<int>[]> done;  // chunk finished (projected / back-propagated)
+  std::atomic<int64_t> next{0};               // next unclaimed chunk or task
+  std::atomic<bool> failed{false};            // a role threw: the other stops waiting
+
+  // Wait for chunk k; false when the other role failed.
+  bool wait(int64_t k) {
+    int64_t spins = 0;
+    while (!done[k].load(std::memory_order_acquire)) {
+      if (failed.load(std::memory_order_relaxed)) return false;
+      if (++spins < 4096) cpu_relax(); else std::this_thread::yield();
+    }
+    return true;
+  }
+
+  template <class F0, class F1>
+  void run(F0&& role0, F1&& role1) {
+    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        try {
+          at::NoGradGuard no_grad;  // grad mode is thread-local: off in the team's threads too
+          if (r == 0) role0(); else role1();
+        } catch (...) {
+          failed.store(true);
+          throw;
+        }
+      }
+    });
+    TORCH_CHECK(!failed.load(), "rnn_ablations kernel: a pipeline role failed");
+  }
+};
+
+inline int64_t auto_chunk(int64_t T, int64_t B, int64_t chunk) {
+  if (chunk > 0) return std::min(chunk, std::max<int64_t>(T, 1));
+  // about 256 rows per GEMM, and at least 4 chunks so that the roles overlap
+  int64_t c = std::max<int64_t>(1, (256 + B - 1) / B);
+  return std::max<int64_t>(1, std::min(c, T / 4));
+}
+
+void check_fused_inputs(const at::Tensor& x, const at::Tensor& w_ih, const at::Tensor& bias,
+                        const at::Tensor& w_hh, const at::Tensor& h0, const at::Tensor& c0,
+                        const at::Tensor& batch_sizes) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(),
+              "rnn_ablations kernel: x must be a contiguous CPU tensor (T, B, D)");
+  TORCH_CHECK(w_hh.dim() == 2 && w_hh.is_contiguous() && w_hh.size(0) % w_hh.size(1) == 0,
+              "rnn_ablations kernel: w_hh must be contiguous (R*H, H)");
+  const int64_t H = w_hh.size(1);
+  TORCH_CHECK(w_ih.dim() == 2 && w_ih.is_contiguous() && w_ih.size(1) == x.size(2) &&
+                  w_ih.size(0) >= w_hh.size(0) && w_ih.size(0) % H == 0,
+              "rnn_ablations kernel: w_ih must be contiguous ((R+X)*H, D)");
+  TORCH_CHECK(bias.numel() == 0 || (bias.dim() == 1 && bias.size(0) == w_hh.size(0) &&
+                                    bias.is_contiguous()),
+              "rnn_ablations kernel: bias must be empty or (R*H,)");
+  TORCH_CHECK(h0.is_contiguous() && c0.is_contiguous() && h0.dim() == 2 && c0.dim() == 2 &&
+                  h0.size(0) == x.size(1) && h0.size(1) == H && c0.sizes() == h0.sizes(),
+              "rnn_ablations kernel: h0/c0 must be contiguous (B, H)");
+  TORCH_CHECK(batch_sizes.scalar_type() == at::kLong && batch_sizes.dim() == 1 &&
+                  batch_sizes.size(0) == x.size(0),
+              "rnn_ablations kernel: batch_sizes must be int64 of length T");
+  for (const at::Tensor* t : {&w_ih, &w_hh, &h0, &c0}) {
+    TORCH_CHECK(t->scalar_type() == x.scalar_type(), "rnn_ablations kernel: all tensors must have the same dtype");
+  }
+  if (bias.numel()) TORCH_CHECK(bias.scalar_type() == x.scalar_type(), "rnn_ablations kernel: bias dtype");
+  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
+  for (int64_t t = 0; t < batch_sizes.size(0); ++t) {
+    TORCH_CHECK(bs[t] >= 0 && bs[t] <= x.size(1) && (t == 0 || bs[t] <= bs[t - 1]),
+                "rnn_ablations kernel: batch_sizes must be non-increasing and <= B");
+  }
+}
+
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Entry points taking the input projections (the caller computed them for all steps at once).
 
 // Returns {out (T,B,H), h_n (B,H), c_n (B,H), gates (T,B,R*H) activations, cs (T,B,H), hin}.
 std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj, at::Tensor w_hh,
@@ -285,55 +480,27 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
   const int64_t X = P / H - R;
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
-  Dims d{T, B, H, R, X, P};
-  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
-
+  StepState s;
+  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P};
+  s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   // pre-activations of the recurrent blocks, turned into activations in place
-  at::Tensor gates = proj.narrow(2, 0, R * H).contiguous();
-  if (X == 0) gates = gates.clone();  // narrow of the full width is proj itself
-  at::Tensor out = at::zeros({T, B, H}, proj.options());
-  at::Tensor cs = at::empty({T, B, H}, proj.options());
-  at::Tensor hin = (highway && keep_hin) ? at::empty({T, B, H}, proj.options()) : at::Tensor();
-  at::Tensor hp_buf = has_mask ? at::empty({B, H}, proj.options()) : at::Tensor();
-  at::Tensor w_t = w_hh.t();
+  s.gates = proj.narrow(2, 0, R * H).contiguous();
+  if (X == 0) s.gates = s.gates.clone();  // narrow of the full width is proj itself
+  s.out = at::zeros({T, B, H}, proj.options());
+  s.cs = at::empty({T, B, H}, proj.options());
+  s.hin = (highway && keep_hin) ? at::empty({T, B, H}, proj.options()) : at::Tensor();
+  s.hp_buf = has_mask ? at::empty({B, H}, proj.options()) : at::Tensor();
+  s.h0 = h0; s.c0 = c0; s.w_hh = w_hh; s.w_t = w_hh.t(); s.rec_mask = rec_mask;
 
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_forward", [&] {
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t n = bs[t];
-      if (n == 0) break;
-      at::Tensor h_prev = (t == 0 ? h0 : out[t - 1]).narrow(0, 0, n);
-      if (has_mask) {
-        at::Tensor hp = hp_buf.narrow(0, 0, n);
-        at::mul_out(hp, h_prev, rec_mask.narrow(0, 0, n));
-        h_prev = hp;
-      }
-      at::Tensor g = gates[t].narrow(0, 0, n);
-      g.addmm_(h_prev, w_t);
-      scalar_t* gp = gates[t].data_ptr<scalar_t>();
+    for (int64_t t = 0; t < T && s.bs[t] > 0; ++t) {
       const scalar_t* xop = X > 0 ? proj[t].data_ptr<scalar_t>() + R * H : nullptr;
-      const scalar_t* cpp = (t == 0 ? c0 : cs[t - 1]).data_ptr<scalar_t>();
-      scalar_t* cp = cs[t].data_ptr<scalar_t>();
-      scalar_t* hp = out[t].data_ptr<scalar_t>();
-      scalar_t* hinp = hin.defined() ? hin[t].data_ptr<scalar_t>() : nullptr;
-      at::parallel_for(0, n, grain_rows(n, H), [&](int64_t r0, int64_t r1) {
-        pointwise_forward<scalar_t>(kind, highway, d, gp, xop, cpp, cp, hp, hinp, r0, r1);
-      });
+      forward_step<scalar_t>(s, t, xop, true);
     }
   });
-
-  // Final states: row b's state after its last active step.
-  at::Tensor h_n = h0.clone();
-  at::Tensor c_n = c0.clone();
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t n = bs[t];
-    const int64_t n_next = t + 1 < T ? bs[t + 1] : 0;
-    if (n > n_next) {
-      h_n.narrow(0, n_next, n - n_next).copy_(out[t].narrow(0, n_next, n - n_next));
-      c_n.narrow(0, n_next, n - n_next).copy_(cs[t].narrow(0, n_next, n - n_next));
-    }
-  }
-  if (kind == kSrnn) c_n = h_n.clone();
-  return {out, h_n, c_n, gates, cs, hin.defined() ? hin : at::empty({0}, proj.options())};
+  auto fin = final_states(kind, s.out, s.cs, h0, c0, s.bs);
+  return {s.out, fin.first, fin.second, s.gates, s.cs,
+          s.hin.defined() ? s.hin : at::empty({0}, proj.options())};
 }
 
 // Returns {d_proj (T,B,(R+X)*H), d_w_hh, d_h0, d_c0}.
@@ -347,52 +514,225 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2);
   const int64_t X = P / H - R;
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
-  Dims d{T, B, H, R, X, P};
-  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
-  grad_out = grad_out.contiguous();
-
+  StepState s;
+  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P};
+  s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
+  s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
+  s.rec_mask = rec_mask; s.grad_out = grad_out.contiguous();
   // Every element of an active row is written by the element-wise pass; only the rows that are
   // inactive at a step (padding) are zeroed.
-  at::Tensor dproj = at::empty_like(proj);
-  at::Tensor dh = grad_hn.clone().contiguous();
-  at::Tensor dc = grad_cn.clone().contiguous();
-  if (kind == kSrnn) dh.add_(dc);  // c_n is a copy of h_n for the S-RNN
+  s.dproj = at::empty_like(proj);
+  s.dh = grad_hn.clone().contiguous();
+  s.dc = grad_cn.clone().contiguous();
+  if (kind == kSrnn) s.dh.add_(s.dc);  // c_n is a copy of h_n for the S-RNN
 
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_backward", [&] {
     for (int64_t t = T - 1; t >= 0; --t) {
-      const int64_t n = bs[t];
-      if (n < B) dproj[t].narrow(0, n, B - n).zero_();
-      if (n == 0) continue;
-      dh.narrow(0, 0, n).add_(grad_out[t].narrow(0, 0, n));
-      const scalar_t* gp = gates[t].data_ptr<scalar_t>();
       const scalar_t* xop = X > 0 ? proj[t].data_ptr<scalar_t>() + R * H : nullptr;
-      const scalar_t* ccur = kind == kSrnn ? nullptr : cs[t].data_ptr<scalar_t>();
-      const scalar_t* cprev = kind == kSrnn ? nullptr : (t == 0 ? c0 : cs[t - 1]).data_ptr<scalar_t>();
-      const scalar_t* hinp = highway ? hin[t].data_ptr<scalar_t>() : nullptr;
-      scalar_t* dhp = dh.data_ptr<scalar_t>();
-      scalar_t* dcp = dc.data_ptr<scalar_t>();
-      scalar_t* dap = dproj[t].data_ptr<scalar_t>();
-      scalar_t* dxop = X > 0 ? dap + R * H : nullptr;
-      at::parallel_for(0, n, grain_rows(n, H), [&](int64_t r0, int64_t r1) {
-        pointwise_backward<scalar_t>(kind, highway, d, gp, xop, ccur, cprev, hinp, dhp, dcp, dap,
-                                     dxop, r0, r1);
-      });
-      at::Tensor dh_n = dh.narrow(0, 0, n);
-      at::mm_out(dh_n, dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), w_hh);
-      if (has_mask) dh_n.mul_(rec_mask.narrow(0, 0, n));
+      backward_step<scalar_t>(s, t, xop, true);
     }
   });
-
   // Weight gradient: one GEMM over all steps, against h_{t-1} (masked) of every row.
-  at::Tensor h_prev = T > 1 ? at::cat({h0.unsqueeze(0), out.narrow(0, 0, T - 1)}, 0) : h0.unsqueeze(0);
-  if (has_mask) h_prev = h_prev * rec_mask.unsqueeze(0);
-  at::Tensor dw = at::mm(dproj.view({T * B, P}).narrow(1, 0, R * H).t(), h_prev.reshape({T * B, H}));
-  if (kind == kSrnn) dc.zero_();
-  return {dproj, dw, dh, dc};
+  at::Tensor h_prev = previous_hidden(out, h0, rec_mask, has_mask, 0, T);
+  at::Tensor dw = at::mm(s.dproj.view({T * B, P}).narrow(1, 0, R * H).t(), h_prev);
+  if (kind == kSrnn) s.dc.zero_();
+  return {s.dproj, dw, s.dh, s.dc};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipelined entry points: the input projection (forward) and the input / weight gradients
+// (backward) are computed here, chunk by chunk, on the second core while the first runs the
+// recurrence (see Pipeline).  x (T, B, D) is the layer input; w_ih ((R+X)*H, D); bias (R*H) or
+// empty (the input-only blocks have no bias).
+
+// Returns {out, h_n, c_n, gates (activations), cs, hin, xo (T,B,X*H) input-only projections}.
+std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, at::Tensor w_ih,
+                                      at::Tensor bias, at::Tensor w_hh, at::Tensor h0,
+                                      at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask,
+                                      bool keep_hin, int64_t chunk) {
+  check_fused_inputs(x, w_ih, bias, w_hh, h0, c0, batch_sizes);
+  const int64_t H = w_hh.size(1);
+  const int64_t R = w_hh.size(0) / H;
+  const int64_t T = x.size(0), B = x.size(1), D = x.size(2), P = w_ih.size(0);
+  const int64_t X = P / H - R, RH = R * H, XH = X * H;
+  const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
+  if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
+  StepState s;
+  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, XH};
+  s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
+  s.gates = at::empty({T, B, RH}, x.options());
+  at::Tensor xo = X > 0 ? at::empty({T, B, XH}, x.options()) : at::empty({0}, x.options());
+  s.out = at::zeros({T, B, H}, x.options());
+  s.cs = at::empty({T, B, H}, x.options());
+  s.hin = (highway && keep_hin) ? at::empty({T, B, H}, x.options()) : at::Tensor();
+  s.hp_buf = has_mask ? at::empty({B, H}, x.options()) : at::Tensor();
+  s.h0 = h0; s.c0 = c0; s.w_hh = w_hh; s.w_t = w_hh.t(); s.rec_mask = rec_mask;
+  const bool has_bias = bias.numel() > 0;
+  const at::Tensor w_rec_t = w_ih.narrow(0, 0, RH).t();
+  const at::Tensor w_xo_t = X > 0 ? w_ih.narrow(0, RH, XH).t() : at::Tensor();
+
+  const int64_t C = auto_chunk(T, B, chunk);
+  const int64_t chunks = (T + C - 1) / C;
+  auto project = [&](int64_t k) {
+    const int64_t t0 = k * C, len = std::min(C, T - t0), rows = len * B;
+    at::Tensor x2 = x.narrow(0, t0, len).view({rows, D});
+    at::Tensor g2 = s.gates.narrow(0, t0, len).view({rows, RH});
+    if (has_bias) at::addmm_out(g2, bias, x2, w_rec_t); else at::mm_out(g2, x2, w_rec_t);
+    if (X > 0) {
+      at::Tensor o2 = xo.narrow(0, t0, len).view({rows, XH});
+      at::mm_out(o2, x2, w_xo_t);
+    }
+  };
+  Pipeline pipe(chunks);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rnn_ablations_fused_forward", [&] {
+    auto recurrence = [&] {
+      for (int64_t k = 0; k < chunks; ++k) {
+        // make sure chunk k is projected: claim it if nobody has, else wait for role 1
+        while (!pipe.done[k].load(std::memory_order_acquire)) {
+          int64_t j = pipe.next.load();
+          if (j <= k) {
+            if (pipe.next.compare_exchange_weak(j, j + 1)) {
+              project(j);
+              pipe.done[j].store(1, std::memory_order_release);
+            }
+          } else if (!pipe.wait(k)) {
+            return;
+          }
+        }
+        const int64_t t1 = std::min(T, (k + 1) * C);
+        for (int64_t t = k * C; t < t1; ++t) {
+          if (s.bs[t] == 0) return;
+          const scalar_t* xop = X > 0 ? xo[t].data_ptr<scalar_t>() : nullptr;
+          forward_step<scalar_t>(s, t, xop, false);
+        }
+      }
+    };
+    auto projector = [&] {
+      for (int64_t j = pipe.next.fetch_add(1); j < chunks; j = pipe.next.fetch_add(1)) {
+        if (pipe.failed.load()) return;
+        project(j);
+        pipe.done[j].store(1, std::memory_order_release);
+      }
+    };
+    pipe.run(recurrence, projector);
+  });
+  auto fin = final_states(kind, s.out, s.cs, h0, c0, s.bs);
+  return {s.out, fin.first, fin.second, s.gates, s.cs,
+          s.hin.defined() ? s.hin : at::empty({0}, x.options()), xo};
+}
+
+// Returns {dx (T,B,D) or empty, d_w_ih, d_bias (R*H) or empty, d_w_hh, d_h0, d_c0}.
+std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor grad_out,
+                                       at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
+                                       at::Tensor cs, at::Tensor hin, at::Tensor xo, at::Tensor out,
+                                       at::Tensor x, at::Tensor w_ih, at::Tensor w_hh,
+                                       at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
+                                       at::Tensor rec_mask, bool need_dx, bool need_dw,
+                                       bool need_bias, int64_t chunk) {
+  const int64_t H = w_hh.size(1);
+  const int64_t R = w_hh.size(0) / H;
+  const int64_t T = x.size(0), B = x.size(1), D = x.size(2), P = w_ih.size(0);
+  const int64_t X = P / H - R, RH = R * H;
+  const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
+  StepState s;
+  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, X * H};
+  s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
+  s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
+  s.rec_mask = rec_mask; s.grad_out = grad_out.contiguous();
+  s.dproj = at::empty({T, B, P}, x.options());
+  s.dh = grad_hn.clone().contiguous();
+  s.dc = grad_cn.clone().contiguous();
+  if (kind == kSrnn) s.dh.add_(s.dc);  // c_n is a copy of h_n for the S-RNN
+  at::Tensor dx = need_dx ? at::empty({T, B, D}, x.options()) : at::empty({0}, x.options());
+
+  // Tasks per chunk, taken in the order the recurrence finishes chunks (last chunk first).  When
+  // the input gradient is needed, it is the pipelined task (its cost is close to the recurrence's)
+  // and the weight gradients are two GEMMs over all steps on both threads afterwards; otherwise
+  // the weight gradients are pipelined, each role accumulating into its own buffers.
+  std::vector<int> kinds;  // 0: dx, 1: d_w_ih, 2: d_w_hh
+  if (need_dx) kinds.push_back(0);
+  else if (need_dw) { kinds.push_back(1); kinds.push_back(2); }
+  const int64_t per = static_cast<int64_t>(kinds.size());
+  const int64_t C = auto_chunk(T, B, chunk);
+  const int64_t chunks = (T + C - 1) / C;
+  const int64_t tasks = chunks * per;
+  at::Tensor dw_ih[2], dw_hh[2];
+  auto do_task = [&](int64_t q, int role) {
+    const int64_t k = chunks - 1 - q / per;
+    const int64_t t0 = k * C, len = std::min(C, T - t0), rows = len * B;
+    at::Tensor dp = s.dproj.narrow(0, t0, len).view({rows, P});
+    switch (kinds[q % per]) {
+      case 0: {
+        at::Tensor dx2 = dx.narrow(0, t0, len).view({rows, D});
+        at::mm_out(dx2, dp, w_ih);
+        break;
+      }
+      case 1: {
+        at::Tensor x2 = x.narrow(0, t0, len).view({rows, D});
+        if (dw_ih[role].defined()) dw_ih[role].addmm_(dp.t(), x2);
+        else dw_ih[role] = at::mm(dp.t(), x2);
+        break;
+      }
+      default: {
+        at::Tensor hp = previous_hidden(out, h0, rec_mask, has_mask, t0, len);
+        at::Tensor dr = dp.narrow(1, 0, RH).t();
+        if (dw_hh[role].defined()) dw_hh[role].addmm_(dr, hp);
+        else dw_hh[role] = at::mm(dr, hp);
+        break;
+      }
+    }
+  };
+  Pipeline pipe(chunks);
+  auto take_tasks = [&](int role) {
+    for (int64_t q = pipe.next.fetch_add(1); q < tasks; q = pipe.next.fetch_add(1)) {
+      if (!pipe.wait(chunks - 1 - q / per)) return;
+      do_task(q, role);
+    }
+  };
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rnn_ablations_fused_backward", [&] {
+    auto recurrence = [&] {
+      for (int64_t k = chunks - 1; k >= 0; --k) {
+        const int64_t t0 = k * C, t1 = std::min(T, t0 + C);
+        for (int64_t t = t1 - 1; t >= t0; --t) {
+          const scalar_t* xop = X > 0 ? xo[t].data_ptr<scalar_t>() : nullptr;
+          backward_step<scalar_t>(s, t, xop, false);
+        }
+        pipe.done[k].store(1, std::memory_order_release);
+      }
+      take_tasks(0);
+    };
+    pipe.run(recurrence, [&] { take_tasks(1); });
+  });
+
+  at::Tensor g_w_ih, g_w_hh;
+  if (need_dw && need_dx) {  // all steps at once, on all threads
+    at::Tensor dp = s.dproj.view({T * B, P});
+    g_w_ih = at::mm(dp.t(), x.view({T * B, D}));
+    g_w_hh = at::mm(dp.narrow(1, 0, RH).t(), previous_hidden(out, h0, rec_mask, has_mask, 0, T));
+  } else if (need_dw) {
+    auto combine = [](at::Tensor* acc) {  // at least one role took a task (T >= 1)
+      if (!acc[0].defined()) return acc[1];
+      return acc[1].defined() ? acc[0].add_(acc[1]) : acc[0];
+    };
+    g_w_ih = combine(dw_ih);
+    g_w_hh = combine(dw_hh);
+  }
+  at::Tensor g_b = need_bias ? s.dproj.view({T * B, P}).narrow(1, 0, RH).sum(0)
+                             : at::empty({0}, x.options());
+  if (kind == kSrnn) s.dc.zero_();
+  if (!need_dw) {
+    g_w_ih = at::empty({0}, x.options());
+    g_w_hh = at::empty({0}, x.options());
+  }
+  return {dx, g_w_ih, g_b, g_w_hh, s.dh, s.dc};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rnn_ablations fused CPU recurrence (forward and hand-written backward)";
-  m.def("forward", &rnn_forward, "one layer, one direction: forward");
-  m.def("backward", &rnn_backward, "one layer, one direction: backward");
+  m.def("forward", &rnn_forward, "one layer, one direction: forward from the input projections");
+  m.def("backward", &rnn_backward, "one layer, one direction: backward to the input projections");
+  m.def("fused_forward", &fused_forward,
+        "one layer, one direction: pipelined input projection + recurrence");
+  m.def("fused_backward", &fused_backward,
+        "one layer, one direction: pipelined recurrence backward + input/weight gradients");
 }
