@@ -8,7 +8,9 @@ computes the same function.  :func:`set_backend` forces one path (the tests use 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import sys
 import warnings
 from typing import Optional
 
@@ -18,15 +20,16 @@ from .functional import generic_layer
 from .variants import Variant
 
 __all__ = ["kernel_available", "set_backend", "use_backend", "set_pipeline", "get_pipeline",
-           "use_pipeline",
-           "run_layer", "input_projection"]
+           "use_pipeline", "run_layer", "input_projection"]
 
 try:  # pragma: no cover - depends on the build
-    from . import _C  # type: ignore[attr-defined]
+    _C = importlib.import_module(__package__ + "._C")
     _KERNEL_ERROR: Optional[str] = None
 except ImportError as exc:  # pragma: no cover
     _C = None
-    _KERNEL_ERROR = str(exc)
+    _KERNEL_ERROR = (f"{exc}; it is built by the install for one Python and torch "
+                     f"(this is Python {sys.version_info.major}.{sys.version_info.minor}, "
+                     f"torch {torch.__version__})")
 
 _BACKENDS = ("auto", "kernel", "generic")
 _backend = "generic" if os.environ.get("RNN_ABLATIONS_DISABLE_KERNEL") == "1" else "auto"
