@@ -5,6 +5,10 @@ The kernel needs torch at build time, so install without build isolation:
 (``scripts/setup.sh`` does this, after installing the pinned torch).  When the kernel cannot be
 built (no compiler), set ``RNN_ABLATIONS_NO_KERNEL=1``: the package then runs its generic
 PyTorch path, which computes the same numbers more slowly.
+
+With a CUDA build of torch and CUDA's compiler (``nvcc``, found through ``CUDA_HOME``), the CUDA
+kernel ``rnn_ablations._C_cuda`` is built as well (``RNN_ABLATIONS_NO_CUDA=1`` skips it); with
+the CPU wheel this project pins, it is not.
 """
 import os
 import platform
@@ -12,8 +16,15 @@ import platform
 from setuptools import find_packages, setup
 
 ext_modules, cmdclass = [], {}
-if os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1":
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+_cpu_kernel = os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1"
+_cuda_kernel = False
+if os.environ.get("RNN_ABLATIONS_NO_CUDA", "0") != "1":
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    _cuda_kernel = torch.version.cuda is not None and CUDA_HOME is not None
+if _cpu_kernel or _cuda_kernel:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
     def _cpu_flags():
         # -fopenmp: ATen's parallel_for is a header template, parallel only when the extension
@@ -32,14 +43,19 @@ if os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1":
                 flags += ["-mavx2", "-mfma"]
         return flags
 
-    ext_modules = [
-        CppExtension(
+    if _cpu_kernel:
+        ext_modules.append(CppExtension(
             "rnn_ablations._C",
             ["rnn_ablations/csrc/ablated_rnn.cpp"],
             extra_compile_args=_cpu_flags(),
             extra_link_args=["-fopenmp"],
-        )
-    ]
+        ))
+    if _cuda_kernel:
+        ext_modules.append(CUDAExtension(
+            "rnn_ablations._C_cuda",
+            ["rnn_ablations/csrc/ablated_rnn_cuda.cu"],
+            extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
+        ))
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
 
 from setuptools.command.build_py import build_py as _build_py

@@ -1,9 +1,10 @@
 """Dispatch of one layer/direction to the fused C++ CPU kernel or to the generic PyTorch path.
 
 The fast path is used automatically for CPU tensors of dtype float32/float64 when the compiled
-extension ``rnn_ablations._C`` is importable; everything else (CUDA, half precision, an install
-without the extension, ``RNN_ABLATIONS_DISABLE_KERNEL=1``) takes :func:`generic_layer`, which
-computes the same function.  :func:`set_backend` forces one path (the tests use it to compare them).
+extension ``rnn_ablations._C`` is importable, and for CUDA tensors when ``rnn_ablations._C_cuda``
+is (built only with a CUDA torch and nvcc); everything else (half precision, other devices, an
+install without the extension, ``RNN_ABLATIONS_DISABLE_KERNEL=1``) takes :func:`generic_layer`,
+which computes the same function.  :func:`set_backend` forces one path (the tests use it to compare them).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 from .functional import generic_layer
 from .variants import Variant
 
-__all__ = ["kernel_available", "set_backend", "use_backend", "set_pipeline", "get_pipeline",
+__all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "use_backend", "set_pipeline", "get_pipeline",
            "use_pipeline", "run_layer", "input_projection"]
 
 try:  # pragma: no cover - depends on the build
@@ -31,9 +32,17 @@ except ImportError as exc:  # pragma: no cover
                      f"(this is Python {sys.version_info.major}.{sys.version_info.minor}, "
                      f"torch {torch.__version__})")
 
+try:  # pragma: no cover - built only with a CUDA build of torch and nvcc (see setup.py)
+    _C_cuda = importlib.import_module(__package__ + "._C_cuda")
+    _CUDA_KERNEL_ERROR: Optional[str] = None
+except ImportError as exc:  # pragma: no cover
+    _C_cuda = None
+    _CUDA_KERNEL_ERROR = (f"{exc}; it is built by `pip install --no-build-isolation -e .` when "
+                          "torch is a CUDA build and CUDA's compiler is found")
+
 _BACKENDS = ("auto", "kernel", "generic")
 _backend = "generic" if os.environ.get("RNN_ABLATIONS_DISABLE_KERNEL") == "1" else "auto"
-_warned = False
+_warned = set()
 
 
 def kernel_available() -> bool:
@@ -41,12 +50,18 @@ def kernel_available() -> bool:
     return _C is not None
 
 
+def cuda_kernel_available() -> bool:
+    """True when the compiled CUDA kernel could be imported."""
+    return _C_cuda is not None
+
+
 def set_backend(name: str) -> None:
-    """``"auto"`` (kernel on CPU when available), ``"kernel"`` (required) or ``"generic"``."""
+    """``"auto"`` (a compiled kernel where one applies), ``"kernel"`` (required: an error for
+    tensors no kernel handles) or ``"generic"``."""
     global _backend
     if name not in _BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(_BACKENDS)}")
-    if name == "kernel" and _C is None:
+    if name == "kernel" and _C is None and _C_cuda is None:
         raise RuntimeError(
             "the compiled kernel rnn_ablations._C is not available "
             f"({_KERNEL_ERROR}); reinstall with `pip install --no-build-isolation -e .`"
@@ -68,23 +83,38 @@ def use_backend(name: str):
         set_backend(old)
 
 
-def _kernel_applies(xr: torch.Tensor) -> bool:
-    global _warned
+def _unavailable(device: str, error: Optional[str]) -> None:
+    if _backend == "kernel":
+        raise RuntimeError(f"the rnn_ablations {device} kernel is not available: {error}")
+    if device not in _warned:
+        warnings.warn(f"rnn_ablations: compiled {device} kernel unavailable ({error}); using the "
+                      "slower generic path")
+        _warned.add(device)
+
+
+def _plain_kernel(t: torch.Tensor):
+    """The compiled module (``_C`` on CPU, ``_C_cuda`` on CUDA) whose ``forward``/``backward``
+    run a layer from its input projections, or ``None`` for the generic path."""
     if _backend == "generic":
-        return False
-    ok = xr.device.type == "cpu" and xr.dtype in (torch.float32, torch.float64)
-    if _C is None:
-        if _backend == "kernel":
-            raise RuntimeError("rnn_ablations._C is not available: " + str(_KERNEL_ERROR))
-        if not _warned and ok:
-            warnings.warn("rnn_ablations: compiled CPU kernel unavailable "
-                          f"({_KERNEL_ERROR}); using the slower generic path")
-            _warned = True
-        return False
-    if _backend == "kernel" and not ok:
-        raise RuntimeError(
-            f"the rnn_ablations kernel handles CPU float32/float64 only, got {xr.device} {xr.dtype}")
-    return ok
+        return None
+    ok_dtype = t.dtype in (torch.float32, torch.float64)
+    if t.device.type == "cpu" and ok_dtype:
+        if _C is None:
+            _unavailable("CPU", _KERNEL_ERROR)
+        return _C
+    if t.device.type == "cuda" and ok_dtype:
+        if _C_cuda is None:
+            _unavailable("CUDA", _CUDA_KERNEL_ERROR)
+        return _C_cuda
+    if _backend == "kernel":
+        raise RuntimeError(f"the rnn_ablations kernels handle CPU and CUDA float32/float64, got "
+                           f"{t.device} {t.dtype}; use the generic backend")
+    return None
+
+
+def _kernel_applies(t: torch.Tensor) -> bool:
+    """True when the CPU kernel (and so also its pipelined schedule) runs ``t``."""
+    return t.device.type == "cpu" and _plain_kernel(t) is not None
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -97,12 +127,14 @@ def _kernel_applies(xr: torch.Tensor) -> bool:
 #:
 #: ``"auto"`` takes the pipeline for ``T >= PIPELINE_MIN_STEPS`` except for single-threaded
 #: inference with a weight large enough for oneDNN's projection.  Measured on the 2-core AMD EPYC
-#: development machine (B = 32, T = 64, 11-15 interleaved rounds): with 2 threads the pipeline
-#: trains ``ran`` 1.10-1.16x faster than the plain kernel at H = 256 and 650 and ``lstm`` 1.04x
-#: (H = 256) to 1.07x (H = 650), and is faster for every small shape tried (H = 32, B = 8,
-#: T = 20 up); with 1 thread it trains 1.0-1.1x faster, but inference at H = 650 is 1.1x slower
-#: than the plain kernel's oneDNN projection.  ``"always"`` / ``"never"`` force one schedule (the
-#: tests run both; with one thread the pipeline's two roles run one after the other).
+#: development machine (B = 32, T = 64, 11-31 interleaved rounds, wall clock, a machine whose
+#: timings moved by 10-20 % between runs): with 2 threads the pipeline trained ``ran`` 1.01-1.16x
+#: faster than the plain kernel (H = 256 and 650) and ``lstm`` 1.04-1.16x faster at H = 256, with
+#: no clear difference for ``lstm`` at H = 650 (0.94-1.07x); it was also faster for every small
+#: shape tried (H = 32, B = 8, T = 20 up).  With 1 thread it trained 1.0-1.1x faster, but
+#: inference at H = 650 was 1.1x slower than the plain kernel's oneDNN projection.
+#: ``"always"`` / ``"never"`` force one schedule (the tests run both; with one thread the
+#: pipeline's two roles run one after the other).
 _PIPELINES = ("auto", "always", "never")
 _pipeline = "auto"
 PIPELINE_MIN_STEPS = 4
@@ -212,15 +244,16 @@ def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 # --------------------------------------------------------------------------- recurrence
 class _KernelLayer(torch.autograd.Function):
-    """Autograd wrapper: forward and the hand-written backward of the C++ kernel."""
+    """Autograd wrapper: forward and the hand-written backward of a plain kernel (``ext`` is
+    ``_C`` on CPU or ``_C_cuda`` on CUDA; both have the same entry points)."""
 
     @staticmethod
-    def forward(ctx, proj, w_hh, h0, c0, kind, highway, batch_sizes, rec_mask):
+    def forward(ctx, proj, w_hh, h0, c0, kind, highway, batch_sizes, rec_mask, ext):
         mask_ = rec_mask if rec_mask is not None else proj.new_empty(0)
-        out, h_n, c_n, gates, cs, hin = _C.forward(kind, highway, proj, w_hh, h0, c0,
-                                                   batch_sizes, mask_, True)
+        out, h_n, c_n, gates, cs, hin = ext.forward(kind, highway, proj, w_hh, h0, c0,
+                                                    batch_sizes, mask_, True)
         ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_)
-        ctx.kind, ctx.highway = kind, highway
+        ctx.kind, ctx.highway, ctx.ext = kind, highway, ext
         return out, h_n, c_n
 
     @staticmethod
@@ -229,9 +262,10 @@ class _KernelLayer(torch.autograd.Function):
         g_out = torch.zeros_like(out) if g_out is None else g_out
         g_hn = torch.zeros_like(h0) if g_hn is None else g_hn.contiguous()
         g_cn = torch.zeros_like(c0) if g_cn is None else g_cn.contiguous()
-        dproj, dw, dh0, dc0 = _C.backward(ctx.kind, ctx.highway, g_out, g_hn, g_cn, gates, cs,
-                                          hin, out, proj, w_hh, h0, c0, batch_sizes, mask)
-        return dproj, dw, dh0, dc0, None, None, None, None
+        dproj, dw, dh0, dc0 = ctx.ext.backward(ctx.kind, ctx.highway, g_out, g_hn, g_cn, gates,
+                                               cs, hin, out, proj, w_hh, h0, c0, batch_sizes,
+                                               mask)
+        return dproj, dw, dh0, dc0, None, None, None, None, None
 
 
 class _PipelinedLayer(torch.autograd.Function):
@@ -293,15 +327,16 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
     if bias is not None and w_ih.shape[0] > bias.shape[0]:
         bias = torch.cat([bias, bias.new_zeros(w_ih.shape[0] - bias.shape[0])])
     proj = input_projection(x, w_ih, bias)
-    if _kernel_applies(proj):
+    ext = _plain_kernel(proj)
+    if ext is not None:
         proj, w_hh, h0, c0 = proj.contiguous(), w_hh.contiguous(), h0.contiguous(), c0.contiguous()
         rec_mask = rec_mask.contiguous() if rec_mask is not None else None
         needs_grad = torch.is_grad_enabled() and any(
             t.requires_grad for t in (proj, w_hh, h0, c0))
         if needs_grad:
             return _KernelLayer.apply(proj, w_hh, h0, c0, variant.kind, highway, batch_sizes,
-                                      rec_mask)
-        out, h_n, c_n, _, _, _ = _C.forward(
+                                      rec_mask, ext)
+        out, h_n, c_n, _, _, _ = ext.forward(
             variant.kind, highway, proj, w_hh, h0, c0, batch_sizes,
             rec_mask if rec_mask is not None else proj.new_empty(0), False)
         return out, h_n, c_n

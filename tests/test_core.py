@@ -139,6 +139,29 @@ def test_kernel_equals_generic(kernel, variant, highway, recurrent_dropout):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_pipeline_policy():
+    from rnn_ablations import dispatch
+    big_x, w_big = torch.randn(8, 2, 400), torch.randn(1600, 400)  # >= ONEDNN_MIN_WEIGHT
+    small_w = torch.randn(12, 3)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert dispatch._pipeline_applies(torch.randn(8, 2, 3), small_w, needs_grad=False)
+        assert not dispatch._pipeline_applies(torch.randn(3, 2, 3), small_w, needs_grad=True)
+        torch.set_num_threads(1)
+        assert dispatch._pipeline_applies(big_x, w_big, needs_grad=True)
+        assert dispatch._pipeline_applies(big_x, w_big, needs_grad=False) != \
+            dispatch._onednn_projection_applies(big_x, w_big)
+        with use_pipeline("never"):
+            assert not dispatch._pipeline_applies(big_x, small_w, needs_grad=True)
+        with use_pipeline("always"):
+            assert dispatch._pipeline_applies(torch.randn(1, 2, 3), small_w, needs_grad=False)
+    finally:
+        torch.set_num_threads(old)
+    with pytest.raises(ValueError, match="always, never"):
+        ra.set_pipeline("sometimes")
+
+
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("chunk", [1, 3, 0])

@@ -1,16 +1,27 @@
-"""The generic path on a CUDA device against the CPU (and nn.LSTM / nn.RNN on CUDA).
+"""CUDA: the CUDA kernel (when built) and the generic path against the CPU, against each other,
+and against nn.LSTM / nn.RNN (cuDNN); gradcheck on the GPU.
 
 These tests skip on machines without a GPU (CI has none); they were run on a lent GPU machine
-(see the README's speed section).  Matrix products on CUDA run without TF32 here so that
-float32 comparisons are meaningful.
+with `bash benchmarks/gpu_check.sh` (see the README's speed section).  Matrix products on CUDA
+run without TF32 here so that float32 comparisons are meaningful.
 """
 import pytest
 import torch
 
-from rnn_ablations import AblatedRNN, VARIANTS, weighted_sum
+from rnn_ablations import AblatedRNN, VARIANTS, use_backend, weighted_sum
+from rnn_ablations.dispatch import cuda_kernel_available
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 MEMORY_VARIANTS = [v for v in VARIANTS if v != "srnn"]
+needs_cuda_kernel = pytest.mark.skipif(not cuda_kernel_available(),
+                                       reason="the CUDA kernel rnn_ablations._C_cuda is not built")
+
+
+def test_cuda_kernel_is_built_where_nvcc_is():
+    from torch.utils.cpp_extension import CUDA_HOME
+    if CUDA_HOME is None:
+        pytest.skip("no CUDA compiler: the CUDA kernel is not built here")
+    assert cuda_kernel_available(), "CUDA torch and nvcc present but rnn_ablations._C_cuda missing"
 
 
 @pytest.fixture(autouse=True)
@@ -68,12 +79,40 @@ def test_cuda_srnn_matches_torch_rnn():
     torch.testing.assert_close(h, wh, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["ran", "lstm_minus_srnn"])
-def test_cuda_gradcheck(variant):
-    m = AblatedRNN(variant, 2, 3, bidirectional=True).double().cuda()
+@needs_cuda_kernel
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("highway,recurrent_dropout", [(False, 0.0), (True, 0.3)])
+def test_cuda_kernel_equals_cuda_generic(variant, highway, recurrent_dropout):
+    m = AblatedRNN(variant, 5, 6, num_layers=2, bidirectional=True, highway=highway,
+                   recurrent_dropout=recurrent_dropout, dropout=0.2).cuda()
+    x = torch.randn(7, 4, 5, device="cuda")
+    lengths = torch.tensor([7, 3, 5, 1])
+    results = []
+    for backend in ("kernel", "generic"):
+        torch.manual_seed(1)  # same dropout masks
+        with use_backend(backend):
+            results.append(_run_and_grads(m, x.clone().requires_grad_(), lengths=lengths))
+        m.zero_grad()
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["auto", "generic"])
+@pytest.mark.parametrize("variant,highway", [(v, False) for v in VARIANTS] + [("ran", True),
+                                                                           ("srnn", True)])
+def test_cuda_gradcheck(backend, variant, highway):
+    m = AblatedRNN(variant, 2, 3, bidirectional=True, highway=highway).double().cuda()
     x = torch.randn(4, 3, 2, dtype=torch.double, device="cuda", requires_grad=True)
+    h0 = torch.randn(2, 3, 3, dtype=torch.double, device="cuda", requires_grad=True)
+    c0 = torch.randn(2, 3, 3, dtype=torch.double, device="cuda", requires_grad=True)
     lengths = torch.tensor([4, 2, 3])
-    assert torch.autograd.gradcheck(lambda x: m(x, lengths=lengths)[0], (x,))
+
+    def f(x, h0, c0):
+        out, (h, c) = m(x, (h0, c0), lengths=lengths)
+        return out, h, c
+
+    with use_backend(backend):
+        assert torch.autograd.gradcheck(f, (x, h0, c0))
 
 
 @pytest.mark.parametrize("variant", MEMORY_VARIANTS)

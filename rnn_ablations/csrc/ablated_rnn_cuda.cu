@@ -1,0 +1,256 @@
+// CUDA kernel for one recurrent layer in one direction of every variant in
+// rnn_ablations/variants.py; the same function, layout and entry-point signatures as the plain
+// CPU kernel in ablated_rnn.cpp (rnn_forward / rnn_backward), which the generic path
+// (rnn_ablations/functional.py) defines and the tests compare against.
+//
+// Per step: one cuBLAS GEMM of the active rows against h_{t-1} (at::addmm_), then ONE fused
+// element-wise kernel (all activations, the cell update, the output and the highway mix); the
+// backward per step: one fused element-wise kernel, then one GEMM for dh_{t-1}; the weight
+// gradient is one GEMM after the loop.  The host loop launches asynchronously (no
+// synchronisation per step); batch_sizes lives on the CPU.
+
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <vector>
+
+namespace {
+
+enum Kind : int { kLstm = 0, kSrnn = 1, kMinusSrnn = 2, kRan = 3, kIdentityRan = 4 };
+
+template <typename T> __device__ __forceinline__ T sigm(T x) { return T(1) / (T(1) + exp(-x)); }
+
+// Forward of element (b, j) of one step; gates hold the pre-activations of the R recurrent
+// blocks on entry and their activations on exit (the backward reads them).
+template <typename T>
+__global__ void forward_kernel(int kind, bool highway, int64_t n, int64_t H, int64_t R,
+                               int64_t X, int64_t XS, T* __restrict__ gates,
+                               const T* __restrict__ xo, const T* __restrict__ c_prev,
+                               T* __restrict__ c_out, T* __restrict__ h_out,
+                               T* __restrict__ hin_out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * H) return;
+  const int64_t b = idx / H, j = idx % H;
+  T* g = gates + b * R * H;
+  const T* xob = xo ? xo + b * XS : nullptr;
+  T h, c;
+  if (kind == kSrnn) {
+    h = tanh(g[j]);
+    g[j] = h;
+    c = h;
+  } else {
+    const T i = sigm(g[j]);
+    const T f = sigm(g[H + j]);
+    g[j] = i;
+    g[H + j] = f;
+    T content;
+    if (kind == kLstm) {
+      content = tanh(g[2 * H + j]);
+      g[2 * H + j] = content;
+    } else {
+      content = xob[j];
+    }
+    c = i * content + f * c_prev[b * H + j];
+    if (kind == kIdentityRan) {
+      h = c;
+    } else {
+      h = tanh(c);
+      if (kind == kLstm || kind == kMinusSrnn) {
+        const int64_t ob = kind == kLstm ? 3 : 2;
+        const T o = sigm(g[ob * H + j]);
+        g[ob * H + j] = o;
+        h *= o;
+      }
+    }
+  }
+  if (highway) {
+    const T r = sigm(g[(R - 1) * H + j]);
+    g[(R - 1) * H + j] = r;
+    const T hw = xob[(X - 1) * H + j];
+    if (hin_out) hin_out[b * H + j] = h;
+    h = r * h + (T(1) - r) * hw;
+    if (kind == kSrnn) c = h;
+  }
+  c_out[b * H + j] = c;
+  h_out[b * H + j] = h;
+}
+
+// Backward of element (b, j) of one step.  dh: dL/dh_t (total); dc: carried dL/dc_t, replaced by
+// dL/dc_{t-1}; da: dL/d(pre-activations) of the recurrent blocks, row stride P; dxo = da + R*H:
+// dL/d(input-only blocks).
+template <typename T>
+__global__ void backward_kernel(int kind, bool highway, int64_t n, int64_t H, int64_t R,
+                                int64_t X, int64_t P, const T* __restrict__ gates,
+                                const T* __restrict__ xo, const T* __restrict__ c_cur,
+                                const T* __restrict__ c_prev, const T* __restrict__ hin,
+                                const T* __restrict__ dh, T* __restrict__ dc, T* __restrict__ da) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * H) return;
+  const int64_t b = idx / H, j = idx % H;
+  const T* g = gates + b * R * H;
+  const T* xob = xo ? xo + b * P : nullptr;
+  T* dab = da + b * P;
+  T* dxob = dab + R * H;
+  T gh = dh[b * H + j];
+  if (highway) {
+    const T r = g[(R - 1) * H + j];
+    const T hw = xob[(X - 1) * H + j];
+    const T hi = hin[b * H + j];
+    dab[(R - 1) * H + j] = gh * (hi - hw) * r * (T(1) - r);
+    dxob[(X - 1) * H + j] = gh * (T(1) - r);
+    gh *= r;
+  }
+  if (kind == kSrnn) {
+    const T hv = g[j];
+    dab[j] = gh * (T(1) - hv * hv);
+    return;
+  }
+  const T i = g[j], f = g[H + j];
+  const T cp = c_prev[b * H + j];
+  T gc = dc[b * H + j];
+  if (kind == kIdentityRan) {
+    gc += gh;
+  } else {
+    const T tc = tanh(c_cur[b * H + j]);
+    if (kind == kRan) {
+      gc += gh * (T(1) - tc * tc);
+    } else {
+      const int64_t ob = kind == kLstm ? 3 : 2;
+      const T o = g[ob * H + j];
+      gc += gh * o * (T(1) - tc * tc);
+      dab[ob * H + j] = gh * tc * o * (T(1) - o);
+    }
+  }
+  const T content = kind == kLstm ? g[2 * H + j] : xob[j];
+  dab[j] = gc * content * i * (T(1) - i);
+  dab[H + j] = gc * cp * f * (T(1) - f);
+  if (kind == kLstm) dab[2 * H + j] = gc * i * (T(1) - content * content);
+  else dxob[j] = gc * i;
+  dc[b * H + j] = gc * f;
+}
+
+constexpr int kThreads = 256;
+inline unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+void check(const at::Tensor& proj, const at::Tensor& w_hh, const at::Tensor& h0,
+           const at::Tensor& c0, const at::Tensor& batch_sizes) {
+  TORCH_CHECK(proj.is_cuda() && w_hh.is_cuda() && h0.is_cuda() && c0.is_cuda(),
+              "rnn_ablations CUDA kernel: proj, w_hh, h0, c0 must be CUDA tensors");
+  TORCH_CHECK(proj.dim() == 3 && proj.is_contiguous(), "rnn_ablations CUDA kernel: proj (T, B, (R+X)*H) contiguous");
+  TORCH_CHECK(w_hh.dim() == 2 && w_hh.is_contiguous() && w_hh.size(0) % w_hh.size(1) == 0,
+              "rnn_ablations CUDA kernel: w_hh must be contiguous (R*H, H)");
+  TORCH_CHECK(proj.size(2) >= w_hh.size(0) && proj.size(2) % w_hh.size(1) == 0,
+              "rnn_ablations CUDA kernel: proj width must be (R+X)*H");
+  TORCH_CHECK(h0.is_contiguous() && c0.is_contiguous() && h0.dim() == 2 &&
+                  h0.size(0) == proj.size(1) && h0.size(1) == w_hh.size(1) && c0.sizes() == h0.sizes(),
+              "rnn_ablations CUDA kernel: h0/c0 must be contiguous (B, H)");
+  TORCH_CHECK(batch_sizes.device().is_cpu() && batch_sizes.scalar_type() == at::kLong &&
+                  batch_sizes.dim() == 1 && batch_sizes.size(0) == proj.size(0),
+              "rnn_ablations CUDA kernel: batch_sizes must be a CPU int64 tensor of length T");
+  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
+  for (int64_t t = 0; t < batch_sizes.size(0); ++t) {
+    TORCH_CHECK(bs[t] >= 0 && bs[t] <= proj.size(1) && (t == 0 || bs[t] <= bs[t - 1]),
+                "rnn_ablations CUDA kernel: batch_sizes must be non-increasing and <= B");
+  }
+}
+
+}  // namespace
+
+// Returns {out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin}; as rnn_forward (CPU).
+std::vector<at::Tensor> cuda_forward(int64_t kind, bool highway, at::Tensor proj, at::Tensor w_hh,
+                                     at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
+                                     at::Tensor rec_mask, bool keep_hin) {
+  check(proj, w_hh, h0, c0, batch_sizes);
+  const c10::cuda::CUDAGuard guard(proj.device());
+  const int64_t H = w_hh.size(1), R = w_hh.size(0) / H;
+  const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2), X = P / H - R;
+  const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
+  if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
+  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
+  at::Tensor gates = proj.narrow(2, 0, R * H).contiguous();
+  if (X == 0) gates = gates.clone();
+  at::Tensor out = at::zeros({T, B, H}, proj.options());
+  at::Tensor cs = at::zeros({T, B, H}, proj.options());
+  at::Tensor hin = (highway && keep_hin) ? at::empty({T, B, H}, proj.options()) : at::Tensor();
+  at::Tensor hp_buf = has_mask ? at::empty({B, H}, proj.options()) : at::Tensor();
+  at::Tensor w_t = w_hh.t();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_cuda_forward", [&] {
+    for (int64_t t = 0; t < T && bs[t] > 0; ++t) {
+      const int64_t n = bs[t];
+      at::Tensor h_prev = (t == 0 ? h0 : out[t - 1]).narrow(0, 0, n);
+      if (has_mask) {
+        at::Tensor hp = hp_buf.narrow(0, 0, n);
+        at::mul_out(hp, h_prev, rec_mask.narrow(0, 0, n));
+        h_prev = hp;
+      }
+      gates[t].narrow(0, 0, n).addmm_(h_prev, w_t);
+      forward_kernel<scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
+          static_cast<int>(kind), highway, n, H, R, X, P, gates[t].data_ptr<scalar_t>(),
+          X > 0 ? proj[t].data_ptr<scalar_t>() + R * H : nullptr,
+          (t == 0 ? c0 : cs[t - 1]).data_ptr<scalar_t>(), cs[t].data_ptr<scalar_t>(),
+          out[t].data_ptr<scalar_t>(), hin.defined() ? hin[t].data_ptr<scalar_t>() : nullptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+  at::Tensor h_n = h0.clone(), c_n = c0.clone();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = bs[t], n_next = t + 1 < T ? bs[t + 1] : 0;
+    if (n > n_next) {
+      h_n.narrow(0, n_next, n - n_next).copy_(out[t].narrow(0, n_next, n - n_next));
+      c_n.narrow(0, n_next, n - n_next).copy_(cs[t].narrow(0, n_next, n - n_next));
+    }
+  }
+  if (kind == kSrnn) c_n = h_n.clone();
+  return {out, h_n, c_n, gates, cs, hin.defined() ? hin : at::empty({0}, proj.options())};
+}
+
+// Returns {d_proj, d_w_hh, d_h0, d_c0}; as rnn_backward (CPU).
+std::vector<at::Tensor> cuda_backward(int64_t kind, bool highway, at::Tensor grad_out,
+                                      at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
+                                      at::Tensor cs, at::Tensor hin, at::Tensor out,
+                                      at::Tensor proj, at::Tensor w_hh, at::Tensor h0,
+                                      at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask) {
+  const c10::cuda::CUDAGuard guard(proj.device());
+  const int64_t H = w_hh.size(1), R = w_hh.size(0) / H;
+  const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2), X = P / H - R;
+  const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
+  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
+  grad_out = grad_out.contiguous();
+  at::Tensor dproj = at::zeros_like(proj);
+  at::Tensor dh = grad_hn.clone().contiguous();
+  at::Tensor dc = grad_cn.clone().contiguous();
+  if (kind == kSrnn) dh.add_(dc);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_cuda_backward", [&] {
+    for (int64_t t = T - 1; t >= 0; --t) {
+      const int64_t n = bs[t];
+      if (n == 0) continue;
+      dh.narrow(0, 0, n).add_(grad_out[t].narrow(0, 0, n));
+      backward_kernel<scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
+          static_cast<int>(kind), highway, n, H, R, X, P, gates[t].data_ptr<scalar_t>(),
+          X > 0 ? proj[t].data_ptr<scalar_t>() + R * H : nullptr,
+          kind == kSrnn ? nullptr : cs[t].data_ptr<scalar_t>(),
+          kind == kSrnn ? nullptr : (t == 0 ? c0 : cs[t - 1]).data_ptr<scalar_t>(),
+          highway ? hin[t].data_ptr<scalar_t>() : nullptr, dh.data_ptr<scalar_t>(),
+          dc.data_ptr<scalar_t>(), dproj[t].data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      at::Tensor dh_n = dh.narrow(0, 0, n);
+      at::mm_out(dh_n, dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), w_hh);
+      if (has_mask) dh_n.mul_(rec_mask.narrow(0, 0, n));
+    }
+  });
+  at::Tensor h_prev = T > 1 ? at::cat({h0.unsqueeze(0), out.narrow(0, 0, T - 1)}, 0) : h0.unsqueeze(0);
+  if (has_mask) h_prev = h_prev * rec_mask.unsqueeze(0);
+  at::Tensor dw = at::mm(dproj.view({T * B, P}).narrow(1, 0, R * H).t(), h_prev.reshape({T * B, H}));
+  if (kind == kSrnn) dc.zero_();
+  return {dproj, dw, dh, dc};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "rnn_ablations CUDA recurrence (forward and hand-written backward)";
+  m.def("forward", &cuda_forward, "one layer, one direction: forward from the input projections");
+  m.def("backward", &cuda_backward, "one layer, one direction: backward to the input projections");
+}
