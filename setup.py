@@ -55,6 +55,7 @@ if _cpu_kernel or _cuda_kernel:
             "rnn_ablations._C_cuda",
             ["rnn_ablations/csrc/ablated_rnn_cuda.cu"],
             extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
+            libraries=["cublas"],
         ))
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
 

@@ -3,13 +3,17 @@
 // CPU kernel in ablated_rnn.cpp (rnn_forward / rnn_backward), which the generic path
 // (rnn_ablations/functional.py) defines and the tests compare against.
 //
-// Per step: one cuBLAS GEMM of the active rows against h_{t-1} (at::addmm_), then ONE fused
-// element-wise kernel (all activations, the cell update, the output and the highway mix); the
-// backward per step: one fused element-wise kernel, then one GEMM for dh_{t-1}; the weight
-// gradient is one GEMM after the loop.  The host loop launches asynchronously (no
+// Per step: one cuBLAS GEMM of the active rows against h_{t-1}, then ONE fused element-wise
+// kernel (all activations, the cell update, the output and the highway mix); the backward per
+// step: one fused element-wise kernel (which also adds dL/dout_t), then one GEMM for dh_{t-1};
+// the weight gradient is one GEMM after the loop.  The step loop works on raw pointers and calls
+// cuBLAS directly, on torch's handle for the current stream (no tensor views or dispatcher calls per step: at these
+// sizes a step is bound by the host's launch overhead); it launches asynchronously (no
 // synchronisation per step); batch_sizes lives on the CPU.
 
 #include <torch/extension.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#include <cublas_v2.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -77,7 +81,7 @@ __global__ void forward_kernel(int kind, bool highway, int64_t n, int64_t H, int
   h_out[b * H + j] = h;
 }
 
-// Backward of element (b, j) of one step.  dh: dL/dh_t (total); dc: carried dL/dc_t, replaced by
+// Backward of element (b, j) of one step.  dh + g_out: dL/dh_t (carried + from the output); dc: carried dL/dc_t, replaced by
 // dL/dc_{t-1}; da: dL/d(pre-activations) of the recurrent blocks, row stride P; dxo = da + R*H:
 // dL/d(input-only blocks).
 template <typename T>
@@ -85,7 +89,8 @@ __global__ void backward_kernel(int kind, bool highway, int64_t n, int64_t H, in
                                 int64_t X, int64_t P, const T* __restrict__ gates,
                                 const T* __restrict__ xo, const T* __restrict__ c_cur,
                                 const T* __restrict__ c_prev, const T* __restrict__ hin,
-                                const T* __restrict__ dh, T* __restrict__ dc, T* __restrict__ da) {
+                                const T* __restrict__ dh, const T* __restrict__ g_out,
+                                T* __restrict__ dc, T* __restrict__ da) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * H) return;
   const int64_t b = idx / H, j = idx % H;
@@ -93,7 +98,7 @@ __global__ void backward_kernel(int kind, bool highway, int64_t n, int64_t H, in
   const T* xob = xo ? xo + b * P : nullptr;
   T* dab = da + b * P;
   T* dxob = dab + R * H;
-  T gh = dh[b * H + j];
+  T gh = dh[b * H + j] + g_out[b * H + j];
   if (highway) {
     const T r = g[(R - 1) * H + j];
     const T hw = xob[(X - 1) * H + j];
@@ -129,6 +134,38 @@ __global__ void backward_kernel(int kind, bool highway, int64_t n, int64_t H, in
   if (kind == kLstm) dab[2 * H + j] = gc * i * (T(1) - content * content);
   else dxob[j] = gc * i;
   dc[b * H + j] = gc * f;
+}
+
+// dst[i] = src[i] * m[i] for i < count (the recurrent-dropout mask on h_{t-1} or on dh_{t-1}).
+template <typename T>
+__global__ void mul_kernel(int64_t count, const T* src, const T* __restrict__ m,
+                           T* dst) {  // src may be dst
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) dst[i] = src[i] * m[i];
+}
+
+// C = op(A) op(B) + beta C, column-major, on torch's cuBLAS handle (its stream and math mode).
+inline void check_cublas(cublasStatus_t status) {
+  TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS, "rnn_ablations CUDA kernel: cuBLAS error ",
+              static_cast<int>(status));
+}
+inline void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) {
+  const float one = 1.0f;
+  check_cublas(cublasSgemm(at::cuda::getCurrentCUDABlasHandle(), ta, tb, static_cast<int>(m),
+                           static_cast<int>(n), static_cast<int>(k), &one, a,
+                           static_cast<int>(lda), b, static_cast<int>(ldb), &beta, c,
+                           static_cast<int>(ldc)));
+}
+inline void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                 const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+                 double* c, int64_t ldc) {
+  const double one = 1.0;
+  check_cublas(cublasDgemm(at::cuda::getCurrentCUDABlasHandle(), ta, tb, static_cast<int>(m),
+                           static_cast<int>(n), static_cast<int>(k), &one, a,
+                           static_cast<int>(lda), b, static_cast<int>(ldb), &beta, c,
+                           static_cast<int>(ldc)));
 }
 
 constexpr int kThreads = 256;
@@ -178,20 +215,31 @@ std::vector<at::Tensor> cuda_forward(int64_t kind, bool highway, at::Tensor proj
   at::Tensor w_t = w_hh.t();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_cuda_forward", [&] {
+    scalar_t* G = gates.data_ptr<scalar_t>();
+    const scalar_t* PJ = proj.data_ptr<scalar_t>();
+    scalar_t* O = out.data_ptr<scalar_t>();
+    scalar_t* CS = cs.data_ptr<scalar_t>();
+    scalar_t* HIN = hin.defined() ? hin.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* W = w_hh.data_ptr<scalar_t>();
+    const scalar_t* H0 = h0.data_ptr<scalar_t>();
+    const scalar_t* C0 = c0.data_ptr<scalar_t>();
+    const scalar_t* M = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
+    scalar_t* HP = has_mask ? hp_buf.data_ptr<scalar_t>() : nullptr;
     for (int64_t t = 0; t < T && bs[t] > 0; ++t) {
       const int64_t n = bs[t];
-      at::Tensor h_prev = (t == 0 ? h0 : out[t - 1]).narrow(0, 0, n);
+      const scalar_t* h_prev = t == 0 ? H0 : O + (t - 1) * B * H;
       if (has_mask) {
-        at::Tensor hp = hp_buf.narrow(0, 0, n);
-        at::mul_out(hp, h_prev, rec_mask.narrow(0, 0, n));
-        h_prev = hp;
+        mul_kernel<scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(n * H, h_prev, M, HP);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        h_prev = HP;
       }
-      gates[t].narrow(0, 0, n).addmm_(h_prev, w_t);
+      // column-major: gates_t^T (R*H x n) += W_hh (R*H x H, stored as its transpose) h_prev^T
+      scalar_t* g = G + t * B * R * H;
+      gemm(CUBLAS_OP_T, CUBLAS_OP_N, R * H, n, H, W, H, h_prev, H, scalar_t(1), g, R * H);
       forward_kernel<scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
-          static_cast<int>(kind), highway, n, H, R, X, P, gates[t].data_ptr<scalar_t>(),
-          X > 0 ? proj[t].data_ptr<scalar_t>() + R * H : nullptr,
-          (t == 0 ? c0 : cs[t - 1]).data_ptr<scalar_t>(), cs[t].data_ptr<scalar_t>(),
-          out[t].data_ptr<scalar_t>(), hin.defined() ? hin[t].data_ptr<scalar_t>() : nullptr);
+          static_cast<int>(kind), highway, n, H, R, X, P, g,
+          X > 0 ? PJ + t * B * P + R * H : nullptr, t == 0 ? C0 : CS + (t - 1) * B * H,
+          CS + t * B * H, O + t * B * H, HIN ? HIN + t * B * H : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
@@ -225,21 +273,33 @@ std::vector<at::Tensor> cuda_backward(int64_t kind, bool highway, at::Tensor gra
   if (kind == kSrnn) dh.add_(dc);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_cuda_backward", [&] {
+    const scalar_t* G = gates.data_ptr<scalar_t>();
+    const scalar_t* PJ = proj.data_ptr<scalar_t>();
+    const scalar_t* CS = kind == kSrnn ? nullptr : cs.data_ptr<scalar_t>();
+    const scalar_t* C0 = c0.data_ptr<scalar_t>();
+    const scalar_t* HIN = highway ? hin.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* GO = grad_out.data_ptr<scalar_t>();
+    const scalar_t* W = w_hh.data_ptr<scalar_t>();
+    const scalar_t* M = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
+    scalar_t* DP = dproj.data_ptr<scalar_t>();
+    scalar_t* DH = dh.data_ptr<scalar_t>();
+    scalar_t* DC = dc.data_ptr<scalar_t>();
     for (int64_t t = T - 1; t >= 0; --t) {
       const int64_t n = bs[t];
       if (n == 0) continue;
-      dh.narrow(0, 0, n).add_(grad_out[t].narrow(0, 0, n));
+      scalar_t* dp = DP + t * B * P;
       backward_kernel<scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
-          static_cast<int>(kind), highway, n, H, R, X, P, gates[t].data_ptr<scalar_t>(),
-          X > 0 ? proj[t].data_ptr<scalar_t>() + R * H : nullptr,
-          kind == kSrnn ? nullptr : cs[t].data_ptr<scalar_t>(),
-          kind == kSrnn ? nullptr : (t == 0 ? c0 : cs[t - 1]).data_ptr<scalar_t>(),
-          highway ? hin[t].data_ptr<scalar_t>() : nullptr, dh.data_ptr<scalar_t>(),
-          dc.data_ptr<scalar_t>(), dproj[t].data_ptr<scalar_t>());
+          static_cast<int>(kind), highway, n, H, R, X, P, G + t * B * R * H,
+          X > 0 ? PJ + t * B * P + R * H : nullptr, CS ? CS + t * B * H : nullptr,
+          CS ? (t == 0 ? C0 : CS + (t - 1) * B * H) : nullptr,
+          HIN ? HIN + t * B * H : nullptr, DH, GO + t * B * H, DC, dp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      at::Tensor dh_n = dh.narrow(0, 0, n);
-      at::mm_out(dh_n, dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), w_hh);
-      if (has_mask) dh_n.mul_(rec_mask.narrow(0, 0, n));
+      // column-major: dh^T (H x n) = W_hh^T (H x R*H, stored row-major as R*H x H) dproj_t^T
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, n, R * H, W, H, dp, P, scalar_t(0), DH, H);
+      if (has_mask) {
+        mul_kernel<scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(n * H, DH, M, DH);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
     }
   });
   at::Tensor h_prev = T > 1 ? at::cat({h0.unsqueeze(0), out.narrow(0, 0, T - 1)}, 0) : h0.unsqueeze(0);
