@@ -47,6 +47,7 @@ if _cpu_kernel or _cuda_kernel:
         ext_modules.append(CppExtension(
             "rnn_ablations._C",
             ["rnn_ablations/csrc/ablated_rnn.cpp"],
+            depends=["rnn_ablations/csrc/common.h"],
             extra_compile_args=_cpu_flags(),
             extra_link_args=["-fopenmp"],
         ))
@@ -54,6 +55,7 @@ if _cpu_kernel or _cuda_kernel:
         ext_modules.append(CUDAExtension(
             "rnn_ablations._C_cuda",
             ["rnn_ablations/csrc/ablated_rnn_cuda.cu"],
+            depends=["rnn_ablations/csrc/common.h"],
             extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
             libraries=["cublas"],
         ))
@@ -103,7 +105,7 @@ setup(
     "with AllenNLP and OpenNMT-py integrations",
     packages=find_packages(include=["rnn_ablations", "rnn_ablations.*"]),
     py_modules=["rnn_ablations_hooks"],
-    package_data={"rnn_ablations": ["csrc/*.cpp"]},
+    package_data={"rnn_ablations": ["csrc/*.cpp", "csrc/*.cu", "csrc/*.h"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.1", "numpy"],
     ext_modules=ext_modules,

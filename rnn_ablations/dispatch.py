@@ -74,13 +74,18 @@ def get_backend() -> str:
 
 
 @contextlib.contextmanager
-def use_backend(name: str):
-    old = _backend
-    set_backend(name)
+def _temporarily(setter, getter, value: str):
+    old = getter()
+    setter(value)
     try:
         yield
     finally:
-        set_backend(old)
+        setter(old)
+
+
+def use_backend(name: str):
+    """Context manager: :func:`set_backend` inside the ``with`` block, restored after it."""
+    return _temporarily(set_backend, get_backend, name)
 
 
 def _unavailable(device: str, error: Optional[str]) -> None:
@@ -154,14 +159,9 @@ def get_pipeline() -> str:
     return _pipeline
 
 
-@contextlib.contextmanager
 def use_pipeline(mode: str):
-    old = _pipeline
-    set_pipeline(mode)
-    try:
-        yield
-    finally:
-        set_pipeline(old)
+    """Context manager: :func:`set_pipeline` inside the ``with`` block, restored after it."""
+    return _temporarily(set_pipeline, get_pipeline, mode)
 
 
 def _pipeline_applies(x: torch.Tensor, w_ih: torch.Tensor, needs_grad: bool) -> bool:

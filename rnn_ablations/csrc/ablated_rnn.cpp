@@ -13,6 +13,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "common.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,7 +27,7 @@
 
 namespace {
 
-enum Kind : int64_t { kLstm = 0, kSrnn = 1, kMinusSrnn = 2, kRan = 3, kIdentityRan = 4 };
+using namespace rnn_ablations;  // Kind codes, input checks
 
 // ---------------------------------------------------------------------------------------------
 // Transcendentals.  float: a branch-free Cephes-style exp that GCC vectorises (relative error
@@ -251,33 +253,6 @@ void pointwise_backward(int64_t kind, bool highway, const Dims& d, const T* gate
   }
 }
 
-void check_inputs(const at::Tensor& proj, const at::Tensor& w_hh, const at::Tensor& h0,
-                  const at::Tensor& c0, const at::Tensor& batch_sizes) {
-  TORCH_CHECK(proj.device().is_cpu(), "rnn_ablations kernel: CPU tensors only");
-  TORCH_CHECK(proj.dim() == 3 && proj.is_contiguous(),
-              "rnn_ablations kernel: proj must be contiguous (T, B, (R+X)*H)");
-  TORCH_CHECK(w_hh.dim() == 2 && w_hh.is_contiguous() && w_hh.size(0) % w_hh.size(1) == 0,
-              "rnn_ablations kernel: w_hh must be contiguous (R*H, H)");
-  TORCH_CHECK(proj.size(2) >= w_hh.size(0) && proj.size(2) % w_hh.size(1) == 0,
-              "rnn_ablations kernel: proj width must be (R+X)*H");
-  TORCH_CHECK(h0.is_contiguous() && c0.is_contiguous() && h0.dim() == 2 && c0.dim() == 2 &&
-                  h0.size(0) == proj.size(1) && h0.size(1) == w_hh.size(1) &&
-                  c0.sizes() == h0.sizes(),
-              "rnn_ablations kernel: h0/c0 must be contiguous (B, H)");
-  TORCH_CHECK(batch_sizes.scalar_type() == at::kLong && batch_sizes.dim() == 1 &&
-                  batch_sizes.size(0) == proj.size(0),
-              "rnn_ablations kernel: batch_sizes must be int64 of length T");
-  TORCH_CHECK(proj.scalar_type() == w_hh.scalar_type() && proj.scalar_type() == h0.scalar_type() &&
-                  proj.scalar_type() == c0.scalar_type(),
-              "rnn_ablations kernel: all tensors must have the same dtype");
-  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
-  for (int64_t t = 0; t < batch_sizes.size(0); ++t) {
-    TORCH_CHECK(bs[t] >= 0 && bs[t] <= proj.size(1) && (t == 0 || bs[t] <= bs[t - 1]),
-                "rnn_ablations kernel: batch_sizes must be non-increasing and <= B");
-  }
-}
-
-
 // ---------------------------------------------------------------------------------------------
 // One step of the recurrence, shared by the plain and the pipelined entry points.
 struct StepState {
@@ -450,18 +425,11 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& w_ih, const at::T
   TORCH_CHECK(h0.is_contiguous() && c0.is_contiguous() && h0.dim() == 2 && c0.dim() == 2 &&
                   h0.size(0) == x.size(1) && h0.size(1) == H && c0.sizes() == h0.sizes(),
               "rnn_ablations kernel: h0/c0 must be contiguous (B, H)");
-  TORCH_CHECK(batch_sizes.scalar_type() == at::kLong && batch_sizes.dim() == 1 &&
-                  batch_sizes.size(0) == x.size(0),
-              "rnn_ablations kernel: batch_sizes must be int64 of length T");
   for (const at::Tensor* t : {&w_ih, &w_hh, &h0, &c0}) {
     TORCH_CHECK(t->scalar_type() == x.scalar_type(), "rnn_ablations kernel: all tensors must have the same dtype");
   }
   if (bias.numel()) TORCH_CHECK(bias.scalar_type() == x.scalar_type(), "rnn_ablations kernel: bias dtype");
-  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
-  for (int64_t t = 0; t < batch_sizes.size(0); ++t) {
-    TORCH_CHECK(bs[t] >= 0 && bs[t] <= x.size(1) && (t == 0 || bs[t] <= bs[t - 1]),
-                "rnn_ablations kernel: batch_sizes must be non-increasing and <= B");
-  }
+  check_batch_sizes(batch_sizes, x.size(0), x.size(1), "rnn_ablations kernel");
 }
 
 }  // namespace
@@ -473,7 +441,7 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& w_ih, const at::T
 std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj, at::Tensor w_hh,
                                     at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
                                     at::Tensor rec_mask, bool keep_hin) {
-  check_inputs(proj, w_hh, h0, c0, batch_sizes);
+  check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, at::kCPU, "rnn_ablations kernel");
   const int64_t H = w_hh.size(1);
   const int64_t R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2);

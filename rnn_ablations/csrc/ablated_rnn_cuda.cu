@@ -20,9 +20,11 @@
 
 #include <vector>
 
+#include "common.h"
+
 namespace {
 
-enum Kind : int { kLstm = 0, kSrnn = 1, kMinusSrnn = 2, kRan = 3, kIdentityRan = 4 };
+using namespace rnn_ablations;  // Kind codes, input checks
 
 template <typename T> __device__ __forceinline__ T sigm(T x) { return T(1) / (T(1) + exp(-x)); }
 
@@ -171,35 +173,13 @@ inline void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t 
 constexpr int kThreads = 256;
 inline unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
-void check(const at::Tensor& proj, const at::Tensor& w_hh, const at::Tensor& h0,
-           const at::Tensor& c0, const at::Tensor& batch_sizes) {
-  TORCH_CHECK(proj.is_cuda() && w_hh.is_cuda() && h0.is_cuda() && c0.is_cuda(),
-              "rnn_ablations CUDA kernel: proj, w_hh, h0, c0 must be CUDA tensors");
-  TORCH_CHECK(proj.dim() == 3 && proj.is_contiguous(), "rnn_ablations CUDA kernel: proj (T, B, (R+X)*H) contiguous");
-  TORCH_CHECK(w_hh.dim() == 2 && w_hh.is_contiguous() && w_hh.size(0) % w_hh.size(1) == 0,
-              "rnn_ablations CUDA kernel: w_hh must be contiguous (R*H, H)");
-  TORCH_CHECK(proj.size(2) >= w_hh.size(0) && proj.size(2) % w_hh.size(1) == 0,
-              "rnn_ablations CUDA kernel: proj width must be (R+X)*H");
-  TORCH_CHECK(h0.is_contiguous() && c0.is_contiguous() && h0.dim() == 2 &&
-                  h0.size(0) == proj.size(1) && h0.size(1) == w_hh.size(1) && c0.sizes() == h0.sizes(),
-              "rnn_ablations CUDA kernel: h0/c0 must be contiguous (B, H)");
-  TORCH_CHECK(batch_sizes.device().is_cpu() && batch_sizes.scalar_type() == at::kLong &&
-                  batch_sizes.dim() == 1 && batch_sizes.size(0) == proj.size(0),
-              "rnn_ablations CUDA kernel: batch_sizes must be a CPU int64 tensor of length T");
-  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
-  for (int64_t t = 0; t < batch_sizes.size(0); ++t) {
-    TORCH_CHECK(bs[t] >= 0 && bs[t] <= proj.size(1) && (t == 0 || bs[t] <= bs[t - 1]),
-                "rnn_ablations CUDA kernel: batch_sizes must be non-increasing and <= B");
-  }
-}
-
 }  // namespace
 
 // Returns {out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin}; as rnn_forward (CPU).
 std::vector<at::Tensor> cuda_forward(int64_t kind, bool highway, at::Tensor proj, at::Tensor w_hh,
                                      at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
                                      at::Tensor rec_mask, bool keep_hin) {
-  check(proj, w_hh, h0, c0, batch_sizes);
+  check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, at::kCUDA, "rnn_ablations CUDA kernel");
   const c10::cuda::CUDAGuard guard(proj.device());
   const int64_t H = w_hh.size(1), R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2), X = P / H - R;
