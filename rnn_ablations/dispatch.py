@@ -17,11 +17,11 @@ from typing import Optional
 
 import torch
 
-from .functional import generic_layer
+from .functional import generic_layer, projection_bias
 from .variants import Variant
 
-__all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "use_backend", "set_pipeline", "get_pipeline",
-           "use_pipeline", "run_layer", "input_projection"]
+__all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "use_backend",
+           "set_pipeline", "get_pipeline", "use_pipeline", "run_layer", "input_projection"]
 
 try:  # pragma: no cover - depends on the build
     _C = importlib.import_module(__package__ + "._C")
@@ -63,8 +63,9 @@ def set_backend(name: str) -> None:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(_BACKENDS)}")
     if name == "kernel" and _C is None and _C_cuda is None:
         raise RuntimeError(
-            "the compiled kernel rnn_ablations._C is not available "
-            f"({_KERNEL_ERROR}); reinstall with `pip install --no-build-isolation -e .`"
+            "no compiled kernel is available (CPU: "
+            f"{_KERNEL_ERROR}; CUDA: {_CUDA_KERNEL_ERROR}); reinstall with "
+            "`pip install --no-build-isolation -e .`"
         )
     _backend = name
 
@@ -243,13 +244,29 @@ def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 
 # --------------------------------------------------------------------------- recurrence
+def _or_empty(t: Optional[torch.Tensor], ref: torch.Tensor) -> torch.Tensor:
+    """The kernels take an empty tensor for an absent optional one."""
+    return t if t is not None else ref.new_empty(0)
+
+
+def _incoming_grads(g_out, g_hn, g_cn, out, h0, c0):
+    """Autograd passes ``None`` for outputs that received no gradient; the kernels want zeros."""
+    return (torch.zeros_like(out) if g_out is None else g_out,
+            torch.zeros_like(h0) if g_hn is None else g_hn.contiguous(),
+            torch.zeros_like(c0) if g_cn is None else g_cn.contiguous())
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 class _KernelLayer(torch.autograd.Function):
     """Autograd wrapper: forward and the hand-written backward of a plain kernel (``ext`` is
     ``_C`` on CPU or ``_C_cuda`` on CUDA; both have the same entry points)."""
 
     @staticmethod
     def forward(ctx, proj, w_hh, h0, c0, kind, highway, batch_sizes, rec_mask, ext):
-        mask_ = rec_mask if rec_mask is not None else proj.new_empty(0)
+        mask_ = _or_empty(rec_mask, proj)
         out, h_n, c_n, gates, cs, hin = ext.forward(kind, highway, proj, w_hh, h0, c0,
                                                     batch_sizes, mask_, True)
         ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_)
@@ -259,9 +276,7 @@ class _KernelLayer(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out, g_hn, g_cn):
         gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask = ctx.saved_tensors
-        g_out = torch.zeros_like(out) if g_out is None else g_out
-        g_hn = torch.zeros_like(h0) if g_hn is None else g_hn.contiguous()
-        g_cn = torch.zeros_like(c0) if g_cn is None else g_cn.contiguous()
+        g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
         dproj, dw, dh0, dc0 = ctx.ext.backward(ctx.kind, ctx.highway, g_out, g_hn, g_cn, gates,
                                                cs, hin, out, proj, w_hh, h0, c0, batch_sizes,
                                                mask)
@@ -274,10 +289,10 @@ class _PipelinedLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_ih, bias, w_hh, h0, c0, kind, highway, batch_sizes, rec_mask):
-        mask_ = rec_mask if rec_mask is not None else x.new_empty(0)
-        bias_ = bias if bias is not None else x.new_empty(0)
+        mask_ = _or_empty(rec_mask, x)
         out, h_n, c_n, gates, cs, hin, xo = _C.fused_forward(
-            kind, highway, x, w_ih, bias_, w_hh, h0, c0, batch_sizes, mask_, True, PIPELINE_CHUNK)
+            kind, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes, mask_, True,
+            PIPELINE_CHUNK)
         ctx.save_for_backward(gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask_)
         ctx.kind, ctx.highway, ctx.has_bias = kind, highway, bias is not None
         return out, h_n, c_n
@@ -285,9 +300,7 @@ class _PipelinedLayer(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out, g_hn, g_cn):
         gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask = ctx.saved_tensors
-        g_out = torch.zeros_like(out) if g_out is None else g_out
-        g_hn = torch.zeros_like(h0) if g_hn is None else g_hn.contiguous()
-        g_cn = torch.zeros_like(c0) if g_cn is None else g_cn.contiguous()
+        g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
         need = ctx.needs_input_grad
         need_dw = need[1] or need[3]
         need_bias = ctx.has_bias and need[2]
@@ -309,8 +322,7 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
     ``None`` (the input-only blocks have none); ``batch_sizes`` is a CPU int64 tensor of length
     T (see :mod:`rnn_ablations.functional`).
     """
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, w_ih, bias, w_hh, h0, c0))
+    needs_grad = _needs_grad(x, w_ih, bias, w_hh, h0, c0)
     if _kernel_applies(x) and _pipeline_applies(x, w_ih, needs_grad):
         x, w_ih, w_hh = x.contiguous(), w_ih.contiguous(), w_hh.contiguous()
         h0, c0 = h0.contiguous(), c0.contiguous()
@@ -320,25 +332,19 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
             return _PipelinedLayer.apply(x, w_ih, bias, w_hh, h0, c0, variant.kind, highway,
                                          batch_sizes, rec_mask)
         out, h_n, c_n = _C.fused_forward(
-            variant.kind, highway, x, w_ih, bias if bias is not None else x.new_empty(0), w_hh,
-            h0, c0, batch_sizes, rec_mask if rec_mask is not None else x.new_empty(0), False,
-            PIPELINE_CHUNK)[:3]
+            variant.kind, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
+            _or_empty(rec_mask, x), False, PIPELINE_CHUNK)[:3]
         return out, h_n, c_n
-    if bias is not None and w_ih.shape[0] > bias.shape[0]:
-        bias = torch.cat([bias, bias.new_zeros(w_ih.shape[0] - bias.shape[0])])
-    proj = input_projection(x, w_ih, bias)
+    proj = input_projection(x, w_ih, projection_bias(bias, w_ih.shape[0]))
     ext = _plain_kernel(proj)
     if ext is not None:
         proj, w_hh, h0, c0 = proj.contiguous(), w_hh.contiguous(), h0.contiguous(), c0.contiguous()
         rec_mask = rec_mask.contiguous() if rec_mask is not None else None
-        needs_grad = torch.is_grad_enabled() and any(
-            t.requires_grad for t in (proj, w_hh, h0, c0))
-        if needs_grad:
+        if _needs_grad(proj, w_hh, h0, c0):
             return _KernelLayer.apply(proj, w_hh, h0, c0, variant.kind, highway, batch_sizes,
                                       rec_mask, ext)
-        out, h_n, c_n, _, _, _ = ext.forward(
-            variant.kind, highway, proj, w_hh, h0, c0, batch_sizes,
-            rec_mask if rec_mask is not None else proj.new_empty(0), False)
+        out, h_n, c_n, _, _, _ = ext.forward(variant.kind, highway, proj, w_hh, h0, c0,
+                                             batch_sizes, _or_empty(rec_mask, proj), False)
         return out, h_n, c_n
     rh = w_hh.shape[0]
     xo = proj[..., rh:] if proj.shape[-1] > rh else None

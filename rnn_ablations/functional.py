@@ -22,7 +22,7 @@ import torch
 
 from .variants import KIND_LSTM, KIND_SRNN, Variant
 
-__all__ = ["StepResult", "pointwise", "generic_layer", "reversal_index"]
+__all__ = ["StepResult", "pointwise", "generic_layer", "reversal_index", "projection_bias"]
 
 
 class StepResult(NamedTuple):
@@ -31,6 +31,14 @@ class StepResult(NamedTuple):
     input_gate: Optional[torch.Tensor]
     forget_gate: Optional[torch.Tensor]
     content: Optional[torch.Tensor]
+
+
+def projection_bias(bias: Optional[torch.Tensor], width: int) -> Optional[torch.Tensor]:
+    """The bias of the whole input projection (``width`` = (R+X)·H entries): the recurrent
+    blocks' bias (R·H) followed by zeros for the input-only blocks, which have none."""
+    if bias is None or bias.shape[0] == width:
+        return bias
+    return torch.cat([bias, bias.new_zeros(width - bias.shape[0])])
 
 
 def reversal_index(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .dispatch import run_layer
-from .functional import reversal_index
+from .functional import projection_bias, reversal_index
 from .variants import KIND_LSTM, KIND_SRNN, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
@@ -202,9 +202,7 @@ class AblatedRNN(nn.Module):
         """``(weight_ih, weight_hh, bias of the whole input projection or None)``: the bias of
         :meth:`layer_parameters` followed by zeros for the input-only blocks (which have none)."""
         w_ih, w_hh, b = self.layer_parameters(layer, direction)
-        if b is not None and self._num_inp:
-            b = torch.cat([b, b.new_zeros(self._num_inp * self.hidden_size)])
-        return w_ih, w_hh, b
+        return w_ih, w_hh, projection_bias(b, w_ih.shape[0])
 
     def extra_repr(self) -> str:
         s = f"{self.variant.name!r}, {self.input_size}, {self.hidden_size}"

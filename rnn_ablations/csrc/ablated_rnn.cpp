@@ -27,7 +27,7 @@
 
 namespace {
 
-using namespace rnn_ablations;  // Kind codes, input checks
+using namespace rnn_ablations;  // Kind codes, input checks, final_states, previous_hidden
 
 // ---------------------------------------------------------------------------------------------
 // Transcendentals.  float: a branch-free Cephes-style exp that GCC vectorises (relative error
@@ -316,39 +316,6 @@ void backward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel)
   at::Tensor dh_n = s.dh.narrow(0, 0, n);
   at::mm_out(dh_n, s.dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), s.w_hh);
   if (s.has_mask) dh_n.mul_(s.rec_mask.narrow(0, 0, n));
-}
-
-// Final states: row b's state after its last active step.
-std::pair<at::Tensor, at::Tensor> final_states(int64_t kind, const at::Tensor& out,
-                                               const at::Tensor& cs, const at::Tensor& h0,
-                                               const at::Tensor& c0, const int64_t* bs) {
-  const int64_t T = out.size(0);
-  at::Tensor h_n = h0.clone();
-  at::Tensor c_n = c0.clone();
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t n = bs[t];
-    const int64_t n_next = t + 1 < T ? bs[t + 1] : 0;
-    if (n > n_next) {
-      h_n.narrow(0, n_next, n - n_next).copy_(out[t].narrow(0, n_next, n - n_next));
-      c_n.narrow(0, n_next, n - n_next).copy_(cs[t].narrow(0, n_next, n - n_next));
-    }
-  }
-  if (kind == kSrnn) c_n = h_n.clone();
-  return {h_n, c_n};
-}
-
-// h_{t-1} (masked) for steps [t0, t0 + len), as one (len*B, H) matrix.
-at::Tensor previous_hidden(const at::Tensor& out, const at::Tensor& h0, const at::Tensor& rec_mask,
-                           bool has_mask, int64_t t0, int64_t len) {
-  const int64_t B = h0.size(0), H = h0.size(1);
-  at::Tensor hp;
-  if (t0 > 0) {
-    hp = out.narrow(0, t0 - 1, len);
-  } else {
-    hp = len > 1 ? at::cat({h0.unsqueeze(0), out.narrow(0, 0, len - 1)}, 0) : h0.unsqueeze(0);
-  }
-  if (has_mask) hp = hp * rec_mask.unsqueeze(0);
-  return hp.reshape({len * B, H});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@
 
 namespace {
 
-using namespace rnn_ablations;  // Kind codes, input checks
+using namespace rnn_ablations;  // Kind codes, input checks, final_states, previous_hidden
 
 template <typename T> __device__ __forceinline__ T sigm(T x) { return T(1) / (T(1) + exp(-x)); }
 
@@ -223,16 +223,8 @@ std::vector<at::Tensor> cuda_forward(int64_t kind, bool highway, at::Tensor proj
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
-  at::Tensor h_n = h0.clone(), c_n = c0.clone();
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t n = bs[t], n_next = t + 1 < T ? bs[t + 1] : 0;
-    if (n > n_next) {
-      h_n.narrow(0, n_next, n - n_next).copy_(out[t].narrow(0, n_next, n - n_next));
-      c_n.narrow(0, n_next, n - n_next).copy_(cs[t].narrow(0, n_next, n - n_next));
-    }
-  }
-  if (kind == kSrnn) c_n = h_n.clone();
-  return {out, h_n, c_n, gates, cs, hin.defined() ? hin : at::empty({0}, proj.options())};
+  auto fin = final_states(kind, out, cs, h0, c0, bs);
+  return {out, fin.first, fin.second, gates, cs, hin.defined() ? hin : at::empty({0}, proj.options())};
 }
 
 // Returns {d_proj, d_w_hh, d_h0, d_c0}; as rnn_backward (CPU).
@@ -282,9 +274,8 @@ std::vector<at::Tensor> cuda_backward(int64_t kind, bool highway, at::Tensor gra
       }
     }
   });
-  at::Tensor h_prev = T > 1 ? at::cat({h0.unsqueeze(0), out.narrow(0, 0, T - 1)}, 0) : h0.unsqueeze(0);
-  if (has_mask) h_prev = h_prev * rec_mask.unsqueeze(0);
-  at::Tensor dw = at::mm(dproj.view({T * B, P}).narrow(1, 0, R * H).t(), h_prev.reshape({T * B, H}));
+  at::Tensor dw = at::mm(dproj.view({T * B, P}).narrow(1, 0, R * H).t(),
+                         previous_hidden(out, h0, rec_mask, has_mask, 0, T));
   if (kind == kSrnn) dc.zero_();
   return {dproj, dw, dh, dc};
 }

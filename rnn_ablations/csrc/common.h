@@ -1,8 +1,10 @@
 // Shared by the CPU (ablated_rnn.cpp) and CUDA (ablated_rnn_cuda.cu) kernels: the variant codes
-// (Variant.kind in rnn_ablations/variants.py) and the check of the packed-style batch sizes.
+// (Variant.kind in rnn_ablations/variants.py), the input checks, the final states and h_{t-1}.
 #pragma once
 
 #include <torch/extension.h>
+
+#include <utility>
 
 namespace rnn_ablations {
 
@@ -43,6 +45,39 @@ inline void check_plain_inputs(const at::Tensor& proj, const at::Tensor& w_hh,
                   c0.sizes() == h0.sizes(),
               who, ": h0/c0 must be contiguous (B, H)");
   check_batch_sizes(batch_sizes, proj.size(0), proj.size(1), who);
+}
+
+// Final states (h_n, c_n): row b's state after its last active step (device-agnostic ATen).
+inline std::pair<at::Tensor, at::Tensor> final_states(int64_t kind, const at::Tensor& out,
+                                               const at::Tensor& cs, const at::Tensor& h0,
+                                               const at::Tensor& c0, const int64_t* bs) {
+  const int64_t T = out.size(0);
+  at::Tensor h_n = h0.clone();
+  at::Tensor c_n = c0.clone();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = bs[t];
+    const int64_t n_next = t + 1 < T ? bs[t + 1] : 0;
+    if (n > n_next) {
+      h_n.narrow(0, n_next, n - n_next).copy_(out[t].narrow(0, n_next, n - n_next));
+      c_n.narrow(0, n_next, n - n_next).copy_(cs[t].narrow(0, n_next, n - n_next));
+    }
+  }
+  if (kind == kSrnn) c_n = h_n.clone();
+  return {h_n, c_n};
+}
+
+// h_{t-1} (masked) for steps [t0, t0 + len), as one (len*B, H) matrix.
+inline at::Tensor previous_hidden(const at::Tensor& out, const at::Tensor& h0, const at::Tensor& rec_mask,
+                           bool has_mask, int64_t t0, int64_t len) {
+  const int64_t B = h0.size(0), H = h0.size(1);
+  at::Tensor hp;
+  if (t0 > 0) {
+    hp = out.narrow(0, t0 - 1, len);
+  } else {
+    hp = len > 1 ? at::cat({h0.unsqueeze(0), out.narrow(0, 0, len - 1)}, 0) : h0.unsqueeze(0);
+  }
+  if (has_mask) hp = hp * rec_mask.unsqueeze(0);
+  return hp.reshape({len * B, H});
 }
 
 }  // namespace rnn_ablations
