@@ -15,14 +15,23 @@
 
 #include "common.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RNN_ABLATIONS_PACKED_GEMM 1
+#else
+#define RNN_ABLATIONS_PACKED_GEMM 0
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#include <cstdlib>
 #include <atomic>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 namespace {
@@ -78,6 +87,133 @@ struct Dims {
   int64_t P;   // row stride of proj / d_proj: (R + X) * H
   int64_t XS;  // row stride of the input-only blocks read in xo (P inside proj, X*H on its own)
 };
+
+// ---------------------------------------------------------------------------------------------
+// The per-step GEMM of the recurrence (float32, AVX2 + FMA).  Its shape is small and skinny
+// (M = batch rows, e.g. 32; K = H; N = R*H, or K = R*H and N = H in the backward pass), where a
+// general BLAS call spends much of its time re-packing the weight on every call.  Here the weight
+// is packed once per layer call into panels of kNr columns (each panel K x kNr, contiguous, zero
+// padded), and every step streams the panels through a 4 x 24 register-blocked micro-kernel
+// (12 accumulators, 3 loads + 4 broadcasts per 12 FMAs).
+#if RNN_ABLATIONS_PACKED_GEMM
+constexpr int64_t kNr = 24;
+
+struct PackedB {
+  at::Tensor buf;  // (panels * K * kNr) float32
+  int64_t K = 0, N = 0;
+  bool defined() const { return buf.defined(); }
+};
+
+// Pack B (K x N) for gemm_packed.  `w` is float32, contiguous, either (N, K) with B = w^T
+// (the forward step: gates += h W_hh^T) or (K, N) with B = w (the backward step: dh = dg W_hh).
+PackedB pack_b(const at::Tensor& w, bool transposed) {
+  PackedB pb;
+  pb.K = transposed ? w.size(1) : w.size(0);
+  pb.N = transposed ? w.size(0) : w.size(1);
+  const int64_t K = pb.K, N = pb.N, panels = (N + kNr - 1) / kNr;
+  pb.buf = at::empty({panels * K * kNr}, w.options());
+  const float* src = w.data_ptr<float>();
+  float* dst = pb.buf.data_ptr<float>();
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * kNr, nc = std::min(kNr, N - n0);
+    float* out = dst + p * K * kNr;
+    for (int64_t k = 0; k < K; ++k) {
+      float* o = out + k * kNr;
+      if (transposed) {
+        for (int64_t j = 0; j < nc; ++j) o[j] = src[(n0 + j) * K + k];
+      } else {
+        std::memcpy(o, src + k * N + n0, sizeof(float) * nc);
+      }
+      for (int64_t j = nc; j < kNr; ++j) o[j] = 0.f;
+    }
+  }
+  return pb;
+}
+
+// C[0:MR, 0:nc] (+)= A[0:MR, 0:K] * panel, for MR in 1..4 rows.
+template <int MR, bool Acc>
+inline void micro_kernel(int64_t K, const float* A, int64_t lda, const float* Bp, float* C,
+                         int64_t ldc, int64_t nc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+  __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+  const float* a0 = A;
+  const float* a1 = A + (MR > 1 ? lda : 0);
+  const float* a2 = A + (MR > 2 ? 2 * lda : 0);
+  const float* a3 = A + (MR > 3 ? 3 * lda : 0);
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(Bp), b1 = _mm256_loadu_ps(Bp + 8);
+    const __m256 b2 = _mm256_loadu_ps(Bp + 16);
+    Bp += kNr;
+    __m256 a = _mm256_broadcast_ss(a0 + k);
+    c00 = _mm256_fmadd_ps(a, b0, c00); c01 = _mm256_fmadd_ps(a, b1, c01); c02 = _mm256_fmadd_ps(a, b2, c02);
+    if (MR > 1) {
+      a = _mm256_broadcast_ss(a1 + k);
+      c10 = _mm256_fmadd_ps(a, b0, c10); c11 = _mm256_fmadd_ps(a, b1, c11); c12 = _mm256_fmadd_ps(a, b2, c12);
+    }
+    if (MR > 2) {
+      a = _mm256_broadcast_ss(a2 + k);
+      c20 = _mm256_fmadd_ps(a, b0, c20); c21 = _mm256_fmadd_ps(a, b1, c21); c22 = _mm256_fmadd_ps(a, b2, c22);
+    }
+    if (MR > 3) {
+      a = _mm256_broadcast_ss(a3 + k);
+      c30 = _mm256_fmadd_ps(a, b0, c30); c31 = _mm256_fmadd_ps(a, b1, c31); c32 = _mm256_fmadd_ps(a, b2, c32);
+    }
+  }
+  const __m256 acc[4][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
+  if (nc == kNr) {
+    for (int r = 0; r < MR; ++r) {
+      float* c = C + r * ldc;
+      for (int j = 0; j < 3; ++j) {
+        __m256 v = acc[r][j];
+        if (Acc) v = _mm256_add_ps(_mm256_loadu_ps(c + 8 * j), v);
+        _mm256_storeu_ps(c + 8 * j, v);
+      }
+    }
+  } else {  // last panel: only nc < kNr columns exist in C
+    alignas(32) float tmp[kNr];
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < 3; ++j) _mm256_store_ps(tmp + 8 * j, acc[r][j]);
+      float* c = C + r * ldc;
+      for (int64_t j = 0; j < nc; ++j) c[j] = Acc ? c[j] + tmp[j] : tmp[j];
+    }
+  }
+}
+
+// C (M x N, row stride ldc) = [C +] A (M x K, row stride lda) * B, B packed by pack_b; panels
+// [p0, p1) only (the plain schedule splits the panels over threads).
+template <bool Acc>
+void gemm_packed_panels(int64_t M, const float* A, int64_t lda, const PackedB& B, float* C,
+                        int64_t ldc, int64_t p0, int64_t p1) {
+  const int64_t K = B.K;
+  const float* bp0 = B.buf.data_ptr<float>();
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* bp = bp0 + p * K * kNr;
+    const int64_t nc = std::min(kNr, B.N - p * kNr);
+    float* cp = C + p * kNr;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) micro_kernel<4, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc);
+    switch (M - m) {
+      case 3: micro_kernel<3, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
+      case 2: micro_kernel<2, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
+      case 1: micro_kernel<1, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
+      default: break;
+    }
+  }
+}
+
+template <bool Acc>
+void gemm_packed(int64_t M, const float* A, int64_t lda, const PackedB& B, float* C, int64_t ldc,
+                 bool parallel) {
+  const int64_t panels = (B.N + kNr - 1) / kNr;
+  if (parallel && at::get_num_threads() > 1 && M * B.N * B.K >= (1 << 18)) {
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      gemm_packed_panels<Acc>(M, A, lda, B, C, ldc, p0, p1);
+    });
+  } else {
+    gemm_packed_panels<Acc>(M, A, lda, B, C, ldc, 0, panels);
+  }
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Simple loops over contiguous memory, which GCC vectorises reliably (checked with
@@ -263,7 +399,37 @@ struct StepState {
   bool has_mask;
   at::Tensor gates, out, cs, hin, h0, c0, w_hh, w_t, rec_mask, hp_buf;  // forward
   at::Tensor grad_out, dproj, dh, dc;                                     // backward
+#if RNN_ABLATIONS_PACKED_GEMM
+  PackedB packed;  // w_hh packed for the step GEMM (float32 only)
+#endif
+  // Pack w_hh for the forward (B = w_hh^T) or the backward (B = w_hh) step GEMM.
+  void pack(bool backward) {
+#if RNN_ABLATIONS_PACKED_GEMM
+    const char* env = std::getenv("RNN_ABL_PACK");
+    if (env && env[0] == '0') return;
+    if (w_hh.scalar_type() == at::kFloat) packed = pack_b(w_hh, !backward);
+#else
+    (void)backward;
+#endif
+  }
 };
+
+// gates (n x N, row stride ldc) [+]= A (n x K) * packed w_hh; false when no packed weight
+// applies (double, or a build without AVX2/FMA): the caller then uses ATen.
+template <typename scalar_t, bool Acc>
+bool step_gemm(StepState& s, int64_t n, const scalar_t* A, int64_t lda, scalar_t* C, int64_t ldc,
+               bool parallel) {
+#if RNN_ABLATIONS_PACKED_GEMM
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    if (s.packed.defined()) {
+      gemm_packed<Acc>(n, A, lda, s.packed, C, ldc, parallel);
+      return true;
+    }
+  }
+#endif
+  (void)s; (void)n; (void)A; (void)lda; (void)C; (void)ldc; (void)parallel;
+  return false;
+}
 
 // Forward step t: gates[t] holds the pre-activations of the recurrent blocks (input projection
 // and bias); add h_{t-1} W_hh^T for the active rows, then the element-wise pass.  `parallel`
@@ -277,8 +443,11 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
     at::mul_out(hp, h_prev, s.rec_mask.narrow(0, 0, n));
     h_prev = hp;
   }
-  s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
   scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
+  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.R * s.d.H,
+                                 parallel)) {
+    s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
+  }
   const scalar_t* cpp = (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
   scalar_t* cp = s.cs[t].data_ptr<scalar_t>();
   scalar_t* hp = s.out[t].data_ptr<scalar_t>();
@@ -314,7 +483,9 @@ void backward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel)
   if (parallel) at::parallel_for(0, n, grain_rows(n, H), body);
   else body(0, n);
   at::Tensor dh_n = s.dh.narrow(0, 0, n);
-  at::mm_out(dh_n, s.dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), s.w_hh);
+  if (!step_gemm<scalar_t, false>(s, n, dap, s.d.P, dhp, H, parallel)) {
+    at::mm_out(dh_n, s.dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), s.w_hh);
+  }
   if (s.has_mask) dh_n.mul_(s.rec_mask.narrow(0, 0, n));
 }
 
@@ -426,6 +597,7 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
   s.hin = (highway && keep_hin) ? at::empty({T, B, H}, proj.options()) : at::Tensor();
   s.hp_buf = has_mask ? at::empty({B, H}, proj.options()) : at::Tensor();
   s.h0 = h0; s.c0 = c0; s.w_hh = w_hh; s.w_t = w_hh.t(); s.rec_mask = rec_mask;
+  s.pack(false);
 
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_forward", [&] {
     for (int64_t t = 0; t < T && s.bs[t] > 0; ++t) {
@@ -454,6 +626,7 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
   s.rec_mask = rec_mask; s.grad_out = grad_out.contiguous();
+  s.pack(true);
   // Every element of an active row is written by the element-wise pass; only the rows that are
   // inactive at a step (padding) are zeroed.
   s.dproj = at::empty_like(proj);
@@ -502,6 +675,7 @@ std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, 
   s.hin = (highway && keep_hin) ? at::empty({T, B, H}, x.options()) : at::Tensor();
   s.hp_buf = has_mask ? at::empty({B, H}, x.options()) : at::Tensor();
   s.h0 = h0; s.c0 = c0; s.w_hh = w_hh; s.w_t = w_hh.t(); s.rec_mask = rec_mask;
+  s.pack(false);
   const bool has_bias = bias.numel() > 0;
   const at::Tensor w_rec_t = w_ih.narrow(0, 0, RH).t();
   const at::Tensor w_xo_t = X > 0 ? w_ih.narrow(0, RH, XH).t() : at::Tensor();
@@ -574,6 +748,7 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
   s.rec_mask = rec_mask; s.grad_out = grad_out.contiguous();
+  s.pack(true);
   s.dproj = at::empty({T, B, P}, x.options());
   s.dh = grad_hn.clone().contiguous();
   s.dc = grad_cn.clone().contiguous();
@@ -585,8 +760,11 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
   // and the weight gradients are two GEMMs over all steps on both threads afterwards; otherwise
   // the weight gradients are pipelined, each role accumulating into its own buffers.
   std::vector<int> kinds;  // 0: dx, 1: d_w_ih, 2: d_w_hh
+  const char* mode_env = std::getenv("RNN_ABL_BWD");
+  const int mode = mode_env ? std::atoi(mode_env) : 0;
+  const bool pipe_dw = need_dw && (!need_dx || mode == 1);
   if (need_dx) kinds.push_back(0);
-  else if (need_dw) { kinds.push_back(1); kinds.push_back(2); }
+  if (pipe_dw) { kinds.push_back(1); kinds.push_back(2); }
   const int64_t per = static_cast<int64_t>(kinds.size());
   const int64_t C = auto_chunk(T, B, chunk);
   const int64_t chunks = (T + C - 1) / C;
@@ -640,7 +818,7 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
   });
 
   at::Tensor g_w_ih, g_w_hh;
-  if (need_dw && need_dx) {  // all steps at once, on all threads
+  if (need_dw && !pipe_dw) {  // all steps at once, on all threads
     at::Tensor dp = s.dproj.view({T * B, P});
     g_w_ih = at::mm(dp.t(), x.view({T * B, D}));
     g_w_hh = at::mm(dp.narrow(1, 0, RH).t(), previous_hidden(out, h0, rec_mask, has_mask, 0, T));
