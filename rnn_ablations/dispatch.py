@@ -131,19 +131,26 @@ def _kernel_applies(t: torch.Tensor) -> bool:
 #: GEMMs over all steps).  The *plain* kernel (``_C.forward/backward``) takes the input
 #: projection of all steps from :func:`input_projection` and splits each GEMM over the threads.
 #:
-#: ``"auto"`` takes the pipeline for ``T >= PIPELINE_MIN_STEPS`` except for single-threaded
-#: inference with a weight large enough for oneDNN's projection.  Measured on the 2-core AMD EPYC
-#: development machine (B = 32, T = 64, 11-31 interleaved rounds, wall clock, a machine whose
-#: timings moved by 10-20 % between runs): with 2 threads the pipeline trained ``ran`` 1.01-1.16x
-#: faster than the plain kernel (H = 256 and 650) and ``lstm`` 1.04-1.16x faster at H = 256, with
-#: no clear difference for ``lstm`` at H = 650 (0.94-1.07x); it was also faster for every small
-#: shape tried (H = 32, B = 8, T = 20 up).  With 1 thread it trained 1.0-1.1x faster, but
-#: inference at H = 650 was 1.1x slower than the plain kernel's oneDNN projection.
+#: ``"auto"`` takes the pipeline for ``T >= PIPELINE_MIN_STEPS`` except (a) with 2+ threads, when
+#: one step's GEMM (batch x R*H x H multiply-adds) reaches ``PIPELINE_MAX_STEP_MACS``: it is then
+#: worth splitting over the cores, and the plain kernel does that; (b) single-threaded inference
+#: with a weight large enough for oneDNN's projection.  Measured on the 2-core AMD EPYC
+#: development machine (B = 32, T = 64, 11-15 interleaved rounds, wall clock, a machine whose
+#: timings move by 10-20 % between runs), with the packed step GEMM, pipelined vs plain, train:
+#: H = 256: lstm 1.00 vs 0.98x nn.LSTM, lstm_minus_srnn 1.17 vs 1.08x, ran 1.59 vs 1.48x;
+#: H = 384: lstm 1.16 vs 1.12x, ran 1.82 vs 1.77x; H = 512: lstm 0.99 vs 1.01x (33.5 M MACs per
+#: step), ran 1.73 vs 1.59x (16.8 M); H = 650: lstm 0.87 vs 0.92x (54 M), lstm_minus_srnn 1.02
+#: vs 1.08x (41 M), ran 1.49 vs 1.50x (27 M).  Inference moved the same way, more strongly (lstm
+#: at H = 512: 0.86 vs 1.02x; at H = 650: 0.86 vs 1.02x).  With 1 thread the pipeline trained
+#: 1.0-1.1x faster, but inference at H = 650 was 1.1x slower than the plain kernel's oneDNN
+#: projection.
 #: ``"always"`` / ``"never"`` force one schedule (the tests run both; with one thread the
 #: pipeline's two roles run one after the other).
 _PIPELINES = ("auto", "always", "never")
 _pipeline = "auto"
 PIPELINE_MIN_STEPS = 4
+#: With 2+ threads, the plain kernel from this many multiply-adds per step GEMM (see above).
+PIPELINE_MAX_STEP_MACS = 24_000_000
 #: Steps per chunk; 0 = about 256 rows per chunk GEMM and at least four chunks.
 PIPELINE_CHUNK = 0
 
@@ -165,14 +172,15 @@ def use_pipeline(mode: str):
     return _temporarily(set_pipeline, get_pipeline, mode)
 
 
-def _pipeline_applies(x: torch.Tensor, w_ih: torch.Tensor, needs_grad: bool) -> bool:
+def _pipeline_applies(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
+                      needs_grad: bool) -> bool:
     if _pipeline != "auto":
         return _pipeline == "always"
     if x.shape[0] < PIPELINE_MIN_STEPS:
         return False
-    if torch.get_num_threads() >= 2 or needs_grad:
-        return True
-    return not _onednn_projection_applies(x, w_ih)
+    if torch.get_num_threads() >= 2:
+        return x.shape[1] * w_hh.shape[0] * w_hh.shape[1] < PIPELINE_MAX_STEP_MACS
+    return needs_grad or not _onednn_projection_applies(x, w_ih)
 
 
 # --------------------------------------------------------------------------- input projection
@@ -224,7 +232,7 @@ class _OneDnnLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx = _dnnl_linear(g2d, w.t().contiguous(), None).view(ctx.in_shape)
         if ctx.needs_input_grad[1]:
-            dw = g2d.t().mm(x2d)
+            dw = _C.weight_grad(g2d, x2d) if _C is not None else g2d.t().mm(x2d)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = g2d.sum(0)
         return dx, dw, db
@@ -323,7 +331,7 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
     T (see :mod:`rnn_ablations.functional`).
     """
     needs_grad = _needs_grad(x, w_ih, bias, w_hh, h0, c0)
-    if _kernel_applies(x) and _pipeline_applies(x, w_ih, needs_grad):
+    if _kernel_applies(x) and _pipeline_applies(x, w_ih, w_hh, needs_grad):
         x, w_ih, w_hh = x.contiguous(), w_ih.contiguous(), w_hh.contiguous()
         h0, c0 = h0.contiguous(), c0.contiguous()
         bias = bias.contiguous() if bias is not None else None

@@ -142,20 +142,27 @@ def test_kernel_equals_generic(kernel, variant, highway, recurrent_dropout):
 def test_pipeline_policy():
     from rnn_ablations import dispatch
     big_x, w_big = torch.randn(8, 2, 400), torch.randn(1600, 400)  # >= ONEDNN_MIN_WEIGHT
-    small_w = torch.randn(12, 3)
+    small_w, small_hh = torch.randn(12, 3), torch.randn(12, 3)
+    # one step's GEMM of B = 32 rows against a (4H, H) weight at H = 650: 54 M multiply-adds
+    wide_x, wide_hh = torch.randn(8, 32, 3), torch.empty(2600, 650)
+    assert 32 * 2600 * 650 >= dispatch.PIPELINE_MAX_STEP_MACS > 32 * 1024 * 256
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert dispatch._pipeline_applies(torch.randn(8, 2, 3), small_w, needs_grad=False)
-        assert not dispatch._pipeline_applies(torch.randn(3, 2, 3), small_w, needs_grad=True)
+        assert dispatch._pipeline_applies(torch.randn(8, 2, 3), small_w, small_hh, needs_grad=False)
+        assert not dispatch._pipeline_applies(torch.randn(3, 2, 3), small_w, small_hh, needs_grad=True)
+        assert not dispatch._pipeline_applies(wide_x, small_w, wide_hh, needs_grad=True)
+        assert dispatch._pipeline_applies(wide_x, small_w, torch.empty(1024, 256), needs_grad=True)
         torch.set_num_threads(1)
-        assert dispatch._pipeline_applies(big_x, w_big, needs_grad=True)
-        assert dispatch._pipeline_applies(big_x, w_big, needs_grad=False) != \
+        assert dispatch._pipeline_applies(wide_x, small_w, wide_hh, needs_grad=True)
+        assert dispatch._pipeline_applies(big_x, w_big, small_hh, needs_grad=True)
+        assert dispatch._pipeline_applies(big_x, w_big, small_hh, needs_grad=False) != \
             dispatch._onednn_projection_applies(big_x, w_big)
         with use_pipeline("never"):
-            assert not dispatch._pipeline_applies(big_x, small_w, needs_grad=True)
+            assert not dispatch._pipeline_applies(big_x, small_w, small_hh, needs_grad=True)
         with use_pipeline("always"):
-            assert dispatch._pipeline_applies(torch.randn(1, 2, 3), small_w, needs_grad=False)
+            assert dispatch._pipeline_applies(torch.randn(1, 2, 3), small_w, small_hh, needs_grad=False)
+            assert dispatch._pipeline_applies(wide_x, small_w, wide_hh, needs_grad=True)
     finally:
         torch.set_num_threads(old)
     with pytest.raises(ValueError, match="always, never"):

@@ -860,4 +860,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "one layer, one direction: pipelined input projection + recurrence");
   m.def("fused_backward", &fused_backward,
         "one layer, one direction: pipelined recurrence backward + input/weight gradients");
+  m.def("weight_grad", &weight_grad, "g^T in for g (rows, M), in (rows, K): a weight gradient");
 }
