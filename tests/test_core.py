@@ -29,6 +29,22 @@ def test_kernel_is_built():
     assert ra.kernel_available(), "the C++ kernel was not built: run `bash scripts/setup.sh`"
 
 
+def _cpu_has_avx2_fma() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.skipif(not _cpu_has_avx2_fma(), reason="this CPU has no AVX2/FMA (the packed GEMM needs both)")
+def test_packed_step_gemm_is_compiled_in():
+    from rnn_ablations import _C
+    assert _C.packed_gemm(), "the kernel was built without -mavx2 -mfma on an AVX2/FMA machine"
+
+
 def _run(m, x, **kw):
     out, (h, c) = m(x, **kw)
     return out, h, c
@@ -167,6 +183,44 @@ def test_pipeline_policy():
         torch.set_num_threads(old)
     with pytest.raises(ValueError, match="always, never"):
         ra.set_pipeline("sometimes")
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.parametrize("packed", ["1", "0"])
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("variant,highway,recurrent_dropout", [
+    ("lstm", False, 0.0), ("lstm_minus_srnn", True, 0.25), ("ran", False, 0.25), ("srnn", True, 0.0)])
+def test_float32_step_gemm_against_float64_generic(monkeypatch, packed, kernel, variant, highway,
+                                                   recurrent_dropout):
+    """The float32 step GEMM (the packed AVX2 micro-kernel, or ATen's with
+    RNN_ABLATIONS_PACKED_GEMM=0) at shapes with several weight panels, a last partial panel in
+    both passes (R*H and H not multiples of 24), row blocks of 4 with 1-3 rows left over as the
+    batch shrinks, and the panels split over 2 threads; against the generic path in float64."""
+    monkeypatch.setenv("RNN_ABLATIONS_PACKED_GEMM", packed)
+    torch.manual_seed(0)
+    m = AblatedRNN(variant, 30, 100, bidirectional=True, highway=highway,
+                   recurrent_dropout=recurrent_dropout)
+    x = torch.randn(9, 13, 30)
+    lengths = torch.tensor([9, 9, 8, 8, 7, 6, 6, 5, 4, 3, 3, 2, 1])
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    results = []
+    try:
+        for dtype, name in ((torch.float32, kernel), (torch.float64, "generic")):
+            mm = m.to(dtype)
+            xx = x.to(dtype).detach().clone().requires_grad_()
+            torch.manual_seed(1)  # same dropout masks
+            with path(name):
+                out, (h, c) = mm(xx, lengths=lengths)
+                (out.square().sum() + h.sum() + 2 * c.sum()).backward()
+            results.append([t.detach().double() for t in (out, h, c, xx.grad)]
+                           + [p.grad.double() for p in mm.parameters()])
+            mm.zero_grad()
+    finally:
+        torch.set_num_threads(old)
+        m.float()
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
