@@ -230,7 +230,7 @@ class _OneDnnLinear(torch.autograd.Function):
         g2d = grad.reshape(-1, w.shape[0]).contiguous()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = _dnnl_linear(g2d, w.t().contiguous(), None).view(ctx.in_shape)
+            dx = _dnnl_linear(g2d, w.t(), None).view(ctx.in_shape)  # oneDNN reads the transposed layout
         if ctx.needs_input_grad[1]:
             dw = _C.weight_grad(g2d, x2d) if _C is not None else g2d.t().mm(x2d)
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -268,6 +268,15 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _plain_forward(ext, kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
+    """``ext.forward``.  ``proj`` is always a scratch tensor here (fresh from
+    :func:`input_projection`, which saves no output for its backward), so the CPU kernel may turn
+    its recurrent blocks into the gate activations in place instead of copying them."""
+    if ext is _C:
+        return ext.forward(kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True)
+    return ext.forward(kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
+
+
 class _KernelLayer(torch.autograd.Function):
     """Autograd wrapper: forward and the hand-written backward of a plain kernel (``ext`` is
     ``_C`` on CPU or ``_C_cuda`` on CUDA; both have the same entry points)."""
@@ -275,8 +284,8 @@ class _KernelLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, proj, w_hh, h0, c0, kind, highway, batch_sizes, rec_mask, ext):
         mask_ = _or_empty(rec_mask, proj)
-        out, h_n, c_n, gates, cs, hin = ext.forward(kind, highway, proj, w_hh, h0, c0,
-                                                    batch_sizes, mask_, True)
+        out, h_n, c_n, gates, cs, hin = _plain_forward(ext, kind, highway, proj, w_hh, h0, c0,
+                                                       batch_sizes, mask_, True)
         ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_)
         ctx.kind, ctx.highway, ctx.ext = kind, highway, ext
         return out, h_n, c_n
@@ -351,8 +360,8 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
         if _needs_grad(proj, w_hh, h0, c0):
             return _KernelLayer.apply(proj, w_hh, h0, c0, variant.kind, highway, batch_sizes,
                                       rec_mask, ext)
-        out, h_n, c_n, _, _, _ = ext.forward(variant.kind, highway, proj, w_hh, h0, c0,
-                                             batch_sizes, _or_empty(rec_mask, proj), False)
+        out, h_n, c_n, _, _, _ = _plain_forward(ext, variant.kind, highway, proj, w_hh, h0, c0,
+                                                batch_sizes, _or_empty(rec_mask, proj), False)
         return out, h_n, c_n
     rh = w_hh.shape[0]
     xo = proj[..., rh:] if proj.shape[-1] > rh else None

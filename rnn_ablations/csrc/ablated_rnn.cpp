@@ -88,6 +88,7 @@ struct Dims {
   int64_t T, B, H, R, X;
   int64_t P;   // row stride of proj / d_proj: (R + X) * H
   int64_t XS;  // row stride of the input-only blocks read in xo (P inside proj, X*H on its own)
+  int64_t GS;  // row stride of gates: R*H in a buffer of their own, P when they live in proj
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -242,7 +243,7 @@ void pointwise_forward(int64_t kind, bool highway, const Dims& d, T* gates, cons
                        const T* c_prev, T* c_out, T* h_out, T* hin_out, int64_t r0, int64_t r1) {
   const int64_t H = d.H, RH = d.R * d.H, XS = d.XS;
   for (int64_t b = r0; b < r1; ++b) {
-    T* __restrict__ g = gates + b * RH;
+    T* __restrict__ g = gates + b * d.GS;
     const T* __restrict__ xob = xo ? xo + b * XS : nullptr;
     const T* __restrict__ cp = c_prev + b * H;
     T* __restrict__ cb = c_out + b * H;
@@ -295,12 +296,12 @@ template <typename T>
 void pointwise_backward(int64_t kind, bool highway, const Dims& d, const T* gates, const T* xo,
                         const T* c_cur, const T* c_prev, const T* hin, T* dh, T* dc, T* da,
                         T* dxo, int64_t r0, int64_t r1) {
-  const int64_t H = d.H, RH = d.R * d.H, P = d.P;
+  const int64_t H = d.H, P = d.P;
   const bool need_tc = !(kind == kSrnn || kind == kIdentityRan);
   std::vector<T> scratch(need_tc ? H : 1);
   T* __restrict__ tcs = scratch.data();
   for (int64_t b = r0; b < r1; ++b) {
-    const T* __restrict__ g = gates + b * RH;
+    const T* __restrict__ g = gates + b * d.GS;
     T* __restrict__ dab = da + b * P;
     T* __restrict__ dxob = dxo ? dxo + b * P : nullptr;
     const T* __restrict__ xob = xo ? xo + b * d.XS : nullptr;
@@ -447,7 +448,7 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
     h_prev = hp;
   }
   scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
-  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.R * s.d.H,
+  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.GS,
                                  parallel)) {
     s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
   }
@@ -593,8 +594,12 @@ at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in) {
 // Returns {out (T,B,H), h_n (B,H), c_n (B,H), gates (T,B,R*H) activations, cs (T,B,H), hin}.
 std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj, at::Tensor w_hh,
                                     at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
-                                    at::Tensor rec_mask, bool keep_hin) {
+                                    at::Tensor rec_mask, bool keep_hin, bool in_place) {
   check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, at::kCPU, "rnn_ablations kernel");
+  // The kernel's own writes into views of proj are not autograd operations (the autograd
+  // wrapper in dispatch.py owns the gradient).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  at::NoGradGuard no_grad;
   const int64_t H = w_hh.size(1);
   const int64_t R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2);
@@ -602,11 +607,12 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
   StepState s;
-  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P};
+  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P, in_place ? P : R * H};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
-  // pre-activations of the recurrent blocks, turned into activations in place
-  s.gates = proj.narrow(2, 0, R * H).contiguous();
-  if (X == 0) s.gates = s.gates.clone();  // narrow of the full width is proj itself
+  // Pre-activations of the recurrent blocks, turned into activations in place: in proj itself
+  // when the caller allows it (its input-only blocks stay as they are), else in a copy.
+  s.gates = proj.narrow(2, 0, R * H);
+  if (!in_place) s.gates = X == 0 ? s.gates.clone() : s.gates.contiguous();
   s.out = at::zeros({T, B, H}, proj.options());
   s.cs = at::empty({T, B, H}, proj.options());
   s.hin = (highway && keep_hin) ? at::empty({T, B, H}, proj.options()) : at::Tensor();
@@ -637,7 +643,10 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
   const int64_t X = P / H - R;
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   StepState s;
-  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P};
+  TORCH_CHECK(gates.dim() == 3 && gates.size(2) == R * H && gates.stride(2) == 1 &&
+                  gates.stride(0) == B * gates.stride(1),
+              "rnn_ablations kernel: gates must be the forward's (T, B, R*H) activations");
+  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P, gates.stride(1)};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
   s.rec_mask = rec_mask; s.grad_out = grad_out.contiguous();
@@ -681,7 +690,7 @@ std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, 
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
   StepState s;
-  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, XH};
+  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, XH, RH};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = at::empty({T, B, RH}, x.options());
   at::Tensor xo = X > 0 ? at::empty({T, B, XH}, x.options()) : at::empty({0}, x.options());
@@ -759,7 +768,7 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
   const int64_t X = P / H - R, RH = R * H;
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   StepState s;
-  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, X * H};
+  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, X * H, RH};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
   s.rec_mask = rec_mask; s.grad_out = grad_out.contiguous();
@@ -858,7 +867,12 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rnn_ablations fused CPU recurrence (forward and hand-written backward)";
-  m.def("forward", &rnn_forward, "one layer, one direction: forward from the input projections");
+  m.def("forward", &rnn_forward,
+        "one layer, one direction: forward from the input projections; with in_place=True the "
+        "recurrent blocks of proj become the returned gates (proj must be a scratch tensor)",
+        py::arg("kind"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
+        py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
+        py::arg("in_place") = false);
   m.def("backward", &rnn_backward, "one layer, one direction: backward to the input projections");
   m.def("fused_forward", &fused_forward,
         "one layer, one direction: pipelined input projection + recurrence");
