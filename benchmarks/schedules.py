@@ -6,7 +6,7 @@
 Each round times, for every variant, forward + backward and inference under
 ``use_pipeline("never")`` and ``use_pipeline("always")``, and nn.LSTM, interleaved (so that a
 change in machine load hits all of them alike); it prints the median and ratio to nn.LSTM, and
-writes benchmarks/results/schedules_<threads>t.{json,md}.  Shapes as benchmarks/speed.py: batch 32,
+writes benchmarks/results/schedules_<threads>t_h<hidden sizes>.{json,md}.  Shapes as benchmarks/speed.py: batch 32,
 length 64, input = hidden, batch_first, float32, one layer.
 """
 import argparse
@@ -83,9 +83,10 @@ def main(argv=None) -> int:
     print(table)
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
-    (out / f"schedules_{threads}t.json").write_text(json.dumps(
+    stem = f"schedules_{threads}t_h{'-'.join(str(h) for h in args.hidden)}"
+    (out / f"{stem}.json").write_text(json.dumps(
         {"machine": _machine(), "threads": threads, "rounds": args.rounds, "rows": rows}, indent=2))
-    (out / f"schedules_{threads}t.md").write_text(f"{head}\n\n{table}\n")
+    (out / f"{stem}.md").write_text(f"{head}\n\n{table}\n")
     return 0
 
 

@@ -132,18 +132,21 @@ def _kernel_applies(t: torch.Tensor) -> bool:
 #: projection of all steps from :func:`input_projection` and splits each GEMM over the threads.
 #:
 #: ``"auto"`` takes the pipeline for ``T >= PIPELINE_MIN_STEPS`` except (a) with 2+ threads, when
-#: one step's GEMM (batch x R*H x H multiply-adds) reaches ``PIPELINE_MAX_STEP_MACS``: it is then
-#: worth splitting over the cores, and the plain kernel does that; (b) single-threaded inference
-#: with a weight large enough for oneDNN's projection.  Measured on the 2-core AMD EPYC
-#: development machine (B = 32, T = 64, 11-15 interleaved rounds, wall clock, a machine whose
-#: timings move by 10-20 % between runs), with the packed step GEMM, pipelined vs plain, train:
-#: H = 256: lstm 1.00 vs 0.98x nn.LSTM, lstm_minus_srnn 1.17 vs 1.08x, ran 1.59 vs 1.48x;
-#: H = 384: lstm 1.16 vs 1.12x, ran 1.82 vs 1.77x; H = 512: lstm 0.99 vs 1.01x (33.5 M MACs per
-#: step), ran 1.73 vs 1.59x (16.8 M); H = 650: lstm 0.87 vs 0.92x (54 M), lstm_minus_srnn 1.02
-#: vs 1.08x (41 M), ran 1.49 vs 1.50x (27 M).  Inference moved the same way, more strongly (lstm
-#: at H = 512: 0.86 vs 1.02x; at H = 650: 0.86 vs 1.02x).  With 1 thread the pipeline trained
-#: 1.0-1.1x faster, but inference at H = 650 was 1.1x slower than the plain kernel's oneDNN
-#: projection.
+#: one step's GEMM (batch x R*H x H multiply-adds) reaches ``PIPELINE_MAX_STEP_MACS`` (training)
+#: or ``PIPELINE_MAX_STEP_MACS_INFERENCE`` (no gradient): it is then worth splitting over the
+#: cores, and the plain kernel does that; (b) single-threaded inference with a weight large
+#: enough for oneDNN's projection.  Measured on the 2-core AMD EPYC development machine (B = 32,
+#: T = 64, 9-11 interleaved rounds of ``benchmarks/schedules.py``, wall clock, a machine whose
+#: timings move by 10-20 % between runs), pipelined vs plain, as ratios to nn.LSTM, train /
+#: inference, with the step's multiply-adds:
+#:   H = 256: lstm (8.4 M) 0.94 / 0.96 vs 0.93 / 0.96, lstm_minus_srnn (6.3 M) 1.14 / 1.25 vs
+#:            1.01 / 1.17, ran (4.2 M) 1.62 / 1.64 vs 1.56 / 1.64;
+#:   H = 384: lstm (18.9 M) 1.12 / 0.93 vs 1.08 / 0.96, ran (9.4 M) 1.93 / 1.51 vs 1.80 / 1.51;
+#:   H = 512: lstm (33.5 M) 0.95 / 0.95 vs 1.06 / 1.04, ran (16.8 M) 1.61 / 1.45 vs 1.60 / 1.61;
+#:   H = 650: lstm (54 M) 0.87 / 0.94 vs 1.02 / 1.14, lstm_minus_srnn (40.6 M) 1.02 / 0.93 vs
+#:            1.15 / 1.28, ran (27 M) 1.44 / 1.42 vs 1.57 / 1.81.
+#: With 1 thread the pipeline trained 1.0-1.1x faster, but inference at H = 650 was 1.1x slower
+#: than the plain kernel's oneDNN projection.
 #: ``"always"`` / ``"never"`` force one schedule (the tests run both; with one thread the
 #: pipeline's two roles run one after the other).
 _PIPELINES = ("auto", "always", "never")
@@ -151,6 +154,7 @@ _pipeline = "auto"
 PIPELINE_MIN_STEPS = 4
 #: With 2+ threads, the plain kernel from this many multiply-adds per step GEMM (see above).
 PIPELINE_MAX_STEP_MACS = 24_000_000
+PIPELINE_MAX_STEP_MACS_INFERENCE = 12_000_000
 #: Steps per chunk; 0 = about 256 rows per chunk GEMM and at least four chunks.
 PIPELINE_CHUNK = 0
 
@@ -179,7 +183,8 @@ def _pipeline_applies(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
     if x.shape[0] < PIPELINE_MIN_STEPS:
         return False
     if torch.get_num_threads() >= 2:
-        return x.shape[1] * w_hh.shape[0] * w_hh.shape[1] < PIPELINE_MAX_STEP_MACS
+        limit = PIPELINE_MAX_STEP_MACS if needs_grad else PIPELINE_MAX_STEP_MACS_INFERENCE
+        return x.shape[1] * w_hh.shape[0] * w_hh.shape[1] < limit
     return needs_grad or not _onednn_projection_applies(x, w_ih)
 
 

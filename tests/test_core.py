@@ -169,6 +169,9 @@ def test_pipeline_policy():
         assert not dispatch._pipeline_applies(torch.randn(3, 2, 3), small_w, small_hh, needs_grad=True)
         assert not dispatch._pipeline_applies(wide_x, small_w, wide_hh, needs_grad=True)
         assert dispatch._pipeline_applies(wide_x, small_w, torch.empty(1024, 256), needs_grad=True)
+        mid_hh = torch.empty(1536, 384)  # 18.9 M: pipelined to train, plain for inference
+        assert dispatch._pipeline_applies(wide_x, small_w, mid_hh, needs_grad=True)
+        assert not dispatch._pipeline_applies(wide_x, small_w, mid_hh, needs_grad=False)
         torch.set_num_threads(1)
         assert dispatch._pipeline_applies(wide_x, small_w, wide_hh, needs_grad=True)
         assert dispatch._pipeline_applies(big_x, w_big, small_hh, needs_grad=True)

@@ -164,8 +164,9 @@ def add_subparser(subparsers) -> None:
                    help="wall clock, or the process's CPU time (with --threads 1: robust to "
                         "other load on the machine)")
     p.add_argument("--device", default="cpu",
-                   help="cpu (default) or cuda: on CUDA every variant runs the generic path "
-                        "(a Python loop over steps) against cuDNN's nn.LSTM")
+                   help="cpu (default) or cuda: on CUDA the variants run the CUDA kernel where "
+                        "it is built (else the generic path, a Python loop over steps) against "
+                        "cuDNN's nn.LSTM")
     p.add_argument("--out", default=None,
                    help="folder for speed_<clock>_<threads>t.{json,md} (speed_cuda.* on CUDA)")
     p.set_defaults(func=run)
