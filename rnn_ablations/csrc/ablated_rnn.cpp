@@ -93,11 +93,12 @@ struct Dims {
 
 // ---------------------------------------------------------------------------------------------
 // The per-step GEMM of the recurrence (float32, AVX2 + FMA).  Its shape is small and skinny
-// (M = batch rows, e.g. 32; K = H; N = R*H, or K = R*H and N = H in the backward pass), where a
-// general BLAS call spends much of its time re-packing the weight on every call.  Here the weight
-// is packed once per layer call into panels of kNr columns (each panel K x kNr, contiguous, zero
-// padded), and every step streams the panels through a 4 x 24 register-blocked micro-kernel
-// (12 accumulators, 3 loads + 4 broadcasts per 12 FMAs).
+// (M = batch rows, e.g. 32; K = H; N = R*H, or K = R*H and N = H in the backward pass).  The
+// weight is packed once per layer call into panels of kNr columns (each panel K x kNr,
+// contiguous, zero padded), and every step streams the panels through a 4 x 24 register-blocked
+// micro-kernel (12 accumulators, 3 loads + 4 broadcasts per 12 FMAs).  For the LSTM at H = 650
+// this made the forward recurrence 1.17x (1 thread) and 1.45x (2 threads) faster than MKL's
+// sgemm on the same data (README, "How it is fast").
 #if RNN_ABLATIONS_PACKED_GEMM
 constexpr int64_t kNr = 24;
 
