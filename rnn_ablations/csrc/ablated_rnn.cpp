@@ -406,6 +406,18 @@ struct StepState {
 #if RNN_ABLATIONS_PACKED_GEMM
   PackedB packed;  // w_hh packed for the step GEMM (float32 only)
 #endif
+  // The forward's buffers and inputs (the caller sets d, kind, highway, has_mask and gates), with
+  // w_hh packed for the step GEMM.
+  void init_forward(const at::Tensor& h0_, const at::Tensor& c0_, const at::Tensor& w_hh_,
+                    const at::Tensor& rec_mask_, bool keep_hin) {
+    const auto opt = h0_.options();
+    out = at::zeros({d.T, d.B, d.H}, opt);
+    cs = at::empty({d.T, d.B, d.H}, opt);
+    hin = (highway && keep_hin) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
+    hp_buf = has_mask ? at::empty({d.B, d.H}, opt) : at::Tensor();
+    h0 = h0_; c0 = c0_; w_hh = w_hh_; w_t = w_hh_.t(); rec_mask = rec_mask_;
+    pack(false);
+  }
   // Pack w_hh for the forward (B = w_hh^T) or the backward (B = w_hh) step GEMM.
   void pack(bool backward) {
 #if RNN_ABLATIONS_PACKED_GEMM
@@ -614,12 +626,7 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
   // when the caller allows it (its input-only blocks stay as they are), else in a copy.
   s.gates = proj.narrow(2, 0, R * H);
   if (!in_place) s.gates = X == 0 ? s.gates.clone() : s.gates.contiguous();
-  s.out = at::zeros({T, B, H}, proj.options());
-  s.cs = at::empty({T, B, H}, proj.options());
-  s.hin = (highway && keep_hin) ? at::empty({T, B, H}, proj.options()) : at::Tensor();
-  s.hp_buf = has_mask ? at::empty({B, H}, proj.options()) : at::Tensor();
-  s.h0 = h0; s.c0 = c0; s.w_hh = w_hh; s.w_t = w_hh.t(); s.rec_mask = rec_mask;
-  s.pack(false);
+  s.init_forward(h0, c0, w_hh, rec_mask, keep_hin);
 
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_forward", [&] {
     for (int64_t t = 0; t < T && s.bs[t] > 0; ++t) {
@@ -695,12 +702,7 @@ std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, 
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = at::empty({T, B, RH}, x.options());
   at::Tensor xo = X > 0 ? at::empty({T, B, XH}, x.options()) : at::empty({0}, x.options());
-  s.out = at::zeros({T, B, H}, x.options());
-  s.cs = at::empty({T, B, H}, x.options());
-  s.hin = (highway && keep_hin) ? at::empty({T, B, H}, x.options()) : at::Tensor();
-  s.hp_buf = has_mask ? at::empty({B, H}, x.options()) : at::Tensor();
-  s.h0 = h0; s.c0 = c0; s.w_hh = w_hh; s.w_t = w_hh.t(); s.rec_mask = rec_mask;
-  s.pack(false);
+  s.init_forward(h0, c0, w_hh, rec_mask, keep_hin);
   const bool has_bias = bias.numel() > 0;
   const at::Tensor w_rec_t = w_ih.narrow(0, 0, RH).t();
   const at::Tensor w_xo_t = X > 0 ? w_ih.narrow(0, RH, XH).t() : at::Tensor();
