@@ -5,11 +5,18 @@ local encoder = "ablated_lstm";
 // biaffine_parser_<variant>.jsonnet files differ).  "ablated_lstm" is rnn_ablations' LSTM; "lstm"
 // would give AllenNLP's own stacked_bidirectional_lstm.
 //
-// The initializer block is the original's.  It is written for nn.LSTM parameter names and does the
-// right thing for every variant: weight_ih -> xavier_uniform, weight_hh -> orthogonal; the gate bias
-// of every cell here (with use_highway) is one vector "bias_l{k}" that no regex below matches, so it
-// keeps the encoder's init (0, forget gate 1); an nn.LSTM-style "bias_hh" (ablated_lstm with
-// use_highway false) gets lstm_hidden_bias (forget slice 1) and "bias_ih" zero, as in the original.
+// Initialisation, the same for every variant: the encoder initialises itself as AllenNLP's
+// stacked_bidirectional_lstm does (AugmentedLstm: block-orthogonal weights, one orthogonal block per
+// gate, biases 0 with the forget gate at 1).  The initializer's regexes are the original's; in the
+// original, the four nn.LSTM-style ones (weight_ih, weight_hh, bias_ih, bias_hh) match none of
+// AugmentedLstm's parameters.  Ours are named like nn.LSTM's, so "prevent_regexes" keeps the
+// initializer off the encoder ("^encoder\\.") and the original's behaviour is kept for every variant.
+//
+// Highway: "use_highway": true as in the AllenNLP config.  With it every layer computes
+// h_t <- r_t*h_t + (1 - r_t)*W_hw x_t with a sigmoid gate r_t that reads x_t and h_{t-1}; for
+// "srnn" (LSTM - GATES) that is a gate the paper's S-RNN does not have (the paper's parser, Dozat &
+// Manning's code, had no highway).  For the paper's setting override it:
+//   -o '{"model.encoder.use_highway": false}'   (benchmarks/parser_ud.py runs both settings).
 //
 // Run with:  allennlp train allennlp_configs/biaffine_parser_<variant>.jsonnet -s OUT --include-package rnn_ablations
 // Environment variables (all required; unset ones stop with "undefined external variable: NAME"):
@@ -70,7 +77,8 @@ local glove = std.extVar("GLOVE_6B_100D");  // "" = no pretrained vectors (rando
         [".*weight_hh.*", {"type": "orthogonal"}],
         [".*bias_ih.*", {"type": "zero"}],
         [".*bias_hh.*", {"type": "lstm_hidden_bias"}]
-      ]
+      ],
+      "prevent_regexes": ["^encoder\\."]
     }
   },
   "data_loader": {

@@ -52,8 +52,8 @@ class AblatedRNN(nn.Module):
             but the last, during training).
         recurrent_dropout: variational dropout on ``h_{t-1}`` where it enters the recurrent
             projection: one mask per sequence (per layer and direction), drawn at every forward
-            in training mode (Gal & Ghahramani 2016).  Unlike AllenNLP's ``AugmentedLstm`` the
-            layer's *outputs* are not dropped.
+            in training mode (Gal & Ghahramani 2016), as AllenNLP 2.10.1's ``AugmentedLstm``
+            (which also leaves the layer's outputs undropped).
         highway: AllenNLP ``AugmentedLstm``'s highway connection in every layer:
             ``h_t ← r_t ∘ h_t + (1 − r_t) ∘ W_hw x_t``, ``r_t = σ(W_rx x_t + W_rh h_{t-1} + b_r)``.
 
@@ -72,10 +72,18 @@ class AblatedRNN(nn.Module):
       touch it.  An ``nn.RNN`` ``state_dict`` (``bias_ih_l{k}`` + ``bias_hh_l{k}``) is accepted by
       ``srnn``: the two biases are summed on load.
 
-    Initialisation (:meth:`reset_parameters`): every weight ``U(−1/√H, 1/√H)`` as in ``nn.LSTM``;
-    ``lstm`` biases like ``nn.LSTM`` (uniform), ``srnn`` bias uniform like ``nn.RNN``; the gated
-    ablations' gate biases 0 except the forget gate, which is 1 (so a new cell remembers), and
-    the highway gate bias 0.
+    Initialisation (:meth:`reset_parameters`): ``torch.nn.LSTM``'s rule for *every* variant:
+    every weight and every bias ``U(−1/√H, 1/√H)`` (gate, content, S-RNN and highway blocks
+    alike), so that wherever a framework's LSTM baseline is ``nn.LSTM`` every ablation starts
+    from the same distribution as the LSTM.
+        forget_bias: ``None`` (default) keeps that rule.  A number sets the forget-gate slice of
+            the bias to it after the uniform init, the same way for every variant that has a
+            forget gate (``lstm``, ``lstm_minus_srnn``, ``ran``, ``identity_ran``); the other
+            bias entries stay uniform.  ``lstm`` has two biases (``nn.LSTM``'s ``bias_ih`` and
+            ``bias_hh``, which are summed): its ``bias_ih`` forget slice is set to the value and
+            its ``bias_hh`` forget slice to 0, so the effective forget bias is the value.
+            ``srnn`` has no forget gate: the option changes nothing there.  Needs ``bias=True``.
+            :meth:`set_forget_bias_` applies the same rule to an existing module.
 
     Inputs: ``input, hx=None, *, mask=None, lengths=None``
         * ``input``: ``(T, B, d_in)`` (``(B, T, d_in)`` with ``batch_first``), ``(T, d_in)`` for an
@@ -94,7 +102,7 @@ class AblatedRNN(nn.Module):
                  num_layers: int = 1, bias: bool = True, batch_first: bool = False,
                  dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
                  recurrent_dropout: float = 0.0, highway: bool = False,
-                 device=None, dtype=None) -> None:
+                 forget_bias: Optional[float] = None, device=None, dtype=None) -> None:
         super().__init__()
         self.variant = get_variant(variant)
         self.input_size = _check_positive_int("input_size", input_size)
@@ -108,6 +116,16 @@ class AblatedRNN(nn.Module):
             raise ValueError("proj_size is not supported by AblatedRNN (the papers' cells have no "
                              "output projection); leave it at 0")
         self.bias = bias
+        if forget_bias is not None:
+            if (isinstance(forget_bias, bool) or not isinstance(forget_bias, numbers.Real)
+                    or not math.isfinite(forget_bias)):
+                raise ValueError(f"forget_bias must be None (nn.LSTM's uniform init) or a finite "
+                                 f"number, got {forget_bias!r}")
+            if not bias:
+                raise ValueError("forget_bias sets a slice of the bias: it needs bias=True "
+                                 "(or leave forget_bias at None)")
+            forget_bias = float(forget_bias)
+        self.forget_bias = forget_bias
         self.batch_first = batch_first
         self.dropout = _check_prob("dropout", dropout)
         self.recurrent_dropout = _check_prob("recurrent_dropout", recurrent_dropout)
@@ -143,29 +161,34 @@ class AblatedRNN(nn.Module):
 
     # ------------------------------------------------------------------ parameters and init
     def reset_parameters(self) -> None:
-        """The documented initialisation (see the class docstring)."""
-        H = self.hidden_size
-        stdv = 1.0 / math.sqrt(H)
-        v = self.variant
+        """The documented initialisation: ``nn.LSTM``'s rule (every weight and bias
+        ``U(−1/√H, 1/√H)``) for every variant, then ``forget_bias`` when it was given."""
+        stdv = 1.0 / math.sqrt(self.hidden_size)
         for layer in self._param_names:
             for names in layer:
                 for name in names:
-                    p = getattr(self, name)
-                    if name.startswith("weight") or v.kind in (KIND_LSTM, KIND_SRNN):
-                        nn.init.uniform_(p, -stdv, stdv)
-                    else:
-                        self.init_gate_bias_(p)
+                    nn.init.uniform_(getattr(self, name), -stdv, stdv)
+        if self.forget_bias is not None:
+            self.set_forget_bias_(self.forget_bias)
 
-    def init_gate_bias_(self, bias: torch.Tensor) -> torch.Tensor:
-        """Gate bias of the gated ablations: 0, forget gate 1 (in place)."""
+    def set_forget_bias_(self, value: float) -> None:
+        """Set the forget-gate slice of every layer's bias to ``value`` (in place); for ``lstm``
+        ``bias_ih``'s slice is set to ``value`` and ``bias_hh``'s to 0 (their sum is what the
+        cell adds).  Other bias entries are left as they are; a no-op for ``srnn`` (no forget
+        gate) and without biases."""
         H = self.hidden_size
         rec_names, _ = self.variant.blocks(self.highway)
+        if "f" not in rec_names:
+            return
+        f = rec_names.index("f")
         with torch.no_grad():
-            bias.zero_()
-            if "f" in rec_names:
-                f = rec_names.index("f")
-                bias[f * H:(f + 1) * H] = 1.0
-        return bias
+            for layer in self._param_names:
+                for names in layer:
+                    if len(names) < 3:
+                        continue
+                    getattr(self, names[2])[f * H:(f + 1) * H] = float(value)
+                    if len(names) == 4:
+                        getattr(self, names[3])[f * H:(f + 1) * H] = 0.0
 
     def _merge_rnn_biases(self, state_dict, prefix, local_metadata, strict, missing_keys,
                           unexpected_keys, error_msgs):
@@ -210,7 +233,7 @@ class AblatedRNN(nn.Module):
             s += f", num_layers={self.num_layers}"
         for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
                               ("bidirectional", False), ("recurrent_dropout", 0.0),
-                              ("highway", False)):
+                              ("highway", False), ("forget_bias", None)):
             if getattr(self, name) != default:
                 s += f", {name}={getattr(self, name)}"
         return s

@@ -375,11 +375,14 @@ def test_parameter_names_protect_ablated_biases():
 
 @pytest.mark.parametrize("variant", ["lstm_minus_srnn", "ran", "identity_ran"])
 def test_documented_init_forget_bias(variant):
-    m = AblatedRNN(variant, 3, 4, highway=True)
+    """Default: nn.LSTM's uniform rule (no forget-bias head start); forget_bias=1 on request."""
     H = 4
-    expected = torch.zeros_like(m.bias_l0)
-    expected[H:2 * H] = 1.0  # blocks i, f, (o), r: forget gate = 1
-    assert torch.equal(m.bias_l0.detach(), expected)
+    m = AblatedRNN(variant, 3, H, highway=True)
+    assert m.bias_l0.abs().max() <= 0.5 and m.bias_l0.std() > 0.1
+    m = AblatedRNN(variant, 3, H, highway=True, forget_bias=1.0)
+    assert torch.equal(m.bias_l0.detach()[H:2 * H], torch.ones(H))  # blocks i, f, (o), r
+    others = torch.cat([m.bias_l0.detach()[:H], m.bias_l0.detach()[2 * H:]])
+    assert others.abs().max() <= 0.5 and others.std() > 0.1
     assert m.weight_ih_l0.abs().max() <= 0.5 and m.weight_hh_l0.shape == (m._num_rec * H, H)
 
 

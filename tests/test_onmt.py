@@ -110,13 +110,13 @@ def test_encoder_type_names():
 
 def test_option_added_to_onmt_parser_and_defaults():
     opt = _opts("-encoder_type", "bran")
-    assert opt.ablated_init == "gate_bias"
+    assert opt.ablated_init == "onmt"
     assert opt.brnn is False  # onmt's own _fix_enc_hidden must not run on our joined states
     help_text = _get_parser().format_help()
     assert "-ablated_init" in help_text and "bidentity_ran" in help_text
     # checkpoints of older runs lack the option: ckpt_model_opts fills the default in
     old = argparse.Namespace(**{k: v for k, v in vars(opt).items() if k != "ablated_init"})
-    assert ArgumentParser.ckpt_model_opts(old).ablated_init == "gate_bias"
+    assert ArgumentParser.ckpt_model_opts(old).ablated_init == "onmt"
 
 
 # ----------------------------------------------------------------------------- the encoder
@@ -271,23 +271,40 @@ def _build(opt, checkpoint=None):
     return mb.build_model(opt, opt, _vocabs(), checkpoint, -1)
 
 
-def test_gate_bias_init_survives_onmt_param_init():
+def test_default_init_is_onmt_param_init_for_every_encoder_type():
+    """Like brnn: OpenNMT's -param_init 0.1 for every parameter of every encoder type."""
     import onmt.model_builder as mb
     assert getattr(mb.build_model, "__rnn_ablations_wrapped__", False)
-    model = _build(_train_opts("-encoder_type", "bran"))
+    for enc_type in ALL_TYPES + ["brnn"]:
+        model = _build(_train_opts("-encoder_type", enc_type))
+        for name, p in model.encoder.named_parameters():
+            if "embeddings" in name:
+                continue
+            assert p.abs().max() <= 0.1 and p.std() > 0.02, (enc_type, name)
+
+
+def test_gate_bias_init_survives_onmt_param_init_for_every_variant_with_a_forget_gate():
     H = 6  # per direction
+    model = _build(_train_opts("-encoder_type", "bran", "-ablated_init", "gate_bias"))
     biases = {n: p for n, p in model.encoder.rnn.named_parameters() if n.startswith("bias")}
     assert len(biases) == 4  # 2 layers x 2 directions, one bias each
     for name, b in biases.items():
-        torch.testing.assert_close(b, torch.cat([torch.zeros(H), torch.ones(H)]))  # i, f
+        torch.testing.assert_close(b[H:2 * H], torch.ones(H))  # i, f
+        assert b[:H].abs().max() <= 0.1 and b[:H].std() > 0.02  # OpenNMT's init kept
     for name, w in model.encoder.rnn.named_parameters():
         if name.startswith("weight"):
             assert w.abs().max() <= 0.1  # OpenNMT's -param_init 0.1 kept for the weights
-    # lstm and srnn keep OpenNMT's uniform biases (their own init is uniform too)
-    for enc_type in ("blstm", "srnn"):
-        model = _build(_train_opts("-encoder_type", enc_type))
-        for name, p in model.encoder.rnn.named_parameters():
-            assert p.abs().max() <= 0.1 and p.std() > 0.02, (enc_type, name)
+    # the LSTM gets the same forget bias (bias_ih slice 1, bias_hh slice 0: the sum is 1)
+    model = _build(_train_opts("-encoder_type", "blstm", "-ablated_init", "gate_bias"))
+    rnn = model.encoder.rnn
+    for layer in range(2):
+        for direction in range(2):
+            b = rnn.layer_parameters(layer, direction)[2]
+            torch.testing.assert_close(b[H:2 * H], torch.ones(H))
+    # srnn has no forget gate: OpenNMT's init stays
+    model = _build(_train_opts("-encoder_type", "srnn", "-ablated_init", "gate_bias"))
+    for name, p in model.encoder.rnn.named_parameters():
+        assert p.abs().max() <= 0.1 and p.std() > 0.02, name
 
 
 def test_onmt_and_variant_init_modes():
@@ -296,20 +313,16 @@ def test_onmt_and_variant_init_modes():
         assert p.abs().max() <= 0.1 and p.std() > 0.02, name
     model = _build(_train_opts("-encoder_type", "lstm_minus_srnn", "-ablated_init", "variant"))
     bound = 1 / math.sqrt(12)
-    weights = [p for n, p in model.encoder.rnn.named_parameters() if n.startswith("weight")]
-    assert all(w.abs().max() <= bound for w in weights)
-    assert max(w.abs().max() for w in weights) > 0.15  # not OpenNMT's 0.1 any more
-    for n, b in model.encoder.rnn.named_parameters():
-        if n.startswith("bias"):
-            torch.testing.assert_close(b, torch.cat([torch.zeros(12), torch.ones(12),
-                                                     torch.zeros(12)]))  # i, f, o
+    params = list(model.encoder.rnn.parameters())
+    assert all(p.abs().max() <= bound for p in params)  # nn.LSTM's rule, biases included
+    assert max(p.abs().max() for p in params) > 0.15  # not OpenNMT's 0.1 any more
     # the bridge and the embeddings keep OpenNMT's init
     model = _build(_train_opts("-encoder_type", "ran", "-ablated_init", "variant", "-bridge"))
     assert model.encoder.bridge[0].weight.abs().max() <= 0.1
 
 
 def test_init_not_reapplied_when_loading_a_checkpoint():
-    opt = _train_opts("-encoder_type", "ran")
+    opt = _train_opts("-encoder_type", "ran", "-ablated_init", "gate_bias")
     trained = _build(opt)
     with torch.no_grad():
         for p in trained.encoder.rnn.parameters():
@@ -381,7 +394,7 @@ def test_cli_wrapper_reports_bad_options_cleanly(capsys):
 PAPER_CONFIGS = sorted(CONFIGS.glob("multi30k_*.yaml"))
 
 
-def test_paper_configs_differ_from_the_lstm_one_in_the_encoder_type_line_only():
+def test_paper_configs_differ_from_the_lstm_one_in_the_encoder_type_and_save_model_only():
     reference = (CONFIGS / "multi30k_blstm.yaml").read_text().splitlines()
     seen = set()
     for path in PAPER_CONFIGS:
@@ -392,7 +405,9 @@ def test_paper_configs_differ_from_the_lstm_one_in_the_encoder_type_line_only():
             continue
         changed = [d for d in difflib.unified_diff(reference, lines, n=0, lineterm="")
                    if d[:1] in "+-" and not d.startswith(("+++", "---"))]
-        assert changed == ["-encoder_type: blstm", f"+encoder_type: {enc_type}"], path.name
+        assert changed == ["-encoder_type: blstm", f"+encoder_type: {enc_type}",
+                           "-save_model: run/multi30k/blstm/model",
+                           f"+save_model: run/multi30k/{enc_type}/model"], path.name
         assert len(lines) == len(reference)
     assert seen == {"b" + v for v in VARIANTS} | {"brnn"}
 

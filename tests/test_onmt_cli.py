@@ -97,7 +97,7 @@ def test_onmt_train_translate_and_train_from(workdir):
     assert "Step  4/    4" in log
     ckpt_path = d / "model_step_4.pt"
     ckpt = torch.load(ckpt_path)  # weights_only: argparse.Namespace is a safe global
-    assert ckpt["opt"].encoder_type == "bran" and ckpt["opt"].ablated_init == "gate_bias"
+    assert ckpt["opt"].encoder_type == "bran" and ckpt["opt"].ablated_init == "onmt"
     assert ckpt["opt"].bridge is True
     assert {"encoder.bridge.0.weight", "encoder.bridge.1.weight", "encoder.rnn.bias_l1_reverse",
             "encoder.rnn.weight_ih_l1_reverse"} <= set(ckpt["model"])

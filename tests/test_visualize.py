@@ -91,7 +91,7 @@ def test_diagonal_dominates_for_untrained_cell_with_forget_bias():
     """w_j^t = i_j Π f: with gate weights near 0, i ≈ σ(0) and f ≈ σ(1) < 1, so the word itself
     has the largest weight in every column and the weights fall off with distance."""
     torch.manual_seed(2)
-    rnn = AblatedRNN("ran", 6, 16, bidirectional=True).eval()   # forget-gate bias 1
+    rnn = AblatedRNN("ran", 6, 16, bidirectional=True, forget_bias=1.0).eval()
     x = 0.3 * torch.randn(1, 12, 6)
     words = [f"w{k}" for k in range(12)]
     wm = weight_map(rnn, x, words)

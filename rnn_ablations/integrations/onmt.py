@@ -27,17 +27,20 @@ two directions of every layer before handing the state to the decoder, exactly l
 uses ``h``.
 
 Initialisation: OpenNMT re-initialises every parameter after building the model (``-param_init``
-uniform, or ``-param_init_glorot``).  The option ``-ablated_init`` (added to ``onmt_train``'s
-model options, so it is saved in the checkpoint) decides what happens to the encoder afterwards,
-for a new model only (never after ``-train_from``):
+uniform, ``U(±0.1)`` by default, or ``-param_init_glorot``).  By default every encoder type keeps
+exactly that init, as OpenNMT's own ``brnn``/``rnn`` encoders do, so every variant starts from the
+distribution the LSTM starts from.  The option ``-ablated_init`` (added to ``onmt_train``'s model
+options, so it is saved in the checkpoint) lets the user ask for something else; it acts on a new
+model only (never after ``-train_from``) and only on our encoder types (``brnn`` never gets it):
 
-* ``gate_bias`` (default): OpenNMT's initialisation of all weights is kept (as for its own LSTM
-  encoder), and the gated ablations' biases (``lstm_minus_srnn``, ``ran``, ``identity_ran``) are
-  reset to their own init: 0, forget gate 1.  ``lstm`` and ``srnn`` keep OpenNMT's uniform biases
-  (their own init is uniform too).
-* ``onmt``: keep OpenNMT's initialisation for everything.
-* ``variant``: :meth:`AblatedRNN.reset_parameters` for the whole recurrent stack (weights
-  ``U(±1/√H)``, biases as above); the embeddings and the bridge keep OpenNMT's init.
+* ``onmt`` (default): keep OpenNMT's initialisation for everything.
+* ``gate_bias``: keep OpenNMT's initialisation, then set the forget-gate bias to 1 in every variant
+  that has a forget gate, ``lstm`` included (:meth:`AblatedRNN.set_forget_bias_`: for ``lstm``
+  ``bias_ih``'s forget slice 1 and ``bias_hh``'s 0); the other bias entries keep OpenNMT's init;
+  ``srnn`` has no forget gate and is unchanged.
+* ``variant``: :meth:`AblatedRNN.reset_parameters` for the whole recurrent stack (``nn.LSTM``'s
+  rule, every weight and bias ``U(±1/√H)``, for every variant); the embeddings and the bridge
+  keep OpenNMT's init.
 
 :func:`register` also makes ``argparse.Namespace`` a torch safe global (OpenNMT-py 3.5.1
 checkpoints contain one and torch ≥ 2.6 loads ``weights_only``), and checks the model options
@@ -88,7 +91,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         f"it into .venv/): {_exc}") from _exc
 
 from ..rnn import AblatedRNN
-from ..variants import KIND_LSTM, KIND_SRNN, VARIANTS, get_variant
+from ..variants import VARIANTS, get_variant
 
 __all__ = [
     "AblatedRNNEncoder", "ENCODER_TYPES", "ENCODER_CLASSES", "INIT_CHOICES", "DEFAULT_INIT",
@@ -97,7 +100,7 @@ __all__ = [
 
 #: ``-ablated_init`` choices (see the module docstring).
 INIT_CHOICES = ("gate_bias", "onmt", "variant")
-DEFAULT_INIT = "gate_bias"
+DEFAULT_INIT = "onmt"
 
 #: encoder type -> (variant, bidirectional)
 ENCODER_TYPES: Dict[str, Tuple[str, bool]] = {}
@@ -211,11 +214,7 @@ class AblatedRNNEncoder(EncoderBase):
         if mode == "variant":
             self.rnn.reset_parameters()
             return
-        if self.variant.kind in (KIND_LSTM, KIND_SRNN):
-            return  # their own bias init is uniform, like OpenNMT's
-        for name, param in self.rnn.named_parameters():
-            if name.startswith("bias"):
-                self.rnn.init_gate_bias_(param)
+        self.rnn.set_forget_bias_(1.0)  # gate_bias; a no-op for srnn (no forget gate)
 
     # ------------------------------------------------------------------ forward
     def _join_directions(self, state: torch.Tensor) -> torch.Tensor:
@@ -348,9 +347,10 @@ def check_model_opts(opt) -> None:
 _INIT_HELP = (
     "How the rnn_ablations encoders (-encoder_type lstm, srnn, lstm_minus_srnn, ran, identity_ran "
     "and their bidirectional b* forms) are initialised after -param_init/-param_init_glorot, for a "
-    "new model: 'gate_bias' keeps OpenNMT's init of the weights and resets the gated ablations' "
-    "biases to 0 with forget-gate bias 1; 'onmt' keeps OpenNMT's init; 'variant' re-applies "
-    "AblatedRNN's own init (weights U(+-1/sqrt(H))) to the recurrent layers.")
+    "new model: 'onmt' (default) keeps OpenNMT's init, as for its own brnn encoder; 'gate_bias' "
+    "keeps it and sets the forget-gate bias to 1 in every variant with a forget gate (lstm "
+    "included); 'variant' re-applies AblatedRNN's own init (nn.LSTM's rule: every weight and "
+    "bias U(+-1/sqrt(H))) to the recurrent layers.")
 
 _ENC_TYPE_HELP = (
     " rnn_ablations adds the unidirectional " + "|".join(t for t in ENCODER_TYPES if not ENCODER_TYPES[t][1])

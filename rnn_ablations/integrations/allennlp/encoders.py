@@ -26,15 +26,27 @@ outputs and final states are zeros, as with AllenNLP's ``PytorchSeq2SeqWrapper``
 
 ``stacked_bidirectional_<variant>`` maps onto ``AblatedRNN(bidirectional=True,
 recurrent_dropout=recurrent_dropout_probability, dropout=layer_dropout_probability,
-highway=use_highway)``; its output has ``2·hidden_size`` features, as AllenNLP's.  Differences from
-AllenNLP's ``StackedBidirectionalLstm`` (whose cells are ``AugmentedLstm``): the dropout between
-layers is ordinary dropout rather than a mask shared over time steps, and the recurrent dropout
-masks ``h_{t-1}`` where it enters the recurrence but not the layer's outputs.  Its initialisation
-is :meth:`AblatedRNN.reset_parameters`, except for ``stacked_bidirectional_ablated_lstm`` with
-``use_highway`` (whose 5H gate bias is a single ``bias_l{k}`` that an ``nn.LSTM`` initializer
-cannot reach): its bias is set like ``AugmentedLstm``'s, 0 with the forget gate at 1
-(:meth:`AblatedRNN.init_gate_bias_`), so that every gated cell starts remembering, as the gated
-ablations do.
+highway=use_highway)``; its output has ``2·hidden_size`` features, as AllenNLP's.  The recurrent
+dropout is the one of AllenNLP 2.10.1's ``AugmentedLstm``: one mask per sequence on ``h_{t-1}``
+where it enters the recurrence (the layer's outputs are not dropped).  The one difference from
+AllenNLP's ``StackedBidirectionalLstm`` is the dropout between layers: ordinary dropout here, a
+mask shared over time steps (``InputVariationalDropout``) there.
+
+Initialisation (the same rule for every variant inside each kind of encoder, the rule AllenNLP
+gives its own LSTM there):
+
+* ``<variant>`` (AllenNLP's ``lstm`` is ``torch.nn.LSTM``): :meth:`AblatedRNN.reset_parameters`,
+  ``nn.LSTM``'s rule, every weight and bias ``U(±1/√H)``.
+* ``stacked_bidirectional_<variant>`` (AllenNLP's ``StackedBidirectionalLstm`` is made of
+  ``AugmentedLstm``\ s, whose ``reset_parameters`` does this):
+  :func:`augmented_lstm_init_`: ``weight_ih`` and ``weight_hh`` block-orthogonal with one
+  ``H × d_in`` (``H × H``) orthogonal block per gate/content block (AllenNLP's
+  ``block_orthogonal``), every bias 0 except the forget gate's, which is 1 (for ``lstm`` without
+  highway, whose biases are ``nn.LSTM``'s ``bias_ih`` + ``bias_hh``: ``bias_ih``'s forget slice 1,
+  ``bias_hh`` 0).  ``srnn`` has no forget gate: all its biases are 0, like the content block's
+  bias in ``AugmentedLstm``.  ``AugmentedLstm`` in a ``StackedBidirectionalLstm`` has no input
+  projection bias and neither do the ablations' input-only blocks.  Model initializers must
+  leave these encoders alone (the biaffine parser configs say so with ``prevent_regexes``).
 """
 from typing import Dict, List, Optional, Tuple, Type
 
@@ -42,12 +54,13 @@ import torch
 from allennlp.common.checks import ConfigurationError
 from allennlp.modules.seq2seq_encoders.seq2seq_encoder import Seq2SeqEncoder
 from allennlp.modules.seq2vec_encoders.seq2vec_encoder import Seq2VecEncoder
+from allennlp.nn.initializers import block_orthogonal
 
 from rnn_ablations.rnn import AblatedRNN
-from rnn_ablations.variants import KIND_LSTM, VARIANTS
+from rnn_ablations.variants import VARIANTS
 
 __all__ = [
-    "ENCODER_NAMES", "STACKED_ENCODER_NAMES", "encoder_name", "run_masked",
+    "ENCODER_NAMES", "STACKED_ENCODER_NAMES", "encoder_name", "run_masked", "augmented_lstm_init_",
     "AblatedSeq2SeqEncoder", "AblatedSeq2VecEncoder", "StackedBidirectionalAblatedSeq2SeqEncoder",
     "StackedBidirectionalAblatedSeq2VecEncoder", "ConcatLayersSeq2SeqEncoder", "SEQ2SEQ_CLASSES",
     "SEQ2VEC_CLASSES",
@@ -118,11 +131,25 @@ def _stacked_rnn(owner: str, variant: str, input_size, hidden_size, num_layers,
                      num_layers=num_layers, bias=True, dropout=layer_dropout_probability,
                      bidirectional=True, recurrent_dropout=recurrent_dropout_probability,
                      highway=use_highway)
-    if rnn.variant.kind == KIND_LSTM and use_highway:
-        # AugmentedLstm's init (gate biases 0, forget gate 1); see the module docstring.
+    augmented_lstm_init_(rnn)
+    return rnn
+
+
+def augmented_lstm_init_(rnn: AblatedRNN) -> AblatedRNN:
+    """Initialise ``rnn`` in place as AllenNLP 2.10.1's ``AugmentedLstm.reset_parameters`` does
+    (the cells of ``StackedBidirectionalLstm``): ``block_orthogonal`` over ``H × d_in`` blocks of
+    ``weight_ih`` and ``H × H`` blocks of ``weight_hh``, biases 0, forget-gate bias 1."""
+    H = rnn.hidden_size
+    with torch.no_grad():
         for layer in range(rnn.num_layers):
             for direction in range(rnn.num_directions):
-                rnn.init_gate_bias_(rnn.layer_parameters(layer, direction)[2])
+                names = rnn._param_names[layer][direction]
+                w_ih, w_hh = getattr(rnn, names[0]), getattr(rnn, names[1])
+                block_orthogonal(w_ih, [H, w_ih.shape[1]])
+                block_orthogonal(w_hh, [H, H])
+                for name in names[2:]:
+                    getattr(rnn, name).zero_()
+    rnn.set_forget_bias_(1.0)
     return rnn
 
 
