@@ -38,7 +38,7 @@ gives its own LSTM there):
 * ``<variant>`` (AllenNLP's ``lstm`` is ``torch.nn.LSTM``): :meth:`AblatedRNN.reset_parameters`,
   ``nn.LSTM``'s rule, every weight and bias ``U(±1/√H)``.
 * ``stacked_bidirectional_<variant>`` (AllenNLP's ``StackedBidirectionalLstm`` is made of
-  ``AugmentedLstm``\ s, whose ``reset_parameters`` does this):
+  ``AugmentedLstm`` cells, whose ``reset_parameters`` does this):
   :func:`augmented_lstm_init_`: ``weight_ih`` and ``weight_hh`` block-orthogonal with one
   ``H × d_in`` (``H × H``) orthogonal block per gate/content block (AllenNLP's
   ``block_orthogonal``), every bias 0 except the forget gate's, which is 1 (for ``lstm`` without
