@@ -19,9 +19,12 @@ Architecture (the paper's §3.1, in the notation of this file):
   ``i ≤ i' < i + max_span_length`` maximising ``P_start(i) · P_end(i')``.
 
 Metrics: ``start_acc``, ``end_acc``, ``span_acc`` and the official SQuAD ``em`` and ``f1``
-(allennlp-models' ``SquadEmAndF1``).  Not implemented: the paper's fine-tuning of only the 1000 most
-frequent question words' embeddings (here the embedding is either frozen or fully trainable, as the
-config says).
+(allennlp-models' ``SquadEmAndF1``).
+
+Word embeddings as in the paper and hitvoice/DrQA: ``tune_question_words = 1000`` fine-tunes the
+embeddings of the 1000 most frequent question words of the training data (the reader counts them
+into the vocabulary namespace ``drqa_question_words``) and keeps every other row fixed (their
+gradient is zeroed; the token embedder must be ``"trainable": true``).
 """
 from typing import Any, Dict, List, Optional
 
@@ -35,7 +38,7 @@ from allennlp.nn import InitializerApplicator, util
 from allennlp.training.metrics import BooleanAccuracy, CategoricalAccuracy
 from allennlp_models.rc.metrics import SquadEmAndF1
 
-from .drqa_reader import MANUAL_FEATURES, NER_NAMESPACE, POS_NAMESPACE
+from .drqa_reader import MANUAL_FEATURES, NER_NAMESPACE, POS_NAMESPACE, QUESTION_WORDS_NAMESPACE
 
 __all__ = ["DrQA", "best_span_within"]
 
@@ -76,6 +79,9 @@ class DrQA(Model):
         (reader options ``pos_tags`` / ``ner_tags``); 0 = the model does not use them.
     max_span_length : `int`, optional (default = `15`)
         Longest answer span considered at decoding (the paper's 15 tokens).
+    tune_question_words : `int`, optional (default = `0`)
+        Fine-tune only the word embeddings of this many most frequent question words (the paper:
+        1000); 0 = the embedder's own ``trainable`` decides for every row.
     initializer : `InitializerApplicator`, optional
     """
 
@@ -85,6 +91,7 @@ class DrQA(Model):
                  document_encoder: Seq2SeqEncoder, question_encoder: Seq2SeqEncoder,
                  embedding_dropout: float = 0.3, pos_tag_embedding_dim: int = 0,
                  ner_tag_embedding_dim: int = 0, max_span_length: int = 15,
+                 tune_question_words: int = 0,
                  initializer: InitializerApplicator = InitializerApplicator(),
                  **kwargs) -> None:
         super().__init__(vocab, **kwargs)
@@ -131,11 +138,45 @@ class DrQA(Model):
         self._end_bilinear = torch.nn.Linear(q_dim, p_dim)
         self._dropout = torch.nn.Dropout(embedding_dropout)
         self._max_span_length = max_span_length
+        self._tune_question_words(vocab, text_field_embedder, tune_question_words)
         self._span_start_accuracy = CategoricalAccuracy()
         self._span_end_accuracy = CategoricalAccuracy()
         self._span_accuracy = BooleanAccuracy()
         self._squad_metrics = SquadEmAndF1()
         initializer(self)
+
+    def _tune_question_words(self, vocab: Vocabulary, embedder, top_k) -> None:
+        """Zero the gradient of every word-embedding row but those of the ``top_k`` most frequent
+        question words (the namespace is sorted by frequency when built from instances)."""
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ConfigurationError(f"drqa: tune_question_words must be an integer >= 0, got "
+                                     f"{top_k!r}")
+        self.tuned_word_indices = None
+        if top_k == 0:
+            return
+        embedding = getattr(embedder, "token_embedder_tokens", None)
+        weight = getattr(embedding, "weight", None)
+        if weight is None or weight.dim() != 2:
+            raise ConfigurationError("drqa: tune_question_words needs a text_field_embedder with an "
+                                     "\"embedding\" token embedder under the key \"tokens\"")
+        if not weight.requires_grad:
+            raise ConfigurationError("drqa: tune_question_words > 0 fine-tunes some word "
+                                     "embeddings: set the \"tokens\" embedder's \"trainable\" to "
+                                     "true (the other rows are kept fixed by the model)")
+        words = vocab.get_index_to_token_vocabulary(QUESTION_WORDS_NAMESPACE)
+        special = {vocab._padding_token, vocab._oov_token}
+        ranked = [words[i] for i in sorted(words) if words[i] not in special]
+        if not ranked:
+            raise ConfigurationError(
+                f"drqa: tune_question_words > 0 but the vocabulary has no {QUESTION_WORDS_NAMESPACE!r} "
+                "namespace; build the vocabulary from data read by the drqa_squad reader")
+        oov = vocab.get_token_index(vocab._oov_token, "tokens")
+        rows = sorted({vocab.get_token_index(w, "tokens") for w in ranked[:top_k]} - {oov})
+        mask = torch.zeros(weight.shape[0], 1, dtype=weight.dtype)
+        mask[rows] = 1.0
+        self.register_buffer("_tuned_rows", mask, persistent=False)
+        self.tuned_word_indices = rows
+        weight.register_hook(lambda grad: grad * self._tuned_rows.to(grad.dtype))
 
     def _tag_embedding(self, embedding, tags, name: str, option: str):
         if embedding is None:
@@ -152,7 +193,8 @@ class DrQA(Model):
 
     def forward(self, question: TextFieldTensors, passage: TextFieldTensors,
                 passage_features: torch.Tensor = None, passage_pos_tags: torch.Tensor = None,
-                passage_ner_tags: torch.Tensor = None, span_start: torch.IntTensor = None,
+                passage_ner_tags: torch.Tensor = None, question_words: torch.Tensor = None,
+                span_start: torch.IntTensor = None,
                 span_end: torch.IntTensor = None,
                 metadata: List[Dict[str, Any]] = None) -> Dict[str, Any]:
         if passage_features is None:

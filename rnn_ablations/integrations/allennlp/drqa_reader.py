@@ -11,7 +11,7 @@ from allennlp.data.tokenizers import Token, Tokenizer
 from allennlp_models.rc.dataset_readers.squad import SquadReader
 
 __all__ = ["DrQASquadReader", "MANUAL_FEATURES", "POS_NAMESPACE", "NER_NAMESPACE",
-           "passage_features"]
+           "QUESTION_WORDS_NAMESPACE", "LEMMATIZERS", "passage_features", "lookup_lemmatizer"]
 
 #: The columns of the ``passage_features`` tensor (Chen et al. 2017, §3.1): exact match of the
 #: passage token with a question token in its original, lower-case and lemma form, and the
@@ -21,6 +21,39 @@ MANUAL_FEATURES = ("exact_match_original", "exact_match_lowercase", "exact_match
 #: Vocabulary namespaces of the optional tag fields (padded, so an unseen tag maps to OOV).
 POS_NAMESPACE = "drqa_pos"
 NER_NAMESPACE = "drqa_ner"
+#: Vocabulary namespace counting the question words (AllenNLP sorts a namespace built from
+#: instances by frequency, so its first entries are the most frequent question words; the
+#: ``drqa`` model fine-tunes the embeddings of the top ``tune_question_words`` of them).
+QUESTION_WORDS_NAMESPACE = "drqa_question_words"
+#: ``lemmatizer`` choices of the reader.
+LEMMATIZERS = ("lookup", "tokenizer")
+#: pip requirement of the lookup lemmatizer's tables.
+LOOKUPS_REQUIREMENT = "spacy-lookups-data==1.0.5"
+
+
+def lookup_lemmatizer():
+    """spaCy's lookup lemmatizer for English (tables from ``spacy-lookups-data``; no trained
+    pipeline needed): a function ``words -> lemmas`` (lower-cased words in, lower-case lemmas out).
+    Raises ``ConfigurationError`` saying how to install the tables when they are missing."""
+    import spacy
+    from spacy.tokens import Doc
+    nlp = spacy.blank("en")
+    pipe = nlp.add_pipe("lemmatizer", config={"mode": "lookup"})
+    try:
+        nlp.initialize()
+    except (ValueError, ImportError, OSError) as exc:
+        raise ConfigurationError(
+            f"drqa_squad: lemmatizer \"lookup\" needs spaCy's lookup tables: pip install "
+            f"{LOOKUPS_REQUIREMENT} (or set the reader's \"lemmatizer\" to \"tokenizer\", which "
+            f"uses the tokenizer's lemmas or the lower-cased word); spaCy said: {exc}") from exc
+
+    def lemmatize(words: List[str]) -> List[str]:
+        if not words:
+            return []
+        doc = pipe(Doc(nlp.vocab, words=[w.lower() for w in words]))
+        return [(t.lemma_ or t.text).lower() for t in doc]
+
+    return lemmatize
 
 
 def _lemma(token) -> str:
@@ -28,23 +61,54 @@ def _lemma(token) -> str:
     return (lemma or token.text).lower()
 
 
-def passage_features(passage_tokens: List, question_tokens: List) -> torch.Tensor:
+def passage_features(passage_tokens: List, question_tokens: List,
+                     lemmatize=None) -> torch.Tensor:
     """``(len(passage_tokens), 4)`` float tensor with the :data:`MANUAL_FEATURES`.
 
-    The lemma match uses each token's ``lemma_`` where the tokenizer provides one and falls back to
-    the lower-cased text (so with a pipeline that has no lemmatizer, e.g. spaCy ``blank:en``, it
+    The lemma match uses ``lemmatize`` (``words -> lemmas``, e.g. :func:`lookup_lemmatizer`) when
+    given; otherwise each token's ``lemma_`` where the tokenizer provides one, falling back to the
+    lower-cased text (with a pipeline that has no lemmatizer, e.g. spaCy ``blank:en``, it then
     equals the lower-case match)."""
     q_original = {t.text for t in question_tokens}
     q_lower = {t.text.lower() for t in question_tokens}
-    q_lemma = {_lemma(t) for t in question_tokens}
+    if lemmatize is not None:
+        q_lemma = set(lemmatize([t.text for t in question_tokens]))
+        p_lemmas = lemmatize([t.text for t in passage_tokens])
+    else:
+        q_lemma = {_lemma(t) for t in question_tokens}
+        p_lemmas = [_lemma(t) for t in passage_tokens]
     counts: Dict[str, int] = {}
     for t in passage_tokens:
         key = t.text.lower()
         counts[key] = counts.get(key, 0) + 1
     n = max(len(passage_tokens), 1)
     rows = [[float(t.text in q_original), float(t.text.lower() in q_lower),
-             float(_lemma(t) in q_lemma), counts[t.text.lower()] / n] for t in passage_tokens]
+             float(lemma in q_lemma), counts[t.text.lower()] / n]
+            for t, lemma in zip(passage_tokens, p_lemmas)]
     return torch.tensor(rows, dtype=torch.float32).reshape(len(passage_tokens), len(MANUAL_FEATURES))
+
+
+def _load_tagger(name: str, pos_tags: bool, ner_tags: bool):
+    import spacy
+    try:
+        nlp = spacy.load(name, exclude=["parser", "lemmatizer", "senter", "textcat"])
+    except (OSError, IOError) as exc:
+        raise ConfigurationError(
+            f"drqa_squad: the spaCy pipeline {name!r} (\"tagger_pipeline\", for the POS/NER "
+            f"features) is not installed: install it with `python -m spacy download {name}` (or "
+            f"pip install its wheel), or switch the features off: \"pos_tags\": false, "
+            f"\"ner_tags\": false, no \"tagger_pipeline\", and the model's "
+            f"\"pos_tag_embedding_dim\"/\"ner_tag_embedding_dim\" 0 (the document encoder's "
+            f"input_size shrinks by as much)") from exc
+    pipes = set(nlp.pipe_names)
+    for option, wanted, needed in (("pos_tags", pos_tags, {"tagger", "morphologizer"}),
+                                   ("ner_tags", ner_tags, {"ner"})):
+        if wanted and not pipes & needed:
+            raise ConfigurationError(
+                f"drqa_squad: {option}=true but the spaCy pipeline {name!r} has no "
+                f"{' or '.join(sorted(needed))} (it has: {', '.join(sorted(pipes)) or 'nothing'}); "
+                f"use a pipeline that has it (e.g. en_core_web_sm), or set {option} to false")
+    return nlp
 
 
 @DatasetReader.register("drqa_squad")
@@ -54,26 +118,49 @@ class DrQASquadReader(SquadReader):
 
     * ``passage_features``: ``(passage_len, 4)`` — exact match (original, lower-case, lemma) and
       normalised term frequency (see :data:`MANUAL_FEATURES`);
-    * ``passage_pos_tags`` when ``pos_tags`` is true: the tokenizer's fine-grained POS tag
-      (``tag_``) of each passage token, namespace ``drqa_pos``;
+    * ``passage_pos_tags`` when ``pos_tags`` is true: the fine-grained POS tag (``tag_``) of each
+      passage token, namespace ``drqa_pos``;
     * ``passage_ner_tags`` when ``ner_tags`` is true: the entity type (``ent_type_``, ``O``
-      outside entities), namespace ``drqa_ner``.
+      outside entities), namespace ``drqa_ner``;
+    * ``question_words``: the question's words in namespace ``drqa_question_words`` (only counted
+      into the vocabulary, for the model's ``tune_question_words``).
 
-    POS/NER need a tokenizer that provides them, e.g. ``{"type": "spacy", "language":
-    "en_core_web_sm", "pos_tags": true, "ner": true}``; spaCy's ``blank:en`` (the only pipeline that
-    works offline here) has none, so the configs leave both off.
+    # Parameters (beyond the ``squad`` reader's)
+    lemmatizer : `str`, optional (default = `"tokenizer"`)
+        ``"lookup"`` (the DrQA configs): spaCy's lookup lemmatizer (``spacy-lookups-data``; works
+        with any tokenizer and without a trained pipeline), for the lemma match of Chen et al.
+        2017; ``"tokenizer"``: the tokenizer's ``lemma_``, else the lower-cased word (with
+        ``blank:en``, which has no lemmatizer, the lemma match then equals the lower-case match).
+    tagger_pipeline : `str`, optional (default = `None`)
+        A spaCy pipeline (package name or path) that tags the (already tokenised) passage for
+        ``pos_tags`` / ``ner_tags``, e.g. ``"en_core_web_sm"``.  When it is not installed the
+        reader stops and says how to install it or how to switch the features off.  Without it
+        the tags come from the tokenizer (a ``spacy`` tokenizer with ``pos_tags`` / ``ner``).
     """
 
     def __init__(self, tokenizer: Tokenizer = None, token_indexers: Dict[str, TokenIndexer] = None,
                  passage_length_limit: int = None, question_length_limit: int = None,
                  skip_impossible_questions: bool = False, pos_tags: bool = False,
-                 ner_tags: bool = False, **kwargs) -> None:
+                 ner_tags: bool = False, lemmatizer: str = "tokenizer",
+                 tagger_pipeline: Optional[str] = None, **kwargs) -> None:
         super().__init__(tokenizer=tokenizer, token_indexers=token_indexers,
                          passage_length_limit=passage_length_limit,
                          question_length_limit=question_length_limit,
                          skip_impossible_questions=skip_impossible_questions, **kwargs)
         self.pos_tags = bool(pos_tags)
         self.ner_tags = bool(ner_tags)
+        if lemmatizer not in LEMMATIZERS:
+            raise ConfigurationError(f"drqa_squad: lemmatizer must be one of "
+                                     f"{', '.join(LEMMATIZERS)}, got {lemmatizer!r}")
+        self._lemmatize = lookup_lemmatizer() if lemmatizer == "lookup" else None
+        self._tagger = None
+        if tagger_pipeline is not None:
+            if not (self.pos_tags or self.ner_tags):
+                raise ConfigurationError(
+                    f"drqa_squad: tagger_pipeline {tagger_pipeline!r} is given but pos_tags and "
+                    "ner_tags are both false; turn one on or drop tagger_pipeline")
+            self._tagger = _load_tagger(tagger_pipeline, self.pos_tags, self.ner_tags)
+            return
         nlp = getattr(self._tokenizer, "spacy", None)  # a SpacyTokenizer's pipeline
         pipes = set(getattr(nlp, "pipe_names", ()) or ())
         if nlp is not None:
@@ -83,9 +170,17 @@ class DrQASquadReader(SquadReader):
                     raise ConfigurationError(
                         f"drqa_squad: {option}=true but the spaCy pipeline of the tokenizer has no "
                         f"{' or '.join(sorted(needed))} (it has: {', '.join(sorted(pipes)) or 'nothing'})"
-                        f"; use e.g. \"tokenizer\": {{\"type\": \"spacy\", \"language\": "
-                        f"\"en_core_web_sm\", \"pos_tags\": true, \"ner\": true}}, or set {option} "
-                        f"to false")
+                        f"; name a pipeline that has it with the reader's \"tagger_pipeline\" "
+                        f"(e.g. \"en_core_web_sm\"), or set {option} to false")
+
+    def _tag_with_pipeline(self, tokens: List) -> List:
+        """Run ``tagger_pipeline`` on the passage's own tokenisation; returns spaCy tokens."""
+        from spacy.tokens import Doc
+        nlp = self._tagger
+        doc = Doc(nlp.vocab, words=[t.text for t in tokens])
+        for _name, proc in nlp.pipeline:
+            doc = proc(doc)
+        return list(doc)
 
     def _tags(self, tokens: List, attribute: str, option: str, outside: str,
               check: bool) -> List[str]:
@@ -110,13 +205,20 @@ class DrQASquadReader(SquadReader):
             return None
         passage_field = instance["passage"]
         p_tokens, q_tokens = passage_field.tokens, instance["question"].tokens
-        instance.add_field("passage_features", TensorField(passage_features(p_tokens, q_tokens)))
+        instance.add_field("passage_features", TensorField(
+            passage_features(p_tokens, q_tokens, self._lemmatize)))
+        tagged = p_tokens
+        if self._tagger is not None and (self.pos_tags or self.ner_tags):
+            tagged = self._tag_with_pipeline(p_tokens)
         if self.pos_tags:
             instance.add_field("passage_pos_tags", SequenceLabelField(
-                self._tags(p_tokens, "tag_", "pos_tags", "NONE", True), passage_field,
+                self._tags(tagged, "tag_", "pos_tags", "NONE", True), passage_field,
                 label_namespace=POS_NAMESPACE))
         if self.ner_tags:
             instance.add_field("passage_ner_tags", SequenceLabelField(
-                self._tags(p_tokens, "ent_type_", "ner_tags", "O", False), passage_field,
+                self._tags(tagged, "ent_type_", "ner_tags", "O", False), passage_field,
                 label_namespace=NER_NAMESPACE))
+        instance.add_field("question_words", SequenceLabelField(
+            [t.text for t in q_tokens], instance["question"],
+            label_namespace=QUESTION_WORDS_NAMESPACE))
         return instance

@@ -303,12 +303,14 @@ class ConcatLayersSeq2SeqEncoder(Seq2SeqEncoder):
     ``output = [l_1(x); l_2(l_1(x)); ...]``, ``get_output_dim() = Σ layer output dims``.
 
     ``dropout`` is applied to the input of every layer (DrQA's "dropout on RNN inputs"), during
-    training.  Registered as ``concat_layers``; used by the DrQA configs so that the variant is
+    training; with ``dropout_output`` also to the concatenated output (hitvoice/DrQA's
+    ``dropout_rnn_output``).  Registered as ``concat_layers``; used by the DrQA configs so that the variant is
     the ``type`` of each layer, e.g. ``{"type": "ran", "input_size": 256, "hidden_size": 128,
     "bidirectional": true}``.
     """
 
-    def __init__(self, layers: List[Seq2SeqEncoder], dropout: float = 0.0) -> None:
+    def __init__(self, layers: List[Seq2SeqEncoder], dropout: float = 0.0,
+                 dropout_output: bool = False) -> None:
         super().__init__(stateful=False)
         if not layers:
             raise ConfigurationError("concat_layers: 'layers' must list at least one Seq2SeqEncoder")
@@ -320,8 +322,12 @@ class ConcatLayersSeq2SeqEncoder(Seq2SeqEncoder):
                 raise ConfigurationError(
                     f"concat_layers: layer {i} has input_size {want} but layer {i - 1} outputs "
                     f"{got} features; set layer {i}'s input_size to {got}")
+        if not isinstance(dropout_output, bool):
+            raise ConfigurationError(f"concat_layers: dropout_output must be true or false, got "
+                                     f"{dropout_output!r}")
         self.layers = torch.nn.ModuleList(layers)
         self._dropout = torch.nn.Dropout(dropout)
+        self.dropout_output = dropout_output
 
     def get_input_dim(self) -> int:
         return self.layers[0].get_input_dim()
@@ -338,4 +344,5 @@ class ConcatLayersSeq2SeqEncoder(Seq2SeqEncoder):
         for layer in self.layers:
             x = layer(self._dropout(x), mask)
             outputs.append(x)
-        return torch.cat(outputs, dim=-1)
+        output = torch.cat(outputs, dim=-1)
+        return self._dropout(output) if self.dropout_output else output
