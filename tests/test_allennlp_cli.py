@@ -12,6 +12,7 @@
 
 The pipelines run concurrently (each is a sequence of processes) to keep the wall time down.
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -66,6 +67,13 @@ def _layers(variant, input_size):
 
 
 DRQA_OVERRIDES = {
+    # no POS/NER pipeline can be installed offline: the features the config's header says to
+    # switch off without it; the lookup lemmatizer where spacy-lookups-data is installed
+    "dataset_reader.pos_tags": False, "dataset_reader.ner_tags": False,
+    "dataset_reader.tagger_pipeline": None,
+    "dataset_reader.lemmatizer": ("lookup" if importlib.util.find_spec("spacy_lookups_data")
+                                  else "tokenizer"),
+    "model.pos_tag_embedding_dim": 0, "model.ner_tag_embedding_dim": 0,
     "model.text_field_embedder.token_embedders.tokens.embedding_dim": 8,
     "model.document_encoder.layers": _layers("identity_ran", 2 * 8 + 4),
     "model.question_encoder.layers": _layers("srnn", 8),

@@ -193,7 +193,7 @@ def test_a_hidden_size_that_does_not_fit_the_model_is_named():
 
     params = _config("drqa_srnn.jsonnet", {"model.text_field_embedder.token_embedders.tokens.embedding_dim": 10},
                      SQUAD_TRAIN="x", SQUAD_DEV="x", GLOVE_840B_300D="")
-    with pytest.raises(ConfigurationError, match="input size 604 .* 24 features.*set the document"):
+    with pytest.raises(ConfigurationError, match="input size 624 .* 44 features.*set the document"):
         Model.from_params(vocab=vocab, params=params.pop("model"))
 
 

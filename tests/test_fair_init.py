@@ -237,7 +237,7 @@ def test_drqa_every_variant_starts_like_allennlp_lstm(variant):
     env = dict(SQUAD_ENV, GLOVE_840B_300D="")
     config = _config("drqa", variant, env)
     baseline = _with_encoder_type(_config("drqa", "lstm", env), "lstm")
-    vocab = _vocab(["tokens"])
+    vocab = _vocab(["tokens", "drqa_question_words", "drqa_pos", "drqa_ner"])
     model = _build_model(config["model"], vocab)
     reference = _build_model(baseline["model"], vocab)
     ours, theirs = _encoder_roles(model), _encoder_roles(reference)
