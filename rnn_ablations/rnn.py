@@ -56,6 +56,15 @@ class AblatedRNN(nn.Module):
             (which also leaves the layer's outputs undropped).
         highway: AllenNLP ``AugmentedLstm``'s highway connection in every layer:
             ``h_t ← r_t ∘ h_t + (1 − r_t) ∘ W_hw x_t``, ``r_t = σ(W_rx x_t + W_rh h_{t-1} + b_r)``.
+        forget_bias: ``None`` (default): the uniform init below for every bias.  A number sets
+            the forget-gate slice of the bias to it after that init, the same way for every
+            variant that has a forget gate (``lstm``, ``lstm_minus_srnn``, ``ran``,
+            ``identity_ran``); the other bias entries stay uniform.  ``lstm`` has two biases
+            (``nn.LSTM``'s ``bias_ih`` and ``bias_hh``, which are summed): its ``bias_ih``
+            forget slice is set to the value and its ``bias_hh`` forget slice to 0, so the
+            effective forget bias is the value.  ``srnn`` has no forget gate: the option changes
+            nothing there.  Needs ``bias=True``.  :meth:`set_forget_bias_` applies the same rule
+            to an existing module.
 
     Parameters (``{k}`` = layer, ``_reverse`` suffix for the backward direction); ``R`` = number
     of recurrent blocks (4 LSTM, 1 S-RNN, 3 LSTM − S-RNN, 2 RAN, +1 with highway), ``X`` = input-only
@@ -76,14 +85,7 @@ class AblatedRNN(nn.Module):
     every weight and every bias ``U(−1/√H, 1/√H)`` (gate, content, S-RNN and highway blocks
     alike), so that wherever a framework's LSTM baseline is ``nn.LSTM`` every ablation starts
     from the same distribution as the LSTM.
-        forget_bias: ``None`` (default) keeps that rule.  A number sets the forget-gate slice of
-            the bias to it after the uniform init, the same way for every variant that has a
-            forget gate (``lstm``, ``lstm_minus_srnn``, ``ran``, ``identity_ran``); the other
-            bias entries stay uniform.  ``lstm`` has two biases (``nn.LSTM``'s ``bias_ih`` and
-            ``bias_hh``, which are summed): its ``bias_ih`` forget slice is set to the value and
-            its ``bias_hh`` forget slice to 0, so the effective forget bias is the value.
-            ``srnn`` has no forget gate: the option changes nothing there.  Needs ``bias=True``.
-            :meth:`set_forget_bias_` applies the same rule to an existing module.
+    A forget-gate bias init is the explicit option ``forget_bias`` (see Args).
 
     Inputs: ``input, hx=None, *, mask=None, lengths=None``
         * ``input``: ``(T, B, d_in)`` (``(B, T, d_in)`` with ``batch_first``), ``(T, d_in)`` for an
@@ -176,6 +178,8 @@ class AblatedRNN(nn.Module):
         ``bias_ih``'s slice is set to ``value`` and ``bias_hh``'s to 0 (their sum is what the
         cell adds).  Other bias entries are left as they are; a no-op for ``srnn`` (no forget
         gate) and without biases."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"the forget-gate bias must be a finite number, got {value!r}")
         H = self.hidden_size
         rec_names, _ = self.variant.blocks(self.highway)
         if "f" not in rec_names:
