@@ -39,7 +39,8 @@ def load(path, obj) -> Tuple[torch.nn.Module, object]:
     if obj.get("format") != _format():
         raise ValueError(f"{path} is a language-model checkpoint of format {obj.get('format')!r}; "
                          f"this version reads {_format()!r}")
-    verify_checkpoint(obj, path)      # the checksum: a damaged file is refused
+    ckpt_file = Path(path) / CHECKPOINT_NAME if Path(path).is_dir() else Path(path)
+    verify_checkpoint(obj, ckpt_file)      # the checksum: a damaged file is refused
     model = model_from_checkpoint(obj).eval()
     vocab = Vocabulary(obj["vocab"])
 
