@@ -18,7 +18,8 @@ from .data import Corpus
 from .trainer import (RUN_FILES, DistContext, _default_log, _write_json, corpus_fingerprint,
                       train_lm)
 
-__all__ = ["run_ablation", "format_table", "write_results", "parse_variants", "diverged"]
+__all__ = ["run_ablation", "format_table", "write_results", "parse_variants", "diverged",
+           "ablation_figure"]
 
 MANIFEST = "ablation.json"
 OUTPUTS = ("results.csv", "results.json", "results.md", "results.png")
@@ -120,7 +121,14 @@ def _limits(group: List[float]):
 
 
 def _plot(results: List[Dict], path: Path, title: str) -> None:
-    """results.png: perplexity (a dot plot on an axis fitted to the values, broken when −GATES is
+    fig = ablation_figure(results, title)
+    import matplotlib.pyplot as plt
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ablation_figure(results: List[Dict], title: str):
+    """The figure of results.png: perplexity (a dot plot on an axis fitted to the values, broken when −GATES is
     far from the rest; each point labelled with its difference to the best), agreement accuracy
     when the corpus has it, and training speed; diverged runs are marked in red."""
     import matplotlib
@@ -243,8 +251,7 @@ def _plot(results: List[Dict], path: Path, title: str) -> None:
     fig.suptitle("\n".join(lines), fontsize=10)
     top = 1 - (0.6 + 0.17 * len(lines)) / fig.get_figheight()
     fig.subplots_adjust(left=0.8 / width, right=1 - 0.15 / width, top=top, bottom=0.13)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def write_results(results: List[Dict], out: Path, title: str, note: str = "") -> Dict[str, Path]:
