@@ -237,6 +237,16 @@ def plot_heatmap(wm: WeightMap, ax=None, cmap: str = HEATMAP_CMAP, colorbar: boo
             cb = ax.figure.colorbar(image, cax=cax)
         else:
             cb = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+        if scale == "log":   # labelled 1-2-5 ticks (matplotlib labels only whole decades)
+            lo, hi = norm.vmin, norm.vmax
+            ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1,
+                                                   math.ceil(math.log10(hi)) + 1)
+                     for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi]
+            if len(ticks) > 9:
+                ticks = [t for t in ticks if abs(math.log10(t) - round(math.log10(t))) < 1e-9]
+            cb.set_ticks(ticks)
+            cb.set_ticklabels([f"{t:g}" for t in ticks])
+            cb.ax.minorticks_off()
         cb.ax.tick_params(labelsize=fs)
         cb.set_label(bar_label, fontsize=fs + 1)
     return ax
