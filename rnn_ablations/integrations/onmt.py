@@ -46,6 +46,8 @@ model only (never after ``-train_from``) and only on our encoder types (``brnn``
 checkpoints contain one and torch ≥ 2.6 loads ``weights_only``), and checks the model options
 early: an unknown ``-encoder_type`` lists the valid ones, and with our encoders the encoder and
 decoder hidden sizes must match and an RNN decoder may not have more layers than the encoder.
+With ``-train_from``, a command whose ``-encoder_type`` differs from the checkpoint's is refused
+(OpenNMT-py would silently keep the checkpoint's type; see :func:`check_train_from`).
 """
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ from ..variants import VARIANTS, get_variant
 
 __all__ = [
     "AblatedRNNEncoder", "ENCODER_TYPES", "ENCODER_CLASSES", "INIT_CHOICES", "DEFAULT_INIT",
-    "register", "is_registered", "check_model_opts", "encoder_type_for",
+    "register", "is_registered", "check_model_opts", "check_train_from", "encoder_type_for",
 ]
 
 #: ``-ablated_init`` choices (see the module docstring).
@@ -343,6 +345,45 @@ def check_model_opts(opt) -> None:
                 f"has -enc_layers {enc_l}; use the same number of layers or -input_feed 1")
 
 
+_ENCODER_TYPE_DEFAULT = "rnn"   # OpenNMT-py's default -encoder_type
+
+
+def _encoder_type_given(opt) -> bool:
+    """Whether this command chose -encoder_type (not OpenNMT's default, or named on the command
+    line); OpenNMT's parsed options do not say whether a default value was typed."""
+    import sys
+    if getattr(opt, "encoder_type", _ENCODER_TYPE_DEFAULT) != _ENCODER_TYPE_DEFAULT:
+        return True
+    return any(a in ("-encoder_type", "--encoder_type") or a.startswith("--encoder_type=")
+               for a in sys.argv[1:])
+
+
+def check_train_from(model_opt, opt, checkpoint) -> None:
+    """``-train_from``: OpenNMT-py rebuilds the model from the checkpoint's options (unless
+    ``-override_opts``), so a different ``-encoder_type`` on the command line would be silently
+    ignored.  Raise ``ValueError`` when the command asks for another encoder type than the
+    checkpoint's, and log a warning when it only has OpenNMT's default ``rnn``."""
+    if checkpoint is None or opt is None or model_opt is opt or getattr(opt, "override_opts", False):
+        return
+    ckpt_opt = checkpoint.get("opt") if isinstance(checkpoint, dict) else None
+    ckpt_enc = getattr(ckpt_opt, "encoder_type", None) or getattr(model_opt, "encoder_type", None)
+    asked = getattr(opt, "encoder_type", None)
+    if ckpt_enc is None or asked is None or asked == ckpt_enc:
+        return
+    where = getattr(opt, "train_from", "") or "the checkpoint"
+    if _encoder_type_given(opt):
+        raise ValueError(
+            f"-train_from {where}: the checkpoint's encoder is -encoder_type {ckpt_enc}, but this "
+            f"command asks for -encoder_type {asked}. OpenNMT-py would continue the checkpoint's "
+            f"{ckpt_enc} encoder and ignore the option; set -encoder_type {ckpt_enc} (or leave it "
+            f"out) to continue training, or start a new model without -train_from to train a "
+            f"{asked} encoder")
+    from onmt.utils.logging import logger
+    logger.warning("-train_from %s: continuing with the checkpoint's -encoder_type %s (this "
+                   "command has OpenNMT-py's default -encoder_type %s, which is ignored)",
+                   where, ckpt_enc, asked)
+
+
 # ---------------------------------------------------------------------- registration
 _INIT_HELP = (
     "How the rnn_ablations encoders (-encoder_type lstm, srnn, lstm_minus_srnn, ran, identity_ran "
@@ -416,6 +457,7 @@ def _patch_build_model(modules) -> None:
     if not _wrapped(original):
         @functools.wraps(original)
         def build_model(model_opt, opt, vocabs, checkpoint, *args, **kwargs):
+            check_train_from(model_opt, opt, checkpoint)
             model = original(model_opt, opt, vocabs, checkpoint, *args, **kwargs)
             _reinit_encoders(model, checkpoint)
             return model

@@ -15,9 +15,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ..variants import VARIANTS, get_variant
 from .configs import LMConfig
 from .data import Corpus
-from .trainer import RUN_FILES, DistContext, _write_json, corpus_fingerprint, train_lm
+from .trainer import (RUN_FILES, DistContext, _default_log, _write_json, corpus_fingerprint,
+                      train_lm)
 
-__all__ = ["run_ablation", "format_table", "write_results", "parse_variants"]
+__all__ = ["run_ablation", "format_table", "write_results", "parse_variants", "diverged",
+           "ablation_figure"]
 
 MANIFEST = "ablation.json"
 OUTPUTS = ("results.csv", "results.json", "results.md", "results.png")
@@ -79,42 +81,177 @@ def format_table(results: List[Dict], markdown: bool = False) -> str:
     return "\n".join([line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]])
 
 
+#: a perplexity above this counts as diverged when the vocabulary size is unknown
+DIVERGED_PPL = 1e5
+
+_SHORT = {"lstm": "LSTM", "srnn": "−GATES\n(S-RNN)", "lstm_minus_srnn": "−S-RNN",
+          "ran": "−S-RNN−OUT\n(tanh RAN)", "identity_ran": "identity\nRAN"}
+
+
+def diverged(r: Dict) -> bool:
+    """A run whose validation perplexity is not finite or worse than guessing uniformly over the
+    vocabulary (above :data:`DIVERGED_PPL` when the result does not give the vocabulary size)."""
+    p = r.get("valid_ppl")
+    if p is None or not math.isfinite(p):
+        return True
+    limit = r.get("vocab_size") or DIVERGED_PPL
+    return p > limit
+
+
+def _split_axis(values: List[float]):
+    """``None``, or the ``(low, high)`` groups of ``values`` when one gap dominates their range
+    (e.g. −GATES far above the gated cells): the figure then breaks its axis between them."""
+    v = sorted(values)
+    if len(v) < 3:
+        return None
+    gaps = [(v[k + 1] - v[k], k) for k in range(len(v) - 1)]
+    gap, k = max(gaps)
+    full = v[-1] - v[0]
+    low, high = v[:k + 1], v[k + 1:]
+    spans = max(low[-1] - low[0], high[-1] - high[0], 1e-12)
+    if len(low) >= 2 and gap > 0.5 * full and full > 6 * spans:
+        return low, high
+    return None
+
+
+def _limits(group: List[float]):
+    lo, hi = min(group), max(group)
+    pad = max((hi - lo) * 0.35, 0.004 * hi, 1e-3)
+    return max(lo - pad, 1.0 if lo >= 1.0 else 0.0), hi + pad
+
+
 def _plot(results: List[Dict], path: Path, title: str) -> None:
+    fig = ablation_figure(results, title)
+    import matplotlib.pyplot as plt
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ablation_figure(results: List[Dict], title: str):
+    """The figure of results.png: perplexity (a dot plot on an axis fitted to the values, broken when −GATES is
+    far from the rest; each point labelled with its difference to the best), agreement accuracy
+    when the corpus has it, and training speed; diverged runs are marked in red."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
+    from matplotlib.transforms import blended_transform_factory
 
-    short = {"lstm": "LSTM", "srnn": "−GATES\n(S-RNN)", "lstm_minus_srnn": "−S-RNN",
-             "ran": "−S-RNN−OUT\n(tanh RAN)", "identity_ran": "identity\nRAN"}
-    labels = [short.get(r["variant"], r["variant"]) for r in results]
+    red = "#c03030"
+    labels = [_SHORT.get(r["variant"], r["variant"]) for r in results]
     xs = list(range(len(results)))
-    has_test = any(r["test_ppl"] is not None for r in results)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    w = 0.38 if has_test else 0.6
-    ax1.bar([x - (w / 2 if has_test else 0) for x in xs], [r["valid_ppl"] for r in results], w,
-            label="valid", color="#4878a8")
+    bad = [diverged(r) for r in results]
+    has_test = any(r.get("test_ppl") is not None for r in results)
+    has_acc = any(r.get("valid_long_range_acc") is not None for r in results)
+    ok_ppls = [p for r, b in zip(results, bad) if not b
+               for p in (r["valid_ppl"], r.get("test_ppl")) if p is not None and math.isfinite(p)]
+    split = _split_axis(ok_ppls) if ok_ppls else None
+
+    n_panels = 3 if has_acc else 2
+    fig = plt.figure(figsize=(5.2 * n_panels, 5.0))
+    gs = fig.add_gridspec(3, n_panels, height_ratios=[1, 1, 1], hspace=0.08, wspace=0.28)
+    if split:
+        ax_hi = fig.add_subplot(gs[0, 0])
+        ax_lo = fig.add_subplot(gs[1:, 0], sharex=ax_hi)
+        ppl_axes = [ax_hi, ax_lo]
+    else:
+        ax_lo = fig.add_subplot(gs[:, 0])
+        ax_hi = None
+        ppl_axes = [ax_lo]
+    best = min((r["valid_ppl"] for r, b in zip(results, bad) if not b), default=None)
+    series = [("valid", "valid_ppl", "o", "#4878a8", -0.13)]
     if has_test:
-        ax1.bar([x + w / 2 for x in xs], [r["test_ppl"] or 0 for r in results], w, label="test",
-                color="#e0a040")
-    for x, r in zip(xs, results):
-        ax1.text(x - (w / 2 if has_test else 0), r["valid_ppl"], _fmt_ppl(r["valid_ppl"]),
-                 ha="center", va="bottom", fontsize=8)
-    ppls = [p for r in results for p in (r["valid_ppl"], r["test_ppl"]) if p]
-    log_scale = max(ppls) / min(ppls) > 20
-    if log_scale:  # a diverged variant would flatten the others' bars
-        ax1.set_yscale("log")
-    ax1.set_ylabel("perplexity (lower is better)" + (", log scale" if log_scale else ""))
-    ax1.set_xticks(xs, labels, fontsize=8)
-    ax1.legend()
-    ax1.set_title("perplexity")
-    ax2.bar(xs, [r["train_words_per_sec"] for r in results], 0.6, color="#60a060")
-    ax2.set_ylabel("training words / s")
-    ax2.set_xticks(xs, labels, fontsize=8)
-    ax2.set_title("training speed")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        series.append(("test", "test_ppl", "D", "#e0a040", 0.13))
+    for ax in ppl_axes:
+        for name, key, marker, colour, dx in series:
+            pts = [(x + dx, r.get(key)) for x, r, b in zip(xs, results, bad)
+                   if not b and r.get(key) is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color=colour, ms=7,
+                        label=name, linestyle="none", zorder=3)
+        ax.grid(axis="y", color="#dddddd", linewidth=0.6, zorder=0)
+    # value labels (valid), with the difference to the best valid perplexity
+    for x, r, b in zip(xs, results, bad):
+        if b:
+            continue
+        p = r["valid_ppl"]
+        ax = ax_hi if (split and p >= min(split[1])) else ax_lo
+        delta = "best" if p == best else f"+{p - best:.2f}"
+        ax.annotate(f"{p:.2f}\n({delta})", (x - 0.13, p), xytext=(-6, 0), textcoords="offset points",
+                    ha="right", va="center", fontsize=7.5)
+    if split:
+        ax_lo.set_ylim(*_limits(split[0]))
+        ax_hi.set_ylim(*_limits(split[1]))
+        ax_hi.spines["bottom"].set_visible(False)
+        ax_lo.spines["top"].set_visible(False)
+        ax_hi.tick_params(axis="x", bottom=False, labelbottom=False)
+        kw = dict(marker=[(-1, -0.5), (1, 0.5)], markersize=10, linestyle="none", color="k",
+                  mec="k", mew=1, clip_on=False)
+        ax_hi.plot([0, 1], [0, 0], transform=ax_hi.transAxes, **kw)
+        ax_lo.plot([0, 1], [1, 1], transform=ax_lo.transAxes, **kw)
+    elif ok_ppls and max(ok_ppls) / min(ok_ppls) > 3:   # e.g. two runs far apart
+        ax_lo.set_yscale("log")
+        ax_lo.set_ylim(min(ok_ppls) / 1.3, max(ok_ppls) * 1.3)
+    elif ok_ppls:
+        ax_lo.set_ylim(*_limits(ok_ppls))
+    top_ax = ax_hi if split else ax_lo
+    trans = blended_transform_factory(top_ax.transData, top_ax.transAxes)
+    for x, r, b in zip(xs, results, bad):
+        if b:
+            p = r.get("valid_ppl")
+            val = _fmt_ppl(p) if p is not None else "n/a"
+            top_ax.plot([x], [0.97], marker="^", color=red, ms=9, transform=trans, clip_on=False)
+            top_ax.text(x, 0.90, f"diverged\nvalid ppl\n{val}", transform=trans, ha="center",
+                        va="top", fontsize=7.5, color=red)
+    ax_lo.set_xlim(-0.95, len(xs) - 0.5)
+    ax_lo.set_xticks(xs, labels, fontsize=8)
+    ax_lo.set_ylabel("perplexity (lower is better)"
+                     + (", log scale" if ax_lo.get_yscale() == "log" else ""))
+    top_ax.set_title("perplexity" + (" (axis broken)" if split else "") + "\n"
+                     "label: valid ppl (difference to the best)", fontsize=9)
+    if ax_lo.get_legend_handles_labels()[0]:
+        ax_lo.legend(fontsize=8, loc="best")
+
+    col = 1
+    if has_acc:
+        ax = fig.add_subplot(gs[:, col])
+        col += 1
+        w = 0.38 if has_test else 0.6
+        for k, (name, key, colour) in enumerate((("valid", "valid_long_range_acc", "#4878a8"),
+                                                 ("test", "test_long_range_acc", "#e0a040"))):
+            if name == "test" and not has_test:
+                continue
+            off = (k - 0.5) * w if has_test else 0.0
+            vals = [r.get(key) for r in results]
+            ax.bar([x + off for x in xs], [100 * v if v is not None else 0 for v in vals], w,
+                   color=[red if b else colour for b in bad], label=name,
+                   hatch=None, zorder=2)
+            for x, v in zip(xs, vals):
+                if v is not None:
+                    ax.text(x + off, 100 * v + 1, f"{100 * v:.1f}", ha="center", va="bottom",
+                            fontsize=7)
+        ax.set_ylim(0, 108)
+        ax.set_ylabel("agreement accuracy, % (higher is better)")
+        ax.set_xticks(xs, labels, fontsize=8)
+        ax.set_title("long-range agreement: next-token accuracy\nat the agreeing verbs", fontsize=9)
+        ax.grid(axis="y", color="#dddddd", linewidth=0.6, zorder=0)
+        ax.legend(fontsize=8, loc="upper right")
+    ax = fig.add_subplot(gs[:, col])
+    ax.bar(xs, [r["train_words_per_sec"] for r in results], 0.6,
+           color=[red if b else "#60a060" for b in bad], zorder=2)
+    ax.set_ylabel("training words / s")
+    ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_title("training speed", fontsize=9)
+    ax.grid(axis="y", color="#dddddd", linewidth=0.6, zorder=0)
+    if any(bad):
+        fig.text(0.5, 0.005, "red: diverged run (validation perplexity not finite or above the "
+                 "vocabulary size)", ha="center", va="bottom", fontsize=8, color=red)
+    import textwrap
+    width = fig.get_figwidth()
+    lines = textwrap.wrap(title, int(width * 11))
+    fig.suptitle("\n".join(lines), fontsize=10)
+    top = 1 - (0.6 + 0.17 * len(lines)) / fig.get_figheight()
+    fig.subplots_adjust(left=0.8 / width, right=1 - 0.15 / width, top=top, bottom=0.13)
+    return fig
 
 
 def write_results(results: List[Dict], out: Path, title: str, note: str = "") -> Dict[str, Path]:
@@ -143,6 +280,10 @@ def _prepare_out(out: Path, manifest: Dict, variants: List[str], resume: bool,
         raise ValueError("give either --resume or --overwrite, not both")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {str(out)!r} exists and is not a directory")
+    if resume and not out.exists():
+        raise FileNotFoundError(
+            f"--resume: {str(out)!r} does not exist, so there is no ablation to continue; check "
+            "--out, or drop --resume to start one")
     ours = [p for p in [out / MANIFEST] + [out / o for o in OUTPUTS] if p.exists()]
     runs = [out / v for v in VARIANTS if any((out / v / f).exists() for f in RUN_FILES)]
     if (ours or runs) and not (resume or overwrite):
@@ -171,9 +312,13 @@ def _prepare_out(out: Path, manifest: Dict, variants: List[str], resume: bool,
 def run_ablation(config: LMConfig, corpus: Corpus, out, *, variants: Optional[Sequence[str]] = None,
                  corpus_spec: Optional[Dict] = None, seed: int = 0, paper_lr: bool = True,
                  resume: bool = False, overwrite: bool = False, ctx: Optional[DistContext] = None,
-                 progress: bool = False, log: Optional[Callable[[str], None]] = print,
+                 progress: bool = False, log: Optional[Callable[[str], None]] = _default_log,
                  title: Optional[str] = None) -> List[Dict]:
-    """Train every variant (same config, seed and data); write and return the results."""
+    """Train every variant (same config, seed and data); write and return the results.
+    ``log`` receives the progress lines and the table (default: the ``rnn_ablations.lm.trainer``
+    logger at INFO level; ``None``: nothing).  Ctrl-C raises
+    :class:`~rnn_ablations.lm.trainer.TrainingInterrupted` after checkpointing the current
+    variant; ``resume=True`` then reuses the finished variants and continues."""
     ctx = ctx or DistContext()
     names = parse_variants(variants)
     out = Path(out)
@@ -188,8 +333,10 @@ def run_ablation(config: LMConfig, corpus: Corpus, out, *, variants: Optional[Se
     results = []
     for name in names:
         cfg = config.for_variant(name, paper_lr=paper_lr)
-        r = train_lm(name, cfg, corpus, out / name, corpus_spec=corpus_spec, seed=seed, ctx=ctx,
-                     resume=resume, overwrite=overwrite, progress=progress, log=log)
+        run_dir = out / name
+        r = train_lm(name, cfg, corpus, run_dir, corpus_spec=corpus_spec, seed=seed, ctx=ctx,
+                     resume=resume and run_dir.exists(), overwrite=overwrite, progress=progress,
+                     log=log)
         results.append(r)
     if not ctx.is_main:
         return []

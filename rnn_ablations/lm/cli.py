@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Dict, Tuple
 
@@ -70,7 +72,8 @@ def _add_common(p: argparse.ArgumentParser, config_default_help: str) -> None:
     p.add_argument("--train-tokens", type=_positive_int, default=None, metavar="N",
                    help="train on the first N tokens of the training split only (a CPU-sized run "
                         "on big data; valid/test are kept whole)")
-    p.add_argument("--resume", action="store_true", help="continue the run(s) in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run(s) in --out (which must exist) from the last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="discard the run(s) in --out and start again")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -135,6 +138,42 @@ def _setup(args, cfg):
     return ctx
 
 
+def resume_command(args) -> str:
+    """The command line that continues the run of ``args`` (the options the user gave, with
+    ``--resume`` instead of ``--overwrite``), for the message after Ctrl-C."""
+    parser = args._parser
+    words = ["rnn-ablations"] + list(args._command_words)
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "resume", "overwrite"):
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value == action.default or value == []:
+            continue
+        flag = max(action.option_strings, key=len)
+        if isinstance(action, argparse._StoreTrueAction):
+            words.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            for item in value:
+                words += [flag, str(item)]
+        elif isinstance(value, (list, tuple)):
+            words += [flag] + [str(x) for x in value]
+        else:
+            words += [flag, str(value)]
+    words.append("--resume")
+    return shlex.join(words)
+
+
+def _interrupted(args, exc) -> int:
+    from .trainer import TrainingInterrupted
+    if isinstance(exc, TrainingInterrupted):
+        what = f"{exc}."
+    else:   # a second Ctrl-C, or one before training started: no new checkpoint
+        what = (f"interrupted; {args.out} keeps its last checkpoint, if one was written (at "
+                "epoch ends and every --checkpoint-every windows).")
+    print(f"\n{what}\nContinue the run with:\n  {resume_command(args)}", file=sys.stderr)
+    return 130
+
+
 def _cmd_train(args) -> int:
     from .trainer import train_lm
     cfg = _config(args)
@@ -143,10 +182,14 @@ def _cmd_train(args) -> int:
     variant = get_variant(args.variant).name
     ctx = _setup(args, cfg)
     cfg = cfg.for_variant(variant, paper_lr=not args.same_lr)
-    result = train_lm(variant, cfg, corpus, args.out, corpus_spec=spec, seed=args.seed, ctx=ctx,
-                      resume=args.resume, overwrite=args.overwrite,
-                      checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
-                      progress=not args.no_progress, record_losses=args.log_losses)
+    try:
+        result = train_lm(variant, cfg, corpus, args.out, corpus_spec=spec, seed=args.seed,
+                          ctx=ctx, resume=args.resume, overwrite=args.overwrite,
+                          checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
+                          progress=not args.no_progress, record_losses=args.log_losses,
+                          log=print)
+    except KeyboardInterrupt as exc:   # TrainingInterrupted: after a checkpoint
+        return _interrupted(args, exc)
     if result is not None and ctx.is_main and corpus.test is None:
         print(f"note: {corpus.source} has no test file; only valid perplexity is reported")
     return 0
@@ -202,9 +245,12 @@ def _cmd_ablate(args) -> int:
     variants = parse_variants(args.variants)
     corpus, spec = _corpus(args)
     ctx = _setup(args, cfg)
-    run_ablation(cfg, corpus, args.out, variants=variants, corpus_spec=spec, seed=args.seed,
-                 paper_lr=not args.same_lr, resume=args.resume, overwrite=args.overwrite, ctx=ctx,
-                 progress=not args.no_progress)
+    try:
+        run_ablation(cfg, corpus, args.out, variants=variants, corpus_spec=spec, seed=args.seed,
+                     paper_lr=not args.same_lr, resume=args.resume, overwrite=args.overwrite,
+                     ctx=ctx, progress=not args.no_progress, log=print)
+    except KeyboardInterrupt as exc:   # TrainingInterrupted: after a checkpoint
+        return _interrupted(args, exc)
     return 0
 
 
@@ -231,9 +277,13 @@ def add_subparser(subparsers) -> None:
     lm_sub.required = True
     tr = lm_sub.add_parser(
         "train", help="train one language model",
-        description="Train one language model; prints a progress bar (perplexity, words/s), a "
-                    "line per epoch and the final valid/test perplexity. RUN_DIR receives "
-                    "checkpoint.pt, result.json and train.log.\n\n"
+        description="Train one language model; prints a progress bar (perplexity, words/s, the "
+                    "whole run's ETA), a line per epoch and the final valid/test perplexity. "
+                    "RUN_DIR receives checkpoint.pt (with a checksum, verified when it is read), "
+                    "result.json and train.log, also when --max-steps stops the run (result.json "
+                    "then says \"complete\": false and gives the validation perplexity at that "
+                    "point). Ctrl-C finishes the current window, writes a checkpoint and prints the "
+                    "command that continues the run.\n\n"
                     "Multi-process: torchrun --nproc-per-node N $(which rnn-ablations) lm train …",
         formatter_class=fmt)
     tr.add_argument("--variant", required=True, help=f"one of {_VARIANT_HELP} (or an alias)")
@@ -245,7 +295,7 @@ def add_subparser(subparsers) -> None:
                     help="stop (with a checkpoint) after this many windows in total; --resume continues")
     tr.add_argument("--log-losses", action="store_true",
                     help="write the mean training loss of every window to RUN_DIR/losses.json")
-    tr.set_defaults(func=_cmd_train)
+    tr.set_defaults(func=_cmd_train, _parser=tr, _command_words=("lm", "train"))
     ev = lm_sub.add_parser(
         "evaluate", help="perplexity of a trained model on valid/test",
         description="Perplexity of a checkpoint on the valid/test split of the data it was "
@@ -279,7 +329,7 @@ def add_subparser(subparsers) -> None:
     ab.add_argument("--out", default="ablation_results", metavar="DIR",
                     help="output directory (default: ./ablation_results)")
     _add_common(ab, "synthetic without --data, small with it")
-    ab.set_defaults(func=_cmd_ablate)
+    ab.set_defaults(func=_cmd_ablate, _parser=ab, _command_words=("ablate",))
 
     # params --------------------------------------------------------------------------------
     pa = subparsers.add_parser(

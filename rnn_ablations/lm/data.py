@@ -124,10 +124,23 @@ def read_tokens(path) -> List[str]:
     """Tokens of a PTB-format file: each line's words followed by ``<eos>``."""
     p = Path(path)
     tokens: List[str] = []
-    with open(p, encoding="utf-8") as f:
-        for line in f:
-            tokens.extend(line.split())
-            tokens.append(EOS)
+    with open(p, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{str(p)!r} is not UTF-8 text: line {lineno} has the byte "
+                    f"0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line, which UTF-8 does not "
+                    "allow there. Convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8 "
+                    "in > out, with the file's real encoding)") from None
+            # universal newlines, as text mode reads them: \n, \r\n and a lone \r
+            parts = line.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+            if len(parts) > 1 and parts[-1] == "":
+                parts.pop()
+            for part in parts:
+                tokens.extend(part.split())
+                tokens.append(EOS)
     if all(t == EOS for t in tokens):
         raise ValueError(f"{str(p)!r} contains no words; a PTB-format file has one sentence "
                          "per line")

@@ -13,9 +13,18 @@ The procedure is the TF PTB tutorial's (Zaremba et al. 2014):
 * perplexity = exp(mean cross-entropy per token) over the whole split, the state carried through
   each of ``eval_batch_size`` rows.
 
-Checkpoints (``RUN_DIR/checkpoint.pt``, written atomically) hold the parameters, the position
-(epoch and window), the carried state of the whole batch, the dropout generator and torch's RNG,
-the partial epoch statistics and the log: a resumed run continues bit-identically.
+Checkpoints (``RUN_DIR/checkpoint.pt``) hold the parameters, the position (epoch and window), the
+carried state of the whole batch, the dropout generator and torch's RNG, the partial epoch
+statistics and the log: a resumed run continues bit-identically.  A checkpoint is written to a
+temporary file in the run directory, flushed to disk and renamed over the old one (an interrupted
+write leaves the previous checkpoint intact), and it carries a SHA-256 checksum of its contents
+(every tensor's bytes, shapes and dtypes and every other value), which :func:`load_checkpoint`
+verifies: a damaged file is refused instead of silently giving other numbers.
+
+Ctrl-C (SIGINT) during a single-process run with a run directory does not stop in the middle of
+an update: the run finishes the current window, writes a checkpoint and raises
+:class:`TrainingInterrupted` (a ``KeyboardInterrupt``), which the command turns into a message
+with the ``--resume`` command.  A second Ctrl-C stops at once (the last checkpoint stays valid).
 
 Multi-process (``torchrun --nproc-per-node N rnn-ablations lm train …``; gloo on CPU, NCCL on
 GPU): process ``r`` takes the rows ``r·B/N … (r+1)·B/N − 1`` of every batch, and
@@ -29,9 +38,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
+import signal
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -45,9 +58,11 @@ from .configs import LMConfig
 from .data import Corpus, batchify, load_corpus
 from .model import LanguageModel
 
-__all__ = ["train_lm", "evaluate", "load_checkpoint", "model_from_checkpoint", "corpus_from_spec",
-           "truncate_train",
-           "corpus_fingerprint", "DistContext", "init_distributed", "CHECKPOINT", "RESULT"]
+__all__ = ["train_lm", "evaluate", "load_checkpoint", "verify_checkpoint", "model_from_checkpoint",
+           "corpus_from_spec", "truncate_train", "TrainingInterrupted",
+           "corpus_fingerprint", "DistContext", "init_distributed", "CHECKPOINT", "RESULT", "LOG"]
+
+_logger = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
@@ -55,6 +70,22 @@ LOG = "train.log"
 LOSSES = "losses.json"
 RUN_FILES = (CHECKPOINT, RESULT, LOG, LOSSES)
 FORMAT = "rnn_ablations.lm/1"
+#: key of the checksum in a checkpoint dict (SHA-256 of everything else, see :func:`_digest`)
+CHECKSUM = "sha256"
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped :func:`train_lm` between two windows, after writing a checkpoint.
+
+    ``run_dir``: the run directory; ``position``: ``(completed epochs, window, windows per
+    epoch)`` of the checkpoint."""
+
+    def __init__(self, run_dir: Path, position):
+        self.run_dir = Path(run_dir)
+        self.position = tuple(position)
+        epoch, step, size = self.position
+        super().__init__(f"interrupted: checkpoint {self.run_dir / CHECKPOINT} written at epoch "
+                         f"{epoch + 1}, window {step}/{size}")
 
 
 # ---------------------------------------------------------------------------- processes
@@ -216,7 +247,55 @@ def _long_range_positions(corpus: Corpus, split: str) -> Optional[torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------- checkpoints
+def _feed(h, obj) -> None:
+    """Hash ``obj`` (the checkpoint's value types) into ``h``, with a type tag before each value
+    so that different structures never hash alike."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k in sorted(obj, key=repr):
+            _feed(h, k)
+            _feed(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)}".encode())
+        for x in obj:
+            _feed(h, x)
+    elif obj is None or isinstance(obj, (bool, int, float, str)):
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+    else:
+        raise TypeError(f"cannot checksum a {type(obj).__name__} in a checkpoint")
+
+
+def _digest(ckpt: Dict) -> str:
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in ckpt.items() if k != CHECKSUM})
+    return h.hexdigest()
+
+
+def verify_checkpoint(ckpt: Dict, path) -> None:
+    """Check the checksum of a loaded checkpoint dict; ``ValueError`` when its contents differ
+    from what was written.  A checkpoint without a checksum (written by an earlier version) is
+    accepted with a warning."""
+    stored = ckpt.get(CHECKSUM)
+    if stored is None:
+        _logger.warning("%s has no checksum (written by an earlier version of rnn_ablations); "
+                        "its integrity cannot be verified", path)
+        return
+    if _digest(ckpt) != stored:
+        raise ValueError(
+            f"{str(path)!r} is damaged: its contents do not match the SHA-256 checksum stored when "
+            "it was written, so the file was changed or corrupted afterwards (disk, copy or "
+            "transfer error). It is refused because it would give other numbers; restore the file "
+            "from a good copy or train again (--overwrite)")
+
+
 def load_checkpoint(path) -> Dict:
+    """Load and verify (format and checksum) a checkpoint file or a run directory's
+    ``checkpoint.pt``."""
     p = Path(path)
     if p.is_dir():
         p = p / CHECKPOINT
@@ -226,23 +305,64 @@ def load_checkpoint(path) -> Dict:
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not ours"
-        raise ValueError(f"{str(p)!r} is not a readable rnn-ablations checkpoint ({exc})") from exc
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"{str(p)!r} could not be read as an rnn-ablations checkpoint: it is "
+                         f"damaged, truncated or another kind of file ({type(exc).__name__}: "
+                         f"{first})") from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{str(p)!r} is not an rnn-ablations language-model checkpoint "
                          f"(expected format {FORMAT!r})")
+    verify_checkpoint(ckpt, p)
     return ckpt
 
 
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return   # not supported here (e.g. Windows); the rename itself is atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, write: Callable) -> None:
+    """``write(binary file)`` into a temporary file beside ``path``, flush it to disk, then
+    rename it over ``path``: readers see the old file or the new one, never a partial one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
 def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    _write_atomic(path, lambda f: torch.save(obj, f))
+
+
+def _save_checkpoint(ckpt: Dict, path: Path) -> None:
+    """Add the checksum and write atomically."""
+    ckpt = dict(ckpt)
+    ckpt[CHECKSUM] = _digest(ckpt)
+    _save_atomic(ckpt, path)
 
 
 def _write_json(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    _write_atomic(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
 
 
 def model_from_checkpoint(ckpt: Dict, device=None) -> LanguageModel:
@@ -274,11 +394,16 @@ def _check_resume(ckpt: Dict, variant: str, cfg: LMConfig, seed: int, fingerprin
 
 
 def prepare_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber an existing run unless told to resume or overwrite."""
+    """Refuse to clobber an existing run unless told to resume or overwrite, and to resume a run
+    that does not exist."""
     if resume and overwrite:
         raise ValueError("give either --resume or --overwrite, not both")
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"--out {str(out_dir)!r} exists and is not a directory")
+    if resume and not out_dir.exists():
+        raise FileNotFoundError(
+            f"--resume: the run directory {str(out_dir)!r} does not exist, so there is nothing to "
+            "continue; check the path given to --out, or drop --resume to start a new run")
     existing = [f for f in RUN_FILES if (out_dir / f).exists()]
     if existing and not resume and not overwrite:
         raise FileExistsError(
@@ -291,15 +416,55 @@ def prepare_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- training
+class _DeferredInterrupt:
+    """While active, the first SIGINT (Ctrl-C) only sets :attr:`requested` (the training loop
+    checks it between windows); a second one raises ``KeyboardInterrupt`` at once.  Installed
+    only in the main thread, and only where SIGINT has Python's default handler."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        _logger.warning("Ctrl-C: finishing this window, then writing a checkpoint "
+                        "(press Ctrl-C again to stop at once)")
+
+    def __enter__(self):
+        if self.enabled and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        return False
+
+
+def _default_log(line: str) -> None:
+    _logger.info(line)
+
+
 def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
              corpus_spec: Optional[Dict] = None, seed: int = 0, ctx: Optional[DistContext] = None,
              resume: bool = False, overwrite: bool = False, checkpoint_every: int = 0,
              max_steps: Optional[int] = None, progress: bool = False,
-             log: Optional[Callable[[str], None]] = print, record_losses: bool = False,
+             log: Optional[Callable[[str], None]] = _default_log, record_losses: bool = False,
              evaluate_test: bool = True) -> Optional[Dict]:
     """Train one model; returns its result dict (``None`` when stopped by ``max_steps``, and on
     processes other than rank 0).  ``config`` is used as given (apply
-    :meth:`LMConfig.for_variant` beforehand for the papers' per-variant learning rates)."""
+    :meth:`LMConfig.for_variant` beforehand for the papers' per-variant learning rates).
+
+    ``out_dir`` receives ``checkpoint.pt``, ``train.log`` and ``result.json`` (also when stopped
+    by ``max_steps``: then ``"complete": false`` and the validation perplexity at that point);
+    ``resume`` continues the run there (the directory must exist).  ``log`` receives the
+    progress lines (default: the ``rnn_ablations.lm.trainer`` logger at INFO level; ``None``:
+    nothing).  Ctrl-C in a single process with ``out_dir`` raises :class:`TrainingInterrupted`
+    after checkpointing."""
     v = get_variant(variant)
     cfg = config
     ctx = ctx or DistContext()
@@ -308,13 +473,16 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
     for name, val in (("checkpoint_every", checkpoint_every),):
         if isinstance(val, bool) or not isinstance(val, int) or val < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
-    if max_steps is not None and (not isinstance(max_steps, int) or max_steps <= 0):
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
+                                  or max_steps <= 0):
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
     if cfg.batch_size % ctx.world_size:
         raise ValueError(f"batch size {cfg.batch_size} is not divisible by the {ctx.world_size} "
                          "processes; every process must hold as many rows")
     if corpus.valid is None:
         raise ValueError("the corpus has no valid split")
+    if resume and out_dir is None:
+        raise ValueError("resume needs the run directory (out_dir) to continue")
     say = (log if (log is not None and ctx.is_main) else (lambda s: None))
     out = Path(out_dir) if out_dir is not None else None
     fingerprint = corpus_fingerprint(corpus)
@@ -329,6 +497,8 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
             if ckpt.get("done"):
                 say(f"{v.name}: {out} is complete; using its result")
                 return ckpt["result"] if ctx.is_main else None
+        elif resume:
+            say(f"{v.name}: {out} holds no checkpoint yet; starting from the beginning")
 
     device = ctx.device
     T, B = cfg.num_steps, cfg.batch_size
@@ -366,7 +536,6 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
             state = (h[:, lo:hi].to(device), c[:, lo:hi].to(device))
         if ctx.is_main:
             partial = ckpt["partial"].clone()
-        say(f"{v.name}: resuming {out} at epoch {epoch + 1}, window {step}/{epoch_size}")
 
     net = model
     if ctx.distributed:
@@ -377,11 +546,26 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
     wall_start = time.perf_counter()
     n_rec = model.recurrent_parameters()
     n_all = sum(p.numel() for p in params)
+
+    bar = None
+
+    def append_log(line: str) -> None:
+        if bar is not None:
+            bar.clear()
+        say(line)
+        if bar is not None:
+            bar.refresh()
+        if out is not None and ctx.is_main:
+            with open(out / LOG, "a") as f:
+                f.write(line + "\n")
+
     if ckpt is None:
-        say(f"{v.name} ({v.paper_name}): config {cfg.name} — {cfg.num_layers} × {cfg.hidden_size}, "
-            f"{n_rec:,} recurrent / {n_all:,} parameters; {corpus.summary()}; "
-            f"{epoch_size} windows of {B} × {T} per epoch"
-            + (f"; {ctx.world_size} processes" if ctx.distributed else ""))
+        append_log(f"{v.name} ({v.paper_name}): config {cfg.name} — {cfg.num_layers} × "
+                   f"{cfg.hidden_size}, {n_rec:,} recurrent / {n_all:,} parameters; "
+                   f"{corpus.summary()}; {epoch_size} windows of {B} × {T} per epoch"
+                   + (f"; {ctx.world_size} processes" if ctx.distributed else ""))
+    else:
+        append_log(f"{v.name}: resuming {out} at epoch {epoch + 1}, window {step}/{epoch_size}")
 
     def checkpoint(done: bool = False, result: Optional[Dict] = None) -> None:
         st = None
@@ -390,7 +574,7 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
         part = ctx.all_sum(partial)
         if out is None or not ctx.is_main:
             return
-        _save_atomic({
+        _save_checkpoint({
             "format": FORMAT, "variant": v.name, "config": cfg.to_dict(), "seed": seed,
             "corpus": {"fingerprint": fingerprint, "source": corpus.source,
                        "spec": corpus_spec, "vocab_size": len(corpus.vocab)},
@@ -405,91 +589,135 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
         if record_losses:
             _write_json(losses, out / LOSSES)
 
-    def append_log(line: str) -> None:
-        say(line)
-        if out is not None and ctx.is_main:
-            with open(out / LOG, "a") as f:
-                f.write(line + "\n")
+    interrupt = _DeferredInterrupt(enabled=out is not None and not ctx.distributed)
+
+    def stop_if_interrupted() -> None:
+        if interrupt.requested:
+            checkpoint()
+            if bar is not None:
+                bar.close()
+            append_log(f"{v.name}: interrupted (Ctrl-C) at epoch {epoch + 1}, window "
+                       f"{step}/{epoch_size}; checkpoint written")
+            raise TrainingInterrupted(out, (epoch, step, epoch_size))
+
+    # one progress bar for the whole run (or up to max_steps): its ETA is the run's
+    total_windows = cfg.epochs * epoch_size
+    if max_steps is not None:
+        total_windows = min(total_windows, max_steps)
+    if progress and ctx.is_main and global_step < total_windows:
+        from tqdm import tqdm
+        bar = tqdm(total=total_windows, initial=global_step, unit="win", leave=False,
+                   disable=None, file=sys.stderr, dynamic_ncols=True,
+                   desc=f"{v.name} epoch {epoch + 1}/{cfg.epochs}")
 
     stopped = False
-    while epoch < cfg.epochs and not stopped:
-        lr = cfg.lr_at_epoch(epoch + 1)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        model.train()
-        if step == 0:
-            state = model.init_state(b_local)
-            partial = torch.zeros(2, dtype=torch.float64)
-        bar = None
-        if progress and ctx.is_main:
-            from tqdm import tqdm
-            bar = tqdm(total=epoch_size, initial=step, desc=f"{v.name} epoch {epoch + 1}/{cfg.epochs}",
-                       unit="win", leave=False, disable=None, file=sys.stderr, dynamic_ncols=True)
-        t_epoch = time.perf_counter()
-        words_epoch = 0
-        while step < epoch_size:
-            t0 = time.perf_counter()
-            x = rows[:, step * T:(step + 1) * T].t()
-            y = rows[:, step * T + 1:(step + 1) * T + 1].t()
-            logits, new_state = net(x, state, generator=gen, rows=(lo, hi, B))
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                 reduction="none").view(T, b_local)
-            loss = ce.mean(dim=1).sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
-            state = (new_state[0].detach(), new_state[1].detach())
-            tok_loss = loss.detach().double() / T
-            partial += torch.stack([tok_loss.cpu() * (T * b_local),
-                                    torch.tensor(float(T * b_local), dtype=torch.float64)])
-            if record_losses:
-                losses.append(float(ctx.all_sum(tok_loss.cpu())) / ctx.world_size)
-            step += 1
-            global_step += 1
-            dt = time.perf_counter() - t0
-            train_time += dt
-            train_words += T * B
-            words_epoch += T * B
+    with interrupt:
+        while epoch < cfg.epochs and not stopped:
+            lr = cfg.lr_at_epoch(epoch + 1)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            model.train()
+            if step == 0:
+                state = model.init_state(b_local)
+                partial = torch.zeros(2, dtype=torch.float64)
             if bar is not None:
-                bar.update(1)
-                if step % 10 == 0 or step == epoch_size:
-                    bar.set_postfix(ppl=f"{math.exp(min(float(partial[0] / partial[1]), 700)):.2f}",
-                                    wps=f"{train_words / max(train_time, 1e-9):,.0f}")
-            at_limit = max_steps is not None and global_step >= max_steps
-            if step < epoch_size and ((checkpoint_every and global_step % checkpoint_every == 0)
-                                      or at_limit):
-                checkpoint()
-            if at_limit and step < epoch_size:
-                stopped = True
+                bar.set_description(f"{v.name} epoch {epoch + 1}/{cfg.epochs}", refresh=False)
+            t_epoch = time.perf_counter()
+            words_epoch = 0
+            while step < epoch_size:
+                stop_if_interrupted()
+                t0 = time.perf_counter()
+                x = rows[:, step * T:(step + 1) * T].t()
+                y = rows[:, step * T + 1:(step + 1) * T + 1].t()
+                logits, new_state = net(x, state, generator=gen, rows=(lo, hi, B))
+                ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                     reduction="none").view(T, b_local)
+                loss = ce.mean(dim=1).sum()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                opt.step()
+                state = (new_state[0].detach(), new_state[1].detach())
+                tok_loss = loss.detach().double() / T
+                partial += torch.stack([tok_loss.cpu() * (T * b_local),
+                                        torch.tensor(float(T * b_local), dtype=torch.float64)])
+                if record_losses:
+                    losses.append(float(ctx.all_sum(tok_loss.cpu())) / ctx.world_size)
+                step += 1
+                global_step += 1
+                dt = time.perf_counter() - t0
+                train_time += dt
+                train_words += T * B
+                words_epoch += T * B
+                if bar is not None:
+                    bar.update(1)
+                    if step % 10 == 0 or step == epoch_size:
+                        bar.set_postfix(
+                            ppl=f"{math.exp(min(float(partial[0] / partial[1]), 700)):.2f}",
+                            wps=f"{train_words / max(train_time, 1e-9):,.0f}")
+                at_limit = max_steps is not None and global_step >= max_steps
+                if step < epoch_size and ((checkpoint_every and global_step % checkpoint_every == 0)
+                                          or at_limit):
+                    checkpoint()
+                if at_limit and step < epoch_size:
+                    stopped = True
+                    break
+            if stopped:
                 break
-        if bar is not None:
-            bar.close()
-        if stopped:
-            break
-        # end of an epoch
-        epoch += 1
-        step = 0
-        tot = ctx.all_sum(partial)
-        train_ppl = math.exp(min(float(tot[0] / tot[1]), 700.0))
-        valid = None
+            # end of an epoch
+            epoch += 1
+            step = 0
+            tot = ctx.all_sum(partial)
+            train_ppl = math.exp(min(float(tot[0] / tot[1]), 700.0))
+            valid = None
+            if ctx.is_main:
+                valid = evaluate(model, corpus.valid, cfg.eval_batch_size, T, device)
+            ctx.barrier()
+            rec = {"epoch": epoch, "lr": lr, "train_ppl": train_ppl,
+                   "valid_ppl": valid["ppl"] if valid else None,
+                   "words_per_sec": words_epoch / max(time.perf_counter() - t_epoch, 1e-9),
+                   "train_words_per_sec": train_words / max(train_time, 1e-9)}
+            history.append(rec)
+            if ctx.is_main:
+                append_log(f"{v.name} epoch {epoch}/{cfg.epochs}  lr {lr:.4g}  train ppl "
+                           f"{train_ppl:.2f}  valid ppl {valid['ppl']:.2f}  "
+                           f"{rec['train_words_per_sec']:,.0f} words/s")
+            state = None
+            checkpoint()
+            if max_steps is not None and global_step >= max_steps and epoch < cfg.epochs:
+                stopped = True
+            elif epoch < cfg.epochs:
+                stop_if_interrupted()
+    if bar is not None:
+        bar.close()
+        bar = None
+
+    if stopped:
+        partial_result = None
+        tot = ctx.all_sum(partial) if step > 0 else None
         if ctx.is_main:
             valid = evaluate(model, corpus.valid, cfg.eval_batch_size, T, device)
+            partial_result = {
+                "complete": False, "variant": v.name, "paper_name": v.paper_name,
+                "config": cfg.name, "hyper_parameters": cfg.to_dict(), "seed": seed,
+                "recurrent_params": n_rec, "total_params": n_all, "epochs": cfg.epochs,
+                "stopped_by": "max_steps", "max_steps": max_steps, "global_step": global_step,
+                "epochs_completed": epoch, "window_in_epoch": step, "windows_per_epoch": epoch_size,
+                "train_ppl_this_epoch": (math.exp(min(float(tot[0] / tot[1]), 700.0))
+                                         if tot is not None else None),
+                "valid_ppl": valid["ppl"], "test_ppl": None,
+                "train_words_per_sec": train_words / max(train_time, 1e-9),
+                "train_time_s": train_time,
+                "wall_time_s": wall_before + time.perf_counter() - wall_start,
+                "corpus": corpus.source, "vocab_size": len(corpus.vocab),
+                "processes": ctx.world_size, "device": str(device), "history": history,
+            }
+            append_log(f"{v.name}: stopped after {global_step} windows (max_steps; epoch "
+                       f"{epoch + 1 if step else epoch}, window {step or epoch_size}/{epoch_size}), "
+                       f"valid ppl now {valid['ppl']:.2f}; continue with --resume")
+            if out is not None:
+                _write_json(partial_result, out / RESULT)
         ctx.barrier()
-        rec = {"epoch": epoch, "lr": lr, "train_ppl": train_ppl,
-               "valid_ppl": valid["ppl"] if valid else None,
-               "words_per_sec": words_epoch / max(time.perf_counter() - t_epoch, 1e-9),
-               "train_words_per_sec": train_words / max(train_time, 1e-9)}
-        history.append(rec)
-        if ctx.is_main:
-            append_log(f"{v.name} epoch {epoch}/{cfg.epochs}  lr {lr:.4g}  train ppl {train_ppl:.2f}  "
-                       f"valid ppl {valid['ppl']:.2f}  {rec['train_words_per_sec']:,.0f} words/s")
-        state = None
-        checkpoint()
-        if max_steps is not None and global_step >= max_steps and epoch < cfg.epochs:
-            stopped = True
-    if stopped:
-        say(f"{v.name}: stopped after {global_step} windows (max_steps); continue with --resume")
         return None
 
     result = None
@@ -504,6 +732,7 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
             test = evaluate(model, corpus.test, cfg.eval_batch_size, T, device,
                             _long_range_positions(corpus, "test"))
         result = {
+            "complete": True,
             "variant": v.name, "paper_name": v.paper_name, "config": cfg.name,
             "hyper_parameters": cfg.to_dict(), "seed": seed,
             "recurrent_params": n_rec, "total_params": n_all,
@@ -514,7 +743,8 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
             "train_words_per_sec": train_words / max(train_time, 1e-9),
             "train_time_s": train_time,
             "wall_time_s": wall_before + time.perf_counter() - wall_start,
-            "corpus": corpus.source, "has_test": corpus.test is not None,
+            "corpus": corpus.source, "vocab_size": len(corpus.vocab),
+            "has_test": corpus.test is not None,
             "processes": ctx.world_size, "device": str(device),
             "threads": torch.get_num_threads(), "history": history,
         }

@@ -6,6 +6,7 @@ import json
 import os
 
 from .core import DIRECTIONS
+from .plot import DEFAULT_SCALE, READABLE_WORDS, SCALES
 
 __all__ = ["add_subparser", "run"]
 
@@ -28,7 +29,13 @@ examples:
       --layer 1 --direction forward --out fig.png
   rnn-ablations visualize --model bidaf/model.tar.gz --encoder phrase_layer \\
       --text "The cat sat on the mat ." --out fig.png --json fig.json
-"""
+  rnn-ablations visualize --model runs/ptb_ran --text "$(cat long.txt)" --span 40:80 --out fig.png
+
+long texts: a figure of more than %d positions is not readable, so --out then needs --span
+START:END (positions START to END-1, 0-based, as the printed arrows number them); the model still
+reads the whole text. --json alone has no limit. A figure's size is bounded whatever the span
+(at most 40 megapixels: --dpi is lowered when needed).
+""" % READABLE_WORDS
 
 
 def add_subparser(subparsers) -> None:
@@ -54,7 +61,17 @@ def add_subparser(subparsers) -> None:
                    help="layer of the encoder, 0-based (default 0: the layer that reads the words)")
     p.add_argument("--direction", choices=DIRECTIONS, default=None,
                    help="default: both for a bidirectional encoder, forward otherwise")
-    p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    p.add_argument("--json", metavar="FILE",
+                   help="also write the numbers as JSON (the raw norms, for the whole text)")
+    p.add_argument("--span", metavar="START:END", default=None,
+                   help="draw only the positions START to END-1 of the text (0-based; needed for "
+                        f"a figure of a text longer than {READABLE_WORDS} positions)")
+    p.add_argument("--scale", choices=SCALES, default=DEFAULT_SCALE,
+                   help="colour scale of the heat map: log (default; shows the long-range weights "
+                        "next to the much larger diagonal), row (each context word's row divided "
+                        "by its largest value: how long a word is kept), column (each current "
+                        "word's column divided by its largest value: what its memory holds), "
+                        "linear (the raw norm)")
     p.add_argument("--dpi", type=int, default=150, help="resolution of raster figures (default 150)")
     p.set_defaults(func=run)
 
@@ -76,17 +93,60 @@ def run(args) -> int:
             raise ValueError(f"--out must end in .png, .pdf, .svg or .jpg, got {args.out!r}")
     if args.dpi <= 0:
         raise ValueError(f"--dpi must be positive, got {args.dpi}")
+    span = _parse_span(args.span) if args.span is not None else None
+    if span is not None and not args.out:
+        raise ValueError("--span selects what the figure draws: give --out too (--json always "
+                         "has the whole text)")
     wm = visualize_model(args.model, args.text, encoder=args.encoder, layer=args.layer,
                          direction=args.direction)
+    drawn = None
+    if args.out:
+        T = len(wm.words)
+        if span is not None:
+            start, end = span
+            if end is None:
+                end = T
+            if not 0 <= start < end <= T:
+                raise ValueError(f"--span {args.span}: the text has {T} positions (0 to {T - 1}); "
+                                 f"give START:END with 0 <= START < END <= {T}")
+            drawn = wm.window(start, end)
+        elif T > READABLE_WORDS:
+            raise ValueError(
+                f"the text has {T} positions; a figure of more than {READABLE_WORDS} is not "
+                f"readable. Draw a span of it with --span START:END (e.g. --span 0:{READABLE_WORDS}; "
+                "positions are 0-based, END excluded, numbered as the printed arrows; the model "
+                "still reads the whole text), or leave out --out and write the numbers of the whole "
+                "text with --json FILE")
+        else:
+            drawn = wm
+        if len(drawn.words) > READABLE_WORDS:
+            raise ValueError(f"--span {args.span} has {len(drawn.words)} positions; a figure can "
+                             f"show at most {READABLE_WORDS} readably: choose a shorter span")
     print(f"{wm.source.get('kind')}: {wm.source.get('path')}, encoder {wm.source.get('encoder')}")
     if wm.source.get("unknown_words"):
         print(f"not in the vocabulary (embedded as <unk>): {wm.source['unknown_words']}")
     print(wm.arrows_text())
     if args.out:
-        plot_weight_map(wm, args.out, dpi=args.dpi)
-        print(f"wrote {args.out}")
+        plot_weight_map(drawn, args.out, dpi=args.dpi, scale=args.scale)
+        print(f"wrote {args.out}" + (f" ({drawn.source['span']})" if span is not None else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(wm.to_dict(), f, indent=1)
         print(f"wrote {args.json}")
     return 0
+
+
+def _parse_span(text: str):
+    """``"START:END"`` (END may be empty: to the end) -> ``(start, end or None)``."""
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        start = int(parts[0]) if parts[0].strip() else 0
+        end = int(parts[1]) if parts[1].strip() else None
+    except ValueError:
+        raise ValueError(f"--span must be START:END with integer positions (0-based, END "
+                         f"excluded), e.g. --span 0:100; got {text!r}") from None
+    if start < 0 or (end is not None and end <= start):
+        raise ValueError(f"--span {text}: need 0 <= START < END")
+    return start, end

@@ -25,6 +25,7 @@ from ..variants import VARIANTS, get_variant
 __all__ = ["DirectionWeights", "WeightMap", "weight_map", "resolve_directions", "DIRECTIONS"]
 
 DIRECTIONS = ("forward", "backward", "both")
+_BLOCK = 32      # rows of the weights converted to float64 at a time
 
 
 @dataclasses.dataclass
@@ -87,6 +88,36 @@ class WeightMap:
                 "arrow_weights": [d.arrow_weight(t) for t in range(len(self.words))],
             }
         return out
+
+    def window(self, start: int, end: int) -> "WeightMap":
+        """The positions ``start … end − 1`` only, for the figure of a span of a long text.  The
+        weights and arrows are those of the whole text (the model read all of it); an arrow
+        whose target lies outside the span is left out of the window (``source["span"]`` says
+        how many)."""
+        T = len(self.words)
+        for name, v in (("start", start), ("end", end)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"span {name} must be an integer, got {v!r}")
+        if not 0 <= start < end <= T:
+            raise ValueError(f"span {start}:{end} is not within the text's {T} positions; give "
+                             f"START:END with 0 <= START < END <= {T} (END excluded)")
+        dirs: Dict[str, DirectionWeights] = {}
+        outside = 0
+        for name, d in self.directions.items():
+            arrows: List[Optional[int]] = []
+            for v in d.arrows[start:end]:
+                if v is not None and not start <= v < end:
+                    outside += 1
+                    v = None
+                arrows.append(None if v is None else v - start)
+            dirs[name] = DirectionWeights(
+                name, [row[start:end] for row in d.norms[start:end]],
+                [row[start:end] for row in d.max_weights[start:end]], arrows)
+        source = dict(self.source)
+        source["span"] = (f"positions {start}-{end - 1} of 0-{T - 1}"
+                          + (f"; {outside} arrow(s) to words outside the span not drawn"
+                             if outside else ""))
+        return WeightMap(list(self.words[start:end]), self.variant, self.layer, dirs, source)
 
     def arrows_text(self) -> str:
         """The arrows of Figure 1 as text, one line per word."""
@@ -178,10 +209,17 @@ def weight_map(rnn: AblatedRNN, inputs: torch.Tensor, words: Sequence[str], laye
     T = len(words)
     result: Dict[str, DirectionWeights] = {}
     for d in dirs:
-        ws = weighted_sum(rnn, x, layer=layer, direction=d)
-        w = ws.weights[0].double()                  # [t, j, m] = w_j^t(m)
-        norms = w.norm(dim=-1).t().contiguous()      # [j, t]
-        maxw = w.max(dim=-1).values.t().contiguous()
+        w = weighted_sum(rnn, x, layer=layer, direction=d).weights[0]   # [t, j, m] = w_j^t(m)
+        # reduced over m in blocks of rows, in float64: no float64 copy of the T × T × H weights
+        norms = torch.empty(T, T, dtype=torch.float64)
+        maxw = torch.empty(T, T, dtype=torch.float64)
+        for a in range(0, T, _BLOCK):
+            blk = w[a:a + _BLOCK].double().cpu()
+            norms[a:a + _BLOCK] = blk.norm(dim=-1)
+            maxw[a:a + _BLOCK] = blk.max(dim=-1).values
+        del w, blk
+        norms = norms.t().contiguous()               # [j, t]
+        maxw = maxw.t().contiguous()
         arrows: List[Optional[int]] = []
         for t in range(T):
             cand = range(t) if d == 0 else range(t + 1, T)

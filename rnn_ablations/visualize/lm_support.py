@@ -33,12 +33,14 @@ def is_run_dir(path) -> bool:
 
 def load(path, obj) -> Tuple[torch.nn.Module, object]:
     from ..lm.data import UNK, Vocabulary
-    from ..lm.trainer import model_from_checkpoint
+    from ..lm.trainer import model_from_checkpoint, verify_checkpoint
     from .loaders import Embedded
 
     if obj.get("format") != _format():
         raise ValueError(f"{path} is a language-model checkpoint of format {obj.get('format')!r}; "
                          f"this version reads {_format()!r}")
+    ckpt_file = Path(path) / CHECKPOINT_NAME if Path(path).is_dir() else Path(path)
+    verify_checkpoint(obj, ckpt_file)      # the checksum: a damaged file is refused
     model = model_from_checkpoint(obj).eval()
     vocab = Vocabulary(obj["vocab"])
 

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import os
 import tarfile
+import zlib
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -84,6 +85,35 @@ def _is_lm_checkpoint(obj) -> bool:
     return lm_support.is_lm_checkpoint(obj)
 
 
+_DAMAGED_ARCHIVE = (EOFError, tarfile.TarError, zlib.error, OSError)
+
+
+def _looks_compressed(path: str) -> bool:
+    """gzip, bzip2 or xz magic bytes (an archive, even a damaged one)."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return head.startswith(b"\x1f\x8b") or head.startswith(b"BZh") or \
+        head.startswith(b"\xfd7zXZ\x00")
+
+
+def _damaged_archive(path: str, exc: BaseException) -> ValueError:
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ValueError(f"{path} is a damaged or truncated archive ({type(exc).__name__}: {detail}); "
+                      f"it cannot be read to its end. Copy or download the model archive again "
+                      f"(compare its size with the original's), or point --model at the "
+                      f"serialization directory it was made from")
+
+
+def _tar_members(path: str):
+    """The normalised member names of a tar archive, reading it to its end (so a truncated
+    archive is reported here, not later by the framework)."""
+    try:
+        with tarfile.open(path) as tar:
+            return {os.path.normpath(m.name) for m in tar.getmembers()}
+    except _DAMAGED_ARCHIVE as exc:
+        raise _damaged_archive(path, exc) from None
+
+
 def detect_kind(path) -> Tuple[str, object]:
     """``(kind, loaded checkpoint or None)`` for ``path``; ``ValueError`` when it is none."""
     path = os.fspath(path)
@@ -97,15 +127,22 @@ def detect_kind(path) -> Tuple[str, object]:
             return ALLENNLP, None
         from . import lm_support
         if lm_support.is_run_dir(path):
-            obj = _torch_load(os.path.join(path, lm_support.CHECKPOINT_NAME))
+            ckpt_path = os.path.join(path, lm_support.CHECKPOINT_NAME)
+            try:
+                with torch.serialization.safe_globals([argparse.Namespace]):
+                    obj = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - any failure: the file is not readable
+                detail = str(exc).splitlines()[0] if str(exc) else ""
+                raise ValueError(f"{ckpt_path} (the checkpoint of the language-model run directory "
+                                 f"{path}) could not be read: it is damaged or truncated "
+                                 f"({type(exc).__name__}: {detail})") from None
             if lm_support.is_lm_checkpoint(obj):
                 return LM, obj
         raise ValueError(f"directory {path} is neither an AllenNLP serialization directory (it has no "
                          f"config.json with weights.th or best.th, nor model.tar.gz) nor a "
                          f"language-model run directory (no checkpoint.pt); expected {_EXPECTED}")
-    if tarfile.is_tarfile(path):
-        with tarfile.open(path) as tar:
-            members = {os.path.normpath(m.name) for m in tar.getmembers()}
+    if _looks_compressed(path) or tarfile.is_tarfile(path):
+        members = _tar_members(path)
         if "config.json" in members and "weights.th" in members:
             return ALLENNLP, None
         raise ValueError(f"{path} is a tar archive but not an AllenNLP model archive (it lacks "
@@ -162,6 +199,10 @@ def _load_allennlp(path: str) -> LoadedModel:
         archive = load_archive(path)
     except ConfigurationError as exc:
         raise ValueError(f"could not load the AllenNLP archive {path}: {exc}") from exc
+    except _DAMAGED_ARCHIVE as exc:
+        if not os.path.isdir(path) and (_looks_compressed(path) or tarfile.is_tarfile(path)):
+            raise _damaged_archive(path, exc) from None
+        raise
     model = archive.model.eval()
     reader = archive.validation_dataset_reader or archive.dataset_reader
 
