@@ -18,6 +18,10 @@
 #           GPU_CHECK_CORE_K=EXPR runs only the tests that pytest -k EXPR selects).
 # Without a CUDA device the CUDA steps are skipped (said so) and the script still exits 0 when
 # what ran passed.  PYTHON picks the interpreter (default python3).
+# Time: the steps share GPU_CHECK_BUDGET seconds (default 170): each runs under the smaller of
+# its own limit and what is left, and a step that would start with under 15 s left is skipped
+# (said so in the summary).  GPU_CHECK_STEPS picks the steps (default: all, in this order:
+# build tests speed nographs tests_nographs experiments core).
 set -o pipefail
 out=${1:-benchmarks/results}
 mkdir -p "$out"
@@ -26,12 +30,21 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 declare -a summary
 failed=0
 t_start=$(date +%s)
+budget=${GPU_CHECK_BUDGET:-170}
+steps=" ${GPU_CHECK_STEPS:-build tests speed nographs tests_nographs experiments core} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 note() { summary+=("$1"); echo "== $1"; }
 step() {  # step NAME LIMIT_S LOG CMD...: run CMD under a time limit, log it, record the result
     local name=$1 limit=$2 log=$3
     shift 3
-    local t0 rc
+    local t0 rc left
     t0=$(date +%s)
+    left=$(( budget - (t0 - t_start) ))
+    if [ "$left" -lt 15 ]; then
+        note "SKIP  $name: the time budget (GPU_CHECK_BUDGET=${budget} s) is spent"
+        return 0
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$log"
     rc=$?
     local took=$(( $(date +%s) - t0 ))
@@ -59,7 +72,7 @@ else:
 EOF
 has_cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 
-if [ "$has_cuda" = 1 ]; then
+if [ "$has_cuda" = 1 ] && want build; then
     if "$py" -c "import rnn_ablations._C_cuda" 2>/dev/null; then
         note "SKIP  build: rnn_ablations._C_cuda is importable already"
     else
@@ -70,29 +83,31 @@ if [ "$has_cuda" = 1 ]; then
         "$py" -c "import rnn_ablations._C_cuda" 2>&1 | tee -a "$out/gpu_build.log" \
             || note "FAIL  build: rnn_ablations._C_cuda does not import (see $out/gpu_build.log)"
     fi
-else
+elif [ "$has_cuda" != 1 ]; then
     note "SKIP  build, CUDA tests with graphs off, speed: no CUDA device"
 fi
 
 xdist=()
 if "$py" -c "import xdist" 2>/dev/null && [ "$has_cuda" = 1 ]; then xdist=(-n 4); fi
-step "tests/test_cuda.py, CUDA graphs on" 150 gpu_tests.log \
+want tests && step "tests/test_cuda.py, CUDA graphs on" 90 gpu_tests.log \
     "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py
 if [ "$has_cuda" = 1 ]; then
-    RNN_ABLATIONS_CUDA_GRAPHS=0 step "tests/test_cuda.py kernel tests, CUDA graphs off" 120 \
-        gpu_tests_nographs.log "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" \
-        tests/test_cuda.py -k "kernel or half or autocast or gradcheck or caller"
-    step "speed, standard shapes, graphs on" 120 gpu_speed.log \
+    want speed && step "speed, standard shapes, graphs on" 60 gpu_speed.log \
         "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on --name speed_cuda \
         --dtype float32 bfloat16 float16 autocast-bfloat16 --out "$out"
-    step "speed, standard shapes, graphs off" 90 gpu_speed_nographs.log \
+    want nographs && step "speed, standard shapes, graphs off" 40 gpu_speed_nographs.log \
         "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs off \
-        --name speed_cuda_nographs --dtype float32 bfloat16 --out "$out"
-    step "speed, experiments' shapes" 150 gpu_speed_experiments.log \
+        --name speed_cuda_nographs --dtype float32 bfloat16 --variants ran lstm --out "$out"
+    want tests_nographs && RNN_ABLATIONS_CUDA_GRAPHS=0 \
+        step "tests/test_cuda.py kernel tests, CUDA graphs off" 60 gpu_tests_nographs.log \
+        "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" tests/test_cuda.py \
+        -k "kernel or half or autocast or gradcheck or caller"
+    want experiments && step "speed, experiments' shapes" 90 gpu_speed_experiments.log \
         "$py" benchmarks/speed.py --device cuda --repeats 5 --cuda-graphs on --shapes experiments \
-        --name speed_cuda_experiments --dtype float32 bfloat16 --out "$out"
+        --name speed_cuda_experiments --dtype float32 bfloat16 --variants ran lstm_minus_srnn lstm \
+        --out "$out"
 fi
-if [ "${GPU_CHECK_CORE:-1}" = 1 ]; then
+if want core && [ "${GPU_CHECK_CORE:-1}" = 1 ]; then
     deselect=()
     if ! "$py" -c "import rnn_ablations._C" 2>/dev/null; then
         deselect=(--deselect tests/test_core.py::test_kernel_is_built)

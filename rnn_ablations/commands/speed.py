@@ -200,10 +200,6 @@ def run(args) -> int:
     if args.cuda_graphs is not None:
         set_cuda_graphs(args.cuda_graphs == "on")
     shapes = EXPERIMENT_SHAPES if args.shapes == "experiments" else None
-    rows = []
-    for d in args.dtype:
-        rows += measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
-                        device=args.device, clock=args.clock, dtype=d, shapes=shapes)
     machine = _machine()
     cuda_info = None
     if args.device != "cpu":
@@ -216,28 +212,40 @@ def run(args) -> int:
     else:
         shape_text = ("the experiments' shapes (layers, d_in, H, bi, B, T), batch_first, "
                       f"{', '.join(args.dtype)}")
+    rows: List[Dict] = []
     meta = {"machine": machine, "device": args.device, "kernel": kernel_available(),
             "backend": get_backend(), "dtypes": list(args.dtype),
             "clock": args.clock, "threads": torch.get_num_threads(),
             "shapes": shape_text, "repeats": args.repeats, "rows": rows}
     if cuda_info is not None:
         meta["cuda_machine"] = cuda_info
-    table = format_table(rows)
     print(f"# speed vs torch.nn.LSTM ({meta['shapes']}; median of {args.repeats} interleaved rounds; "
           f"{args.clock} clock, {meta['threads']} thread(s))")
     print(f"# machine: {meta['machine']}; fused kernel: {meta['kernel']}")
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = args.name or (f"speed_{args.clock}_{meta['threads']}t" if args.device == "cpu"
-                             else f"speed_{args.device.replace(':', '')}")
-        (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
-        (out / f"{stem}.md").write_text(
-            f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}; median of {args.repeats} "
-            f"interleaved rounds; {args.clock} clock, {meta['threads']} thread(s)\n\n{table}\n")
-        print(f"# wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
+    for d in args.dtype:  # the files are rewritten after each dtype (a cut-off run keeps its rows)
+        rows += measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
+                        device=args.device, clock=args.clock, dtype=d, shapes=shapes)
+        if args.out:
+            _write(args, meta, rows, d == args.dtype[-1])
+    print(format_table(rows))
     return 0
+
+
+def _write(args, meta, rows, last: bool) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or (f"speed_{args.clock}_{meta['threads']}t" if args.device == "cpu"
+                         else f"speed_{args.device.replace(':', '')}")
+    done = sorted({r["dtype"] for r in rows}, key=list(args.dtype).index)
+    meta = dict(meta, dtypes_done=done)
+    table = format_table(rows)
+    (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+    (out / f"{stem}.md").write_text(
+        f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}; median of {args.repeats} "
+        f"interleaved rounds; {args.clock} clock, {meta['threads']} thread(s)"
+        + ("" if last else f"; so far: {', '.join(done)}") + f"\n\n{table}\n")
+    if last:
+        print(f"# wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
 
 
 def add_subparser(subparsers) -> None:
