@@ -5,7 +5,11 @@
 # OUT_DIR; a summary at the end says which step failed; exit status 1 if any did):
 #   build   the CUDA kernel in place (rnn_ablations/_C_cuda*.so) with this machine's torch and
 #           nvcc, for this GPU's architecture only (the CPU kernel is not built:
-#           RNN_ABLATIONS_NO_KERNEL=1), unless it is importable already;
+#           RNN_ABLATIONS_NO_KERNEL=1), unless it is importable already and its stamp
+#           build/cuda_sources.stamp (a hash of csrc/ and setup.py, written after a build)
+#           matches the sources: a module built elsewhere for the same Python and torch can be
+#           carried in with its stamp to save the build's minute (GPU_CHECK_STAMP_ONLY=1 bash
+#           benchmarks/gpu_check.sh writes the stamp of the current sources and exits);
 #   tests   tests/test_cuda.py with CUDA graphs on (the default), then the kernel tests again
 #           with RNN_ABLATIONS_CUDA_GRAPHS=0;
 #   speed   speed_cuda.{json,md}: B=32, T=64, H=256/650, one layer, every variant against cuDNN's
@@ -72,16 +76,28 @@ else:
 EOF
 has_cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 
+# the sources a _C_cuda build comes from: a prebuilt module (carried in) is used only when its
+# stamp build/cuda_sources.stamp matches them
+src_hash=$(cat rnn_ablations/csrc/*.cu rnn_ablations/csrc/*.h setup.py 2>/dev/null | sha256sum | cut -c1-16)
+if [ "${GPU_CHECK_STAMP_ONLY:-0}" = 1 ]; then
+    mkdir -p build && echo "$src_hash" > build/cuda_sources.stamp && echo "stamp $src_hash" && exit 0
+fi
 if [ "$has_cuda" = 1 ] && want build; then
-    if "$py" -c "import rnn_ablations._C_cuda" 2>/dev/null; then
-        note "SKIP  build: rnn_ablations._C_cuda is importable already"
+    if "$py" -c "import rnn_ablations._C_cuda" 2>/dev/null \
+            && [ "$(cat build/cuda_sources.stamp 2>/dev/null)" = "$src_hash" ]; then
+        note "SKIP  build: rnn_ablations._C_cuda is importable and built from these sources ($src_hash)"
     else
+        rm -f rnn_ablations/_C_cuda*.so build/cuda_sources.stamp
         # this GPU's architecture only (a build for every architecture takes several times longer)
         arch=$("$py" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
         TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} RNN_ABLATIONS_NO_KERNEL=1 MAX_JOBS=8 \
             step "build (sm ${arch})" 240 gpu_build.log "$py" setup.py -q build_ext --inplace
-        "$py" -c "import rnn_ablations._C_cuda" 2>&1 | tee -a "$out/gpu_build.log" \
-            || note "FAIL  build: rnn_ablations._C_cuda does not import (see $out/gpu_build.log)"
+        if "$py" -c "import rnn_ablations._C_cuda" 2>&1 | tee -a "$out/gpu_build.log"; then
+            mkdir -p build && echo "$src_hash" > build/cuda_sources.stamp
+        else
+            note "FAIL  build: rnn_ablations._C_cuda does not import (see $out/gpu_build.log)"
+            failed=1
+        fi
     fi
 elif [ "$has_cuda" != 1 ]; then
     note "SKIP  build, CUDA tests with graphs off, speed: no CUDA device"

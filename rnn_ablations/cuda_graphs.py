@@ -197,6 +197,9 @@ def _run(head, tensors, batch_sizes, call, n_out=None):
         _stats["nested"] += 1
         return call(*tensors)
     device = tensors[0].device
+    if device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):  # graphs are recorded and replayed on the current device
+            return _run(head, tensors, batch_sizes, call, n_out)
     key = head + (device.index, _math_flags(), tuple(batch_sizes.tolist()),
                   tuple((t.dtype, tuple(t.shape)) for t in tensors))
     entry = _graphs.get(key)
