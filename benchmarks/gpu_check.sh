@@ -1,26 +1,146 @@
 #!/usr/bin/env bash
 # GPU check, for a machine with CUDA and a torch that sees it (run from the repo root):
-#   bash benchmarks/gpu_check.sh [OUT_DIR]
-# 0. builds the CUDA kernel in place (rnn_ablations/_C_cuda*.so) with this machine's torch and
-#    nvcc, unless it is importable already (the CPU kernel is not rebuilt: RNN_ABLATIONS_NO_KERNEL);
-# 1. the CUDA tests (generic path on the GPU against the CPU, cuDNN's nn.LSTM, nn.RNN,
-#    gradcheck, weighted sum) and the core numerics tests, on the generic path;
-# 2. the speed table on CUDA (every variant's generic path against cuDNN's nn.LSTM).
-# Without the compiled CPU kernel (e.g. another Python than the one it was built for) the
-# package runs its generic path; test_kernel_is_built is then deselected.
+#   bash benchmarks/gpu_check.sh [OUT_DIR]          (default OUT_DIR: benchmarks/results)
+# About 2-3 minutes on an H200; needs no network.  Steps (each under its own time limit, logs in
+# OUT_DIR; a summary at the end says which step failed; exit status 1 if any did):
+#   build   the CUDA kernel in place (rnn_ablations/_C_cuda*.so) with this machine's torch and
+#           nvcc, for this GPU's architecture only (the CPU kernel is not built:
+#           RNN_ABLATIONS_NO_KERNEL=1), unless it is importable already and its stamp
+#           build/cuda_sources.stamp (a hash of csrc/ and setup.py, written after a build)
+#           matches the sources: a module built elsewhere for the same Python and torch can be
+#           carried in with its stamp to save the build's minute (GPU_CHECK_STAMP_ONLY=1 bash
+#           benchmarks/gpu_check.sh writes the stamp of the current sources and exits);
+#   tests   tests/test_cuda.py with CUDA graphs on (the default), then the kernel tests again
+#           with RNN_ABLATIONS_CUDA_GRAPHS=0;
+#   speed   speed_cuda.{json,md}: B=32, T=64, H=256/650, one layer, every variant against cuDNN's
+#           nn.LSTM in float32, bfloat16, float16 and under autocast(bfloat16), graphs on;
+#           speed_cuda_nographs.{json,md}: the same in float32 and bfloat16 with graphs off;
+#           speed_cuda_experiments.{json,md}: the experiments' shapes, float32 and bfloat16;
+#   core    tests/test_core.py on the GPU machine's Python (the CPU kernel _C, built for another
+#           Python, is usually not importable there: the generic path runs and
+#           test_kernel_is_built is deselected), last and optional (GPU_CHECK_CORE=0 skips it,
+#           GPU_CHECK_CORE_K=EXPR runs only the tests that pytest -k EXPR selects).
+# Without a CUDA device the CUDA steps are skipped (said so) and the script still exits 0 when
+# what ran passed.  PYTHON picks the interpreter (default python3).
+# Time: the steps share GPU_CHECK_BUDGET seconds (default 170): each runs under the smaller of
+# its own limit and what is left, and a step that would start with under 15 s left is skipped
+# (said so in the summary).  GPU_CHECK_STEPS picks the steps (default: all, in this order:
+# build tests speed nographs tests_nographs experiments core).
 set -o pipefail
 out=${1:-benchmarks/results}
 mkdir -p "$out"
+py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu_env.txt"
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu_env.txt"
-if ! python3 -c "import rnn_ablations._C_cuda" 2>/dev/null; then
-    start=$(date +%s)
-    RNN_ABLATIONS_NO_KERNEL=1 python3 setup.py -q build_ext --inplace 2>&1 | tail -40 | tee "$out/gpu_build.log"
-    echo "CUDA kernel build: $(( $(date +%s) - start )) s" | tee -a "$out/gpu_build.log"
+declare -a summary
+failed=0
+t_start=$(date +%s)
+budget=${GPU_CHECK_BUDGET:-170}
+steps=" ${GPU_CHECK_STEPS:-build tests speed nographs tests_nographs experiments core} "
+want() { [[ "$steps" == *" $1 "* ]]; }
+note() { summary+=("$1"); echo "== $1"; }
+step() {  # step NAME LIMIT_S LOG CMD...: run CMD under a time limit, log it, record the result
+    local name=$1 limit=$2 log=$3
+    shift 3
+    local t0 rc left
+    t0=$(date +%s)
+    left=$(( budget - (t0 - t_start) ))
+    if [ "$left" -lt 15 ]; then
+        note "SKIP  $name: the time budget (GPU_CHECK_BUDGET=${budget} s) is spent"
+        return 0
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$log"
+    rc=$?
+    local took=$(( $(date +%s) - t0 ))
+    if [ $rc -eq 0 ]; then
+        note "PASS  $name (${took} s, $out/$log)"
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        note "FAIL  $name: TIMED OUT after ${limit} s ($out/$log)"; failed=1
+    else
+        note "FAIL  $name: exit $rc (${took} s, $out/$log)"; failed=1
+    fi
+    return $rc
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "no nvidia-smi"; } \
+    | tee "$out/gpu_env.txt"
+"$py" - <<'EOF' 2>&1 | tee -a "$out/gpu_env.txt"
+import sys, torch
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "cudnn", torch.backends.cudnn.version() if torch.cuda.is_available() else None)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("device", p.name, "cc", f"{p.major}.{p.minor}", "SMs", p.multi_processor_count)
+else:
+    print("device none: torch sees no CUDA device")
+EOF
+has_cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+
+# the sources a _C_cuda build comes from: a prebuilt module (carried in) is used only when its
+# stamp build/cuda_sources.stamp matches them
+src_hash=$(cat rnn_ablations/csrc/*.cu rnn_ablations/csrc/*.h setup.py 2>/dev/null | sha256sum | cut -c1-16)
+if [ "${GPU_CHECK_STAMP_ONLY:-0}" = 1 ]; then
+    mkdir -p build && echo "$src_hash" > build/cuda_sources.stamp && echo "stamp $src_hash" && exit 0
 fi
-python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_core.py \
-    --deselect tests/test_core.py::test_kernel_is_built 2>&1 | tee "$out/gpu_tests.log"
-status=$?
-python3 benchmarks/speed.py --device cuda --repeats 7 --out "$out" 2>&1 | tee "$out/gpu_speed.log"
-exit $status
+if [ "$has_cuda" = 1 ] && want build; then
+    if "$py" -c "import rnn_ablations._C_cuda" 2>/dev/null \
+            && [ "$(cat build/cuda_sources.stamp 2>/dev/null)" = "$src_hash" ]; then
+        note "SKIP  build: rnn_ablations._C_cuda is importable and built from these sources ($src_hash)"
+    else
+        rm -f rnn_ablations/_C_cuda*.so build/cuda_sources.stamp
+        # this GPU's architecture only (a build for every architecture takes several times longer)
+        arch=$("$py" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
+        TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} RNN_ABLATIONS_NO_KERNEL=1 MAX_JOBS=8 \
+            step "build (sm ${arch})" 240 gpu_build.log "$py" setup.py -q build_ext --inplace
+        if "$py" -c "import rnn_ablations._C_cuda" 2>&1 | tee -a "$out/gpu_build.log"; then
+            mkdir -p build && echo "$src_hash" > build/cuda_sources.stamp
+        else
+            note "FAIL  build: rnn_ablations._C_cuda does not import (see $out/gpu_build.log)"
+            failed=1
+        fi
+    fi
+elif [ "$has_cuda" != 1 ]; then
+    note "SKIP  build, CUDA tests with graphs off, speed: no CUDA device"
+fi
+
+xdist=()
+if "$py" -c "import xdist" 2>/dev/null && [ "$has_cuda" = 1 ]; then xdist=(-n 4); fi
+want tests && step "tests/test_cuda.py, CUDA graphs on" 90 gpu_tests.log \
+    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py
+if [ "$has_cuda" = 1 ]; then
+    want speed && step "speed, standard shapes, graphs on" 60 gpu_speed.log \
+        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on --name speed_cuda \
+        --dtype float32 bfloat16 float16 autocast-bfloat16 --out "$out"
+    want nographs && step "speed, standard shapes, graphs off" 40 gpu_speed_nographs.log \
+        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs off \
+        --name speed_cuda_nographs --dtype float32 bfloat16 --variants ran lstm --out "$out"
+    want tests_nographs && RNN_ABLATIONS_CUDA_GRAPHS=0 \
+        step "tests/test_cuda.py kernel tests, CUDA graphs off" 60 gpu_tests_nographs.log \
+        "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" tests/test_cuda.py \
+        -k "kernel or half or autocast or gradcheck or caller"
+    want experiments && step "speed, experiments' shapes" 90 gpu_speed_experiments.log \
+        "$py" benchmarks/speed.py --device cuda --repeats 5 --cuda-graphs on --shapes experiments \
+        --name speed_cuda_experiments --dtype float32 bfloat16 --variants ran lstm_minus_srnn lstm \
+        --out "$out"
+fi
+if want core && [ "${GPU_CHECK_CORE:-1}" = 1 ]; then
+    deselect=()
+    if ! "$py" -c "import rnn_ablations._C" 2>/dev/null; then
+        deselect=(--deselect tests/test_core.py::test_kernel_is_built)
+        echo "the CPU kernel rnn_ablations._C is not importable here: generic path, test_kernel_is_built deselected"
+    fi
+    core_k=()
+    if [ -n "${GPU_CHECK_CORE_K:-}" ]; then core_k=(-k "$GPU_CHECK_CORE_K"); fi
+    step "tests/test_core.py (optional)" 120 gpu_core_tests.log \
+        "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" tests/test_core.py "${deselect[@]}" \
+        "${core_k[@]}"
+fi
+
+echo
+echo "================ gpu_check summary ($(( $(date +%s) - t_start )) s) ================"
+printf '%s\n' "${summary[@]}" | tee "$out/gpu_check_summary.txt"
+for f in gpu_tests.log gpu_tests_nographs.log; do
+    [ -f "$out/$f" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/$f" | tail -15 \
+        | sed "s|^|$f: |" | tee -a "$out/gpu_check_summary.txt"
+done
+exit $failed

@@ -1,8 +1,10 @@
 """Dispatch of one layer/direction to the fused C++ CPU kernel or to the generic PyTorch path.
 
 The fast path is used automatically for CPU tensors of dtype float32/float64 when the compiled
-extension ``rnn_ablations._C`` is importable, and for CUDA tensors when ``rnn_ablations._C_cuda``
-is (built only with a CUDA torch and nvcc); everything else (half precision, other devices, an
+extension ``rnn_ablations._C`` is importable, and for CUDA tensors of dtype float32/float64/
+bfloat16/float16 (also under ``torch.autocast("cuda")``) when ``rnn_ablations._C_cuda`` is (built
+only with a CUDA torch and nvcc; its step loops are replayed as CUDA graphs, see
+:mod:`rnn_ablations.cuda_graphs`); everything else (half precision on the CPU, other devices, an
 install without the extension, ``RNN_ABLATIONS_DISABLE_KERNEL=1``) takes :func:`generic_layer`,
 which computes the same function.  :func:`set_backend` forces one path (the tests use it to compare them).
 """
@@ -17,11 +19,14 @@ from typing import Optional
 
 import torch
 
+from . import cuda_graphs
+from .cuda_graphs import get_cuda_graphs, set_cuda_graphs, use_cuda_graphs
 from .functional import generic_layer, projection_bias
 from .variants import Variant
 
 __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "use_backend",
-           "set_pipeline", "get_pipeline", "use_pipeline", "run_layer", "input_projection"]
+           "set_pipeline", "get_pipeline", "use_pipeline", "run_layer", "input_projection",
+           "set_cuda_graphs", "get_cuda_graphs", "use_cuda_graphs"]
 
 try:  # pragma: no cover - depends on the build
     _C = importlib.import_module(__package__ + "._C")
@@ -103,19 +108,38 @@ def _plain_kernel(t: torch.Tensor):
     run a layer from its input projections, or ``None`` for the generic path."""
     if _backend == "generic":
         return None
-    ok_dtype = t.dtype in (torch.float32, torch.float64)
-    if t.device.type == "cpu" and ok_dtype:
+    if t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64):
         if _C is None:
             _unavailable("CPU", _KERNEL_ERROR)
         return _C
-    if t.device.type == "cuda" and ok_dtype:
+    if t.device.type == "cuda" and t.dtype in _CUDA_DTYPES:
         if _C_cuda is None:
             _unavailable("CUDA", _CUDA_KERNEL_ERROR)
-        return _C_cuda
+            return None
+        return _graphed_cuda if cuda_graphs.get_cuda_graphs() else _C_cuda
     if _backend == "kernel":
-        raise RuntimeError(f"the rnn_ablations kernels handle CPU and CUDA float32/float64, got "
-                           f"{t.device} {t.dtype}; use the generic backend")
+        raise RuntimeError(f"the rnn_ablations kernels handle CPU float32/float64 and CUDA "
+                           f"float32/float64/bfloat16/float16, got {t.device} {t.dtype}; use the "
+                           "generic backend")
     return None
+
+
+_CUDA_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+#: ``_C_cuda`` behind CUDA-graph replay (same entry points)
+_graphed_cuda = cuda_graphs.GraphedKernel(_C_cuda) if _C_cuda is not None else None
+
+
+def _cuda_autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
+    """The autocast dtype when ``t`` is a CUDA tensor inside ``torch.autocast("cuda")``."""
+    if t.device.type != "cuda":
+        return None
+    try:
+        on = torch.is_autocast_enabled("cuda")
+        dtype = torch.get_autocast_dtype("cuda") if on else None
+    except TypeError:  # pragma: no cover - torch < 2.4
+        on = torch.is_autocast_enabled()
+        dtype = torch.get_autocast_gpu_dtype() if on else None
+    return dtype
 
 
 def _kernel_applies(t: torch.Tensor) -> bool:
@@ -358,6 +382,13 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
             _or_empty(rec_mask, x), False, PIPELINE_CHUNK)[:3]
         return out, h_n, c_n
     proj = input_projection(x, w_ih, projection_bias(bias, w_ih.shape[0]))
+    if _cuda_autocast_dtype(proj) is not None:
+        # torch.autocast("cuda"): the projection ran in the autocast dtype (F.linear is on its
+        # lower-precision list); the recurrence runs in the same dtype, as cuDNN's LSTM does
+        # under autocast: the recurrent weight, the states and the mask are cast to it
+        # (differentiably: their gradients flow back to the float32 parameters).
+        w_hh, h0, c0 = w_hh.to(proj.dtype), h0.to(proj.dtype), c0.to(proj.dtype)
+        rec_mask = rec_mask.to(proj.dtype) if rec_mask is not None else None
     ext = _plain_kernel(proj)
     if ext is not None:
         proj, w_hh, h0, c0 = proj.contiguous(), w_hh.contiguous(), h0.contiguous(), c0.contiguous()

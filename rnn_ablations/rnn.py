@@ -16,6 +16,14 @@ from .variants import KIND_LSTM, KIND_SRNN, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
 
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4
+        return device_type == "cuda" and torch.is_autocast_enabled()
+
+
 HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -299,7 +307,11 @@ class AblatedRNN(nn.Module):
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
                 raise ValueError(f"{name} must have shape {shape} (num_layers*num_directions, "
                                  f"batch, hidden_size), got {tuple(getattr(t, 'shape', ()))}")
-            if t.dtype != ref.dtype or t.device != ref.device:
+            # under torch.autocast the states may be in the autocast dtype (e.g. h_n of the
+            # previous batch, carried by a language model), as nn.LSTM accepts; they are cast
+            if (t.dtype != ref.dtype and not (t.is_floating_point() and
+                                              _autocast_on(ref.device.type))) \
+                    or t.device != ref.device:
                 raise ValueError(f"{name} must have the input's dtype and device ({ref.dtype}, "
                                  f"{ref.device}), got ({t.dtype}, {t.device})")
         return h0, c0

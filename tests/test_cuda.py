@@ -1,22 +1,56 @@
 """CUDA: the CUDA kernel (when built) and the generic path against the CPU, against each other,
 and against nn.LSTM / nn.RNN (cuDNN); gradcheck on the GPU.
 
-These tests skip on machines without a GPU (CI has none); they were run on a lent GPU machine
-with `bash benchmarks/gpu_check.sh` (see the README's speed section).  Matrix products on CUDA
-run without TF32 here so that float32 comparisons are meaningful.
+Half precision (bfloat16, float16, torch.autocast) and CUDA-graph replay of the kernel's step
+loop (rnn_ablations/cuda_graphs.py) are tested here too: the half kernel against the float64
+generic path, graphs on against graphs off, a caller's own capture of a training step.
+
+These tests skip on machines without a GPU (CI has none), except the switch tests at the top;
+they were run on a lent GPU machine with `bash benchmarks/gpu_check.sh` (see the README's speed
+section), once with graphs on (the default) and once with RNN_ABLATIONS_CUDA_GRAPHS=0.  Matrix
+products on CUDA run without TF32 here so that float32 comparisons are meaningful.
 """
+import copy
+
 import pytest
 import torch
 
-from rnn_ablations import AblatedRNN, VARIANTS, use_backend, weighted_sum
-from rnn_ablations.dispatch import cuda_kernel_available
+from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, weighted_sum
+from rnn_ablations import cuda_graphs, dispatch
+from rnn_ablations.dispatch import cuda_kernel_available, run_layer
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def test_graph_switch_validates_and_restores():
+    old = cuda_graphs.get_cuda_graphs()
+    with pytest.raises(TypeError, match="True or False"):
+        cuda_graphs.set_cuda_graphs("yes")
+    with cuda_graphs.use_cuda_graphs(not old):
+        assert cuda_graphs.get_cuda_graphs() is (not old)
+    assert cuda_graphs.get_cuda_graphs() is old
+
+
+def test_graph_env_flag(monkeypatch):
+    for value, want in (("0", False), ("off", False), ("1", True), ("on", True)):
+        monkeypatch.setenv("RNN_ABLATIONS_CUDA_GRAPHS", value)
+        assert cuda_graphs._env_flag() is want
+    monkeypatch.setenv("RNN_ABLATIONS_CUDA_GRAPHS", "maybe")
+    with pytest.raises(ValueError, match="RNN_ABLATIONS_CUDA_GRAPHS must be 0 or 1"):
+        cuda_graphs._env_flag()
+
+
+def test_kernel_backend_names_the_cuda_half_dtypes():
+    if not (dispatch.kernel_available() or cuda_kernel_available()):
+        pytest.skip("no compiled kernel")
+    with use_backend("kernel"), pytest.raises(RuntimeError, match="bfloat16/float16"):
+        dispatch._plain_kernel(torch.zeros(2, dtype=torch.bfloat16))
 MEMORY_VARIANTS = [v for v in VARIANTS if v != "srnn"]
 needs_cuda_kernel = pytest.mark.skipif(not cuda_kernel_available(),
                                        reason="the CUDA kernel rnn_ablations._C_cuda is not built")
 
 
+@requires_cuda
 def test_cuda_kernel_is_built_where_nvcc_is():
     from torch.utils.cpp_extension import CUDA_HOME
     if CUDA_HOME is None:
@@ -40,6 +74,7 @@ def _run_and_grads(m, x, **kw):
     return [out.detach().cpu(), h.detach().cpu(), c.detach().cpu()] + grads
 
 
+@requires_cuda
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("highway", [False, True])
 def test_cuda_equals_cpu(variant, highway):
@@ -56,6 +91,7 @@ def test_cuda_equals_cpu(variant, highway):
         torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-4)
 
 
+@requires_cuda
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_cuda_lstm_matches_cudnn(bidirectional):
     ref = torch.nn.LSTM(6, 8, num_layers=2, bidirectional=bidirectional).cuda()
@@ -68,6 +104,7 @@ def test_cuda_lstm_matches_cudnn(bidirectional):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+@requires_cuda
 def test_cuda_srnn_matches_torch_rnn():
     ref = torch.nn.RNN(6, 8, num_layers=2, nonlinearity="tanh").cuda()
     ours = AblatedRNN("srnn", 6, 8, num_layers=2).cuda()
@@ -79,6 +116,7 @@ def test_cuda_srnn_matches_torch_rnn():
     torch.testing.assert_close(h, wh, atol=1e-5, rtol=1e-5)
 
 
+@requires_cuda
 @needs_cuda_kernel
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("highway,recurrent_dropout", [(False, 0.0), (True, 0.3)])
@@ -97,6 +135,7 @@ def test_cuda_kernel_equals_cuda_generic(variant, highway, recurrent_dropout):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@requires_cuda
 @pytest.mark.parametrize("backend", ["auto", "generic"])
 @pytest.mark.parametrize("variant,highway", [(v, False) for v in VARIANTS] + [("ran", True),
                                                                            ("srnn", True)])
@@ -115,6 +154,7 @@ def test_cuda_gradcheck(backend, variant, highway):
         assert torch.autograd.gradcheck(f, (x, h0, c0))
 
 
+@requires_cuda
 @pytest.mark.parametrize("variant", MEMORY_VARIANTS)
 def test_cuda_weighted_sum_identity(variant):
     m = AblatedRNN(variant, 4, 5, bidirectional=True, batch_first=True).cuda()
@@ -124,9 +164,257 @@ def test_cuda_weighted_sum_identity(variant):
     torch.testing.assert_close(recon, ws.memory, atol=1e-5, rtol=1e-5)
 
 
+@requires_cuda
 def test_cuda_rejects_state_on_another_device():
     m = AblatedRNN("ran", 4, 5).cuda()
     x = torch.randn(3, 2, 4, device="cuda")
     h0 = torch.zeros(1, 2, 5)
     with pytest.raises(ValueError, match="device"):
         m(x, (h0, h0))
+
+
+# --------------------------------------------------------------------------- half precision
+#: relative tolerances (norm of the error / norm of the float64 result) per storage dtype:
+#: bfloat16 keeps 8 significant bits (2^-9 = 2e-3 relative rounding), float16 11 (2^-12)
+HALF_TOL = {torch.bfloat16: 3e-2, torch.float16: 6e-3}
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _rel_err(got, want) -> float:
+    """None (no gradient reached the input) counts as zeros."""
+    if got is None and want is None:
+        return 0.0
+    got = torch.zeros_like(want) if got is None else got
+    want = torch.zeros_like(got) if want is None else want
+    got, want = got.double().cpu(), want.double().cpu()
+    return float((got - want).norm() / want.norm().clamp_min(1e-12))
+
+
+def _layer_tensors(variant, highway, dtype, T=13, B=6, D=16, H=24, seed=0):
+    """Random arguments of run_layer in ``dtype`` on CUDA (values first rounded to ``dtype``, so
+    that the float64 copies hold the same numbers)."""
+    v = get_variant(variant)
+    R, X = v.num_recurrent(highway), v.num_input_only(highway)
+    g = torch.Generator().manual_seed(seed)
+    scale = H ** -0.5
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s).to(dtype).cuda()
+
+    keep = 0.5  # mask values 0 and 2: exact in every dtype
+    mask = (torch.rand(B, H, generator=g) < keep).to(dtype).cuda() / keep
+    return v, dict(x=rnd(T, B, D), w_ih=rnd((R + X) * H, D, s=scale), bias=rnd(R * H, s=0.1),
+                   w_hh=rnd(R * H, H, s=scale), h0=rnd(B, H, s=0.5), c0=rnd(B, H, s=0.5),
+                   mask=mask)
+
+
+def _layer_run(v, highway, t, batch_sizes, use_mask):
+    """run_layer's outputs and the gradients of a fixed loss w.r.t. every input."""
+    leaves = {k: t[k].clone().requires_grad_() for k in ("x", "w_ih", "bias", "w_hh", "h0", "c0")}
+    out, h_n, c_n = run_layer(v, highway, leaves["x"], leaves["w_ih"], leaves["bias"],
+                              leaves["w_hh"], leaves["h0"], leaves["c0"], batch_sizes,
+                              t["mask"] if use_mask else None)
+    w = torch.linspace(-1, 1, out.shape[-1], device=out.device, dtype=torch.float64)
+    loss = (out.double() * w).square().sum() + (h_n.double() * w).sum() + 2 * (c_n.double() * w).sum()
+    loss.backward()
+    return [out, h_n, c_n] + [leaves[k].grad for k in ("x", "w_ih", "bias", "w_hh", "h0", "c0")]
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("highway,use_mask,padded", [(False, False, False), (True, True, True),
+                                                     (False, True, True)])
+def test_half_kernel_matches_float64_generic(dtype, variant, highway, use_mask, padded):
+    v, t = _layer_tensors(variant, highway, dtype)
+    T, B = t["x"].shape[:2]
+    if padded:
+        batch_sizes = torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 2, 1])
+    else:
+        batch_sizes = torch.full((T,), B, dtype=torch.int64)
+    if variant == "srnn":  # the S-RNN has no cell: c0 is h0
+        t["c0"] = t["h0"]
+    with use_backend("kernel"):
+        got = _layer_run(v, highway, t, batch_sizes, use_mask)
+    t64 = {k: a.double() for k, a in t.items()}
+    with use_backend("generic"):
+        want = _layer_run(v, highway, t64, batch_sizes, use_mask)
+    names = ["out", "h_n", "c_n", "dx", "dw_ih", "dbias", "dw_hh", "dh0", "dc0"]
+    for name, a, b in zip(names, got, want):
+        assert a is None or a.dtype == dtype, f"{name} came back in {a.dtype}, not {dtype}"
+        err = _rel_err(a, b)
+        assert err < HALF_TOL[dtype], f"{name}: relative error {err:.2e} >= {HALF_TOL[dtype]:.1e}"
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("variant", ["ran", "lstm"])
+def test_half_module_matches_float64(dtype, variant):
+    """A whole module cast with .to(dtype): 2 layers, both directions, padding."""
+    m = AblatedRNN(variant, 10, 32, num_layers=2, bidirectional=True, batch_first=True).cuda()
+    m_half = copy.deepcopy(m).to(dtype)
+    m64 = copy.deepcopy(m_half).double()
+    x = torch.randn(5, 17, 10, device="cuda").to(dtype)
+    lengths = torch.tensor([17, 9, 12, 3, 17])
+    with use_backend("kernel"):
+        got = _run_and_grads(m_half, x.clone().requires_grad_(), lengths=lengths)
+    with use_backend("generic"):
+        want = _run_and_grads(m64, x.double().requires_grad_(), lengths=lengths)
+    for a, b in zip(got, want):
+        assert a.dtype == dtype
+        assert _rel_err(a, b) < HALF_TOL[dtype]
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("variant", ["ran", "lstm_minus_srnn", "lstm"])
+def test_autocast_runs_the_kernel(monkeypatch, dtype, variant):
+    """torch.autocast("cuda"): the kernel runs in the autocast dtype (never the Python loop),
+    the results are close to float32, and the float32 parameters get float32 gradients; a state
+    carried in the autocast dtype (a language model's h_n) is accepted."""
+    def no_generic(*args, **kwargs):
+        raise AssertionError("the generic Python loop ran under autocast")
+
+    m = AblatedRNN(variant, 12, 32, num_layers=2, recurrent_dropout=0.0).cuda()
+    x = torch.randn(9, 4, 12, device="cuda")
+    ref = _run_and_grads(m, x.clone().requires_grad_())
+    m.zero_grad()
+    monkeypatch.setattr(dispatch, "generic_layer", no_generic)
+    xg = x.clone().requires_grad_()
+    with torch.autocast("cuda", dtype=dtype):
+        out, (h, c) = m(xg)
+        assert out.dtype == dtype and h.dtype == dtype and c.dtype == dtype
+        out2, _ = m(x, (h.detach(), c.detach()))  # state carried in the autocast dtype
+        assert out2.dtype == dtype
+    (out.float().square().sum() + h.float().sum() + 2 * c.float().sum()).backward()
+    got = [out, h, c, xg.grad] + [p.grad for p in m.parameters()]
+    for p in m.parameters():
+        assert p.grad.dtype == torch.float32
+    for a, b in zip(got, ref):
+        assert _rel_err(a, b) < 2 * HALF_TOL[dtype]
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+@pytest.fixture
+def fresh_graphs():
+    cuda_graphs.clear_graphs()
+    yield
+    cuda_graphs.clear_graphs()
+
+
+def _repeat_calls(m, xs, lengths, grad=True):
+    results = []
+    for x in xs:
+        if grad:
+            results.append(_run_and_grads(m, x.clone().requires_grad_(), lengths=lengths))
+            m.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                out, (h, c) = m(x, lengths=lengths)
+            results.append([out.cpu(), h.cpu(), c.cpu()])
+    return results
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "inference"])
+@pytest.mark.parametrize("variant,highway", [("ran", False), ("lstm", True), ("srnn", False)])
+def test_graph_replay_equals_eager(fresh_graphs, dtype, grad, variant, highway):
+    """Graph replay gives the eager launches' numbers on new inputs of a recorded shape."""
+    m = AblatedRNN(variant, 8, 16, num_layers=2, bidirectional=True, highway=highway,
+                   recurrent_dropout=0.25, batch_first=True).cuda().to(dtype)
+    xs = [torch.randn(4, 7, 8, device="cuda").to(dtype) for _ in range(4)]
+    lengths = torch.tensor([7, 3, 5, 7])
+    torch.manual_seed(3)
+    with cuda_graphs.use_cuda_graphs(False):
+        want = _repeat_calls(m, xs, lengths, grad)
+    cuda_graphs.clear_graphs()
+    torch.manual_seed(3)  # the same recurrent-dropout masks
+    with cuda_graphs.use_cuda_graphs(True):
+        got = _repeat_calls(m, xs, lengths, grad)
+        stats = cuda_graphs.graph_stats()
+    assert stats["captures"] > 0 and stats["replays"] >= stats["captures"], stats
+    assert stats["failed"] == 0, stats
+    # the same kernels run (cuBLAS may pick another algorithm for the capture stream's
+    # workspace: last-bit differences, one bfloat16 ulp)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    for call, (g, w) in enumerate(zip(got, want)):
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b, **tol, msg=lambda s: f"call {call}: {s}")
+
+
+@requires_cuda
+@needs_cuda_kernel
+def test_graph_cache_is_bounded(fresh_graphs, monkeypatch):
+    monkeypatch.setattr(cuda_graphs, "MAX_GRAPHS", 2)
+    m = AblatedRNN("ran", 4, 8).cuda()
+    with cuda_graphs.use_cuda_graphs(True):
+        for T in (3, 4, 5, 6):
+            for _ in range(3):
+                with torch.no_grad():
+                    m(torch.randn(T, 2, 4, device="cuda"))
+        stats = cuda_graphs.graph_stats()
+    assert stats["graphs"] <= 2 and stats["evicted"] >= 2, stats
+    # shapes seen once are not recorded
+    cuda_graphs.clear_graphs()
+    with cuda_graphs.use_cuda_graphs(True), torch.no_grad():
+        for T in range(3, 9):
+            m(torch.randn(T, 2, 4, device="cuda"))
+    assert cuda_graphs.graph_stats()["captures"] == 0
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_caller_captures_a_training_step(fresh_graphs, dtype):
+    """A caller records forward + backward of a whole step with torch.cuda.graph (as the PTB LM
+    does): the kernel launches eagerly into that graph (no host sync, no nested capture), and
+    replaying it on new data gives the eager numbers."""
+    torch.manual_seed(0)
+    m = AblatedRNN("ran", 8, 16, num_layers=2, dropout=0.0).cuda().to(dtype)
+    ref = copy.deepcopy(m)
+    static_x = torch.randn(10, 4, 8, device="cuda", dtype=dtype, requires_grad=True)
+    static_h = torch.randn(2, 4, 16, device="cuda", dtype=dtype)
+
+    def step():
+        out, (h, c) = m(static_x, (static_h, static_h))
+        loss = out.float().square().sum() + h.float().sum() + c.float().sum()
+        loss.backward()
+        return out, h
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (this also records the kernel's own graphs)
+        for _ in range(3):
+            m.zero_grad(set_to_none=True)
+            static_x.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    m.zero_grad(set_to_none=True)
+    static_x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, h = step()
+    assert cuda_graphs.graph_stats()["nested"] > 0
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        new_x = torch.randn(10, 4, 8, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            static_x.copy_(new_x)
+        graph.replay()
+        torch.cuda.synchronize()
+        x_ref = new_x.clone().requires_grad_()
+        ref.zero_grad(set_to_none=True)
+        with cuda_graphs.use_cuda_graphs(False):
+            r_out, (r_h, r_c) = ref(x_ref, (static_h, static_h))
+            (r_out.float().square().sum() + r_h.float().sum() + r_c.float().sum()).backward()
+        tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(out, r_out, **tol)
+        torch.testing.assert_close(h, r_h, **tol)
+        torch.testing.assert_close(static_x.grad, x_ref.grad, **tol)
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **tol)

@@ -7,21 +7,23 @@ rounds and the ratio is ``time(nn.LSTM) / time(variant)`` (> 1 = faster than nn.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..dispatch import get_backend, kernel_available
+from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
+from ..dispatch import cuda_kernel_available, get_backend, kernel_available
 from ..rnn import AblatedRNN
 from ..variants import VARIANTS, get_variant
 
-__all__ = ["measure", "format_table", "add_subparser"]
+__all__ = ["measure", "format_table", "add_subparser", "EXPERIMENT_SHAPES", "DTYPES"]
 
 
 def _machine() -> str:
@@ -38,13 +40,47 @@ def _machine() -> str:
             f"({torch.get_num_threads()} threads, CPU capability {torch.backends.cpu.get_cpu_capability()})")
 
 
+#: The experiments' own shapes (issue 11): (name, layers, input size, hidden, bidirectional,
+#: batch, seq_len).
+EXPERIMENT_SHAPES = (
+    ("single layer 256", 1, 256, 256, False, 32, 64),
+    ("single layer 650", 1, 650, 650, False, 32, 64),
+    ("PTB small LM", 2, 200, 200, False, 20, 20),
+    ("PTB medium LM", 2, 650, 650, False, 20, 35),
+    ("BiDAF phrase", 1, 200, 100, True, 40, 200),
+    ("BiDAF modeling", 2, 800, 100, True, 40, 200),
+    ("parser", 3, 200, 400, True, 32, 25),
+    ("NMT encoder", 2, 500, 250, True, 64, 30),
+    ("DrQA", 3, 400, 128, True, 32, 200),
+)
+
+#: --dtype choices: a storage dtype (model and input cast with .to), or "autocast-<dtype>":
+#: float32 model and input under torch.autocast(device, dtype) (mixed precision training)
+DTYPES = ("float32", "float64", "bfloat16", "float16", "autocast-bfloat16", "autocast-float16")
+
+
+def _dtype_setup(name: str, device: str):
+    """(storage dtype, context manager factory) for a --dtype choice."""
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    if name.startswith("autocast-"):
+        amp = getattr(torch, name.split("-", 1)[1])
+        return torch.float32, lambda: torch.autocast(torch.device(device).type, dtype=amp)
+    return getattr(torch, name), contextlib.nullcontext
+
+
 def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: int = 64,
             repeats: int = 7, variants: Sequence[str] = VARIANTS, warmup: int = 2,
-            device: str = "cpu", clock: str = "wall") -> List[Dict]:
-    """Rows ``{hidden, model, mode, median_ms, ratio_vs_nn_lstm}`` for mode in {train, inference}.
+            device: str = "cpu", clock: str = "wall", dtype: str = "float32",
+            shapes: Optional[Sequence[Tuple]] = None) -> List[Dict]:
+    """Rows ``{hidden, model, mode, median_ms, ratio_vs_nn_lstm, dtype, ...}`` for mode in
+    {train, inference}.
 
     train = forward + backward of ``output.sum()``; inference = forward under ``no_grad``.
-    Shapes: input (batch, seq_len, hidden), ``batch_first=True``, one layer, float32.
+    Shapes: input (batch, seq_len, hidden), ``batch_first=True``, one layer; or, with
+    ``shapes`` (e.g. :data:`EXPERIMENT_SHAPES`), each ``(name, layers, input size, hidden,
+    bidirectional, batch, seq_len)`` against an nn.LSTM of the same configuration.  ``dtype``:
+    one of :data:`DTYPES` (nn.LSTM runs in the same dtype).
     ``clock="cpu"`` times with the process's CPU time instead of the wall clock: with one thread
     (``torch.set_num_threads(1)``) that is the work done, whatever else loads the machine.
     """
@@ -52,65 +88,98 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
     if clock == "cpu" and torch.get_num_threads() != 1:
         raise ValueError("clock='cpu' measures work only with one thread: use --threads 1")
-    timer = time.perf_counter if clock == "wall" else time.process_time
     for name, v in (("batch", batch), ("seq_len", seq_len), ("repeats", repeats)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     if any(h < 1 for h in hidden_sizes):
         raise ValueError(f"hidden sizes must be >= 1, got {list(hidden_sizes)}")
     variants = [get_variant(v).name for v in variants]
+    if shapes is None:
+        shapes = [(None, 1, h, h, False, batch, seq_len) for h in hidden_sizes]
     rows = []
-    for hidden in hidden_sizes:
-        torch.manual_seed(0)
-        models = {"nn.LSTM": torch.nn.LSTM(hidden, hidden, batch_first=True)}
-        for v in variants:
-            models[v] = AblatedRNN(v, hidden, hidden, batch_first=True)
-        models = {k: m.to(device) for k, m in models.items()}
-        x = torch.randn(batch, seq_len, hidden, device=device, requires_grad=True)
-        times = {(k, mode): [] for k in models for mode in ("train", "inference")}
+    for shape in shapes:
+        rows += _measure_shape(shape, repeats, variants, warmup, device, clock, dtype)
+    return rows
 
-        def train_step(m):
+
+def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name) -> List[Dict]:
+    label, layers, d_in, hidden, bidirectional, batch, seq_len = shape
+    storage, context = _dtype_setup(dtype_name, device)
+    timer = time.perf_counter if clock == "wall" else time.process_time
+    torch.manual_seed(0)
+    cfg = dict(num_layers=layers, bidirectional=bidirectional, batch_first=True)
+    models = {"nn.LSTM": torch.nn.LSTM(d_in, hidden, **cfg)}
+    for v in variants:
+        models[v] = AblatedRNN(v, d_in, hidden, **cfg)
+    models = {k: m.to(device=device, dtype=storage) for k, m in models.items()}
+    x = torch.randn(batch, seq_len, d_in, device=device, dtype=storage, requires_grad=True)
+    times = {(k, mode): [] for k in models for mode in ("train", "inference")}
+
+    def train_step(m):
+        with context():
             out, _ = m(x)
-            out.sum().backward()
+        out.float().sum().backward()
 
-        def infer_step(m):
-            with torch.no_grad():
-                m(x)
+    def infer_step(m):
+        with torch.no_grad(), context():
+            m(x)
 
-        for r in range(warmup + repeats):
-            for k, m in models.items():
-                for mode, fn in (("train", train_step), ("inference", infer_step)):
-                    if device != "cpu":
-                        torch.cuda.synchronize()
-                    t0 = timer()
-                    fn(m)
-                    if device != "cpu":
-                        torch.cuda.synchronize()
-                    if r >= warmup:
-                        times[(k, mode)].append(timer() - t0)
-                m.zero_grad(set_to_none=True)
-                x.grad = None
-        for mode in ("train", "inference"):
-            base = statistics.median(times[("nn.LSTM", mode)])
-            for k in models:
-                med = statistics.median(times[(k, mode)])
-                rows.append({"hidden": hidden, "batch": batch, "seq_len": seq_len, "model": k,
-                             "mode": mode, "median_ms": round(med * 1e3, 2),
-                             "ratio_vs_nn_lstm": round(base / med, 3), "repeats": repeats})
+    for r in range(warmup + repeats):
+        for k, m in models.items():
+            for mode, fn in (("train", train_step), ("inference", infer_step)):
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                t0 = timer()
+                fn(m)
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                if r >= warmup:
+                    times[(k, mode)].append(timer() - t0)
+            m.zero_grad(set_to_none=True)
+            x.grad = None
+    rows = []
+    for mode in ("train", "inference"):
+        base = statistics.median(times[("nn.LSTM", mode)])
+        for k in models:
+            med = statistics.median(times[(k, mode)])
+            row = {"hidden": hidden, "batch": batch, "seq_len": seq_len, "model": k,
+                   "mode": mode, "dtype": dtype_name, "median_ms": round(med * 1e3, 3),
+                   "ratio_vs_nn_lstm": round(base / med, 3), "repeats": repeats}
+            if label is not None:
+                row.update(shape=label, layers=layers, input_size=d_in,
+                           bidirectional=bidirectional)
+            rows.append(row)
     return rows
 
 
 def format_table(rows: List[Dict]) -> str:
-    lines = ["| hidden | model | train (fwd+bwd) ms | train ratio | inference ms | inference ratio |",
-             "|---|---|---|---|---|---|"]
+    experiments = any("shape" in r for r in rows)
+    head = "| shape (layers, d_in, H, bi, B, T) " if experiments else "| hidden "
+    lines = [head + "| dtype | model | train (fwd+bwd) ms | train ratio | inference ms | "
+             "inference ratio |", "|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
-        by.setdefault((r["hidden"], r["model"]), {})[r["mode"]] = r
-    for (hidden, model), d in by.items():
+        if experiments:
+            where = (f"{r['shape']}: {r['layers']}, {r['input_size']}, {r['hidden']}, "
+                     f"{'bi' if r['bidirectional'] else 'uni'}, {r['batch']}, {r['seq_len']}")
+        else:
+            where = str(r["hidden"])
+        by.setdefault((where, r.get("dtype", "float32"), r["model"]), {})[r["mode"]] = r
+    for (where, dtype, model), d in by.items():
         tr, inf = d["train"], d["inference"]
-        lines.append(f"| {hidden} | {model} | {tr['median_ms']:.1f} | {tr['ratio_vs_nn_lstm']:.2f}× | "
-                     f"{inf['median_ms']:.1f} | {inf['ratio_vs_nn_lstm']:.2f}× |")
+        lines.append(f"| {where} | {dtype} | {model} | {tr['median_ms']:.2f} | "
+                     f"{tr['ratio_vs_nn_lstm']:.2f}× | {inf['median_ms']:.2f} | "
+                     f"{inf['ratio_vs_nn_lstm']:.2f}× |")
     return "\n".join(lines)
+
+
+def _cuda_machine(device: str) -> Dict:
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return {"gpu": props.name, "multiprocessors": props.multi_processor_count,
+            "gpu_memory_gib": round(props.total_memory / 2 ** 30, 1),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+            "cuda_graphs": get_cuda_graphs(), "cuda_kernel": cuda_kernel_available()}
 
 
 def run(args) -> int:
@@ -123,32 +192,60 @@ def run(args) -> int:
             raise ValueError(f"--device {args.device!r}: use 'cpu', or 'cuda' on a machine with a GPU")
         if args.clock != "wall":
             raise ValueError("--clock cpu measures CPU work; use the wall clock with --device cuda")
-    rows = measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
-                   device=args.device, clock=args.clock)
+    for d in args.dtype:
+        _dtype_setup(d, args.device)  # validates
+        if args.device == "cpu" and d != "float32" and d != "float64":
+            raise ValueError(f"--dtype {d}: half precision is timed on CUDA only "
+                             "(on the CPU it runs the generic path)")
+    if args.cuda_graphs is not None:
+        set_cuda_graphs(args.cuda_graphs == "on")
+    shapes = EXPERIMENT_SHAPES if args.shapes == "experiments" else None
     machine = _machine()
+    cuda_info = None
     if args.device != "cpu":
-        machine = f"{torch.cuda.get_device_name(torch.device(args.device))}; host {machine}"
+        cuda_info = _cuda_machine(args.device)
+        machine = (f"{cuda_info['gpu']} (CUDA {cuda_info['cuda']}, cuDNN {cuda_info['cudnn']}, "
+                   f"CUDA graphs {'on' if cuda_info['cuda_graphs'] else 'off'}); host {machine}")
+    if shapes is None:
+        shape_text = (f"batch {args.batch}, seq_len {args.seq_len}, input = hidden, batch_first, "
+                      f"1 layer, {', '.join(args.dtype)}")
+    else:
+        shape_text = ("the experiments' shapes (layers, d_in, H, bi, B, T), batch_first, "
+                      f"{', '.join(args.dtype)}")
+    rows: List[Dict] = []
     meta = {"machine": machine, "device": args.device, "kernel": kernel_available(),
-            "backend": get_backend(),
+            "backend": get_backend(), "dtypes": list(args.dtype),
             "clock": args.clock, "threads": torch.get_num_threads(),
-            "shapes": f"batch {args.batch}, seq_len {args.seq_len}, input = hidden, batch_first, "
-                      "1 layer, float32", "repeats": args.repeats, "rows": rows}
-    table = format_table(rows)
+            "shapes": shape_text, "repeats": args.repeats, "rows": rows}
+    if cuda_info is not None:
+        meta["cuda_machine"] = cuda_info
     print(f"# speed vs torch.nn.LSTM ({meta['shapes']}; median of {args.repeats} interleaved rounds; "
           f"{args.clock} clock, {meta['threads']} thread(s))")
     print(f"# machine: {meta['machine']}; fused kernel: {meta['kernel']}")
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = (f"speed_{args.clock}_{meta['threads']}t" if args.device == "cpu"
-                else f"speed_{args.device.replace(':', '')}")
-        (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
-        (out / f"{stem}.md").write_text(
-            f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}; median of {args.repeats} "
-            f"interleaved rounds; {args.clock} clock, {meta['threads']} thread(s)\n\n{table}\n")
-        print(f"# wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
+    for d in args.dtype:  # the files are rewritten after each dtype (a cut-off run keeps its rows)
+        rows += measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
+                        device=args.device, clock=args.clock, dtype=d, shapes=shapes)
+        if args.out:
+            _write(args, meta, rows, d == args.dtype[-1])
+    print(format_table(rows))
     return 0
+
+
+def _write(args, meta, rows, last: bool) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or (f"speed_{args.clock}_{meta['threads']}t" if args.device == "cpu"
+                         else f"speed_{args.device.replace(':', '')}")
+    done = sorted({r["dtype"] for r in rows}, key=list(args.dtype).index)
+    meta = dict(meta, dtypes_done=done)
+    table = format_table(rows)
+    (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+    (out / f"{stem}.md").write_text(
+        f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}; median of {args.repeats} "
+        f"interleaved rounds; {args.clock} clock, {meta['threads']} thread(s)"
+        + ("" if last else f"; so far: {', '.join(done)}") + f"\n\n{table}\n")
+    if last:
+        print(f"# wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
 
 
 def add_subparser(subparsers) -> None:
@@ -167,6 +264,20 @@ def add_subparser(subparsers) -> None:
                    help="cpu (default) or cuda: on CUDA the variants run the CUDA kernel where "
                         "it is built (else the generic path, a Python loop over steps) against "
                         "cuDNN's nn.LSTM")
+    p.add_argument("--dtype", nargs="+", default=["float32"], choices=DTYPES,
+                   help="storage dtypes (model and input cast with .to; nn.LSTM in the same "
+                        "dtype), or autocast-<dtype> (float32 model under torch.autocast); "
+                        "half precision on CUDA only")
+    p.add_argument("--shapes", choices=["standard", "experiments"], default="standard",
+                   help="standard: one layer, input = hidden (--hidden, --batch, --seq-len); "
+                        "experiments: the shapes of the experiments (PTB LMs, BiDAF, parser, "
+                        "NMT encoder, DrQA)")
+    p.add_argument("--cuda-graphs", choices=["on", "off"], default=None,
+                   help="CUDA-graph replay of the CUDA kernel's step loop (default: "
+                        "RNN_ABLATIONS_CUDA_GRAPHS, on)")
+    p.add_argument("--name", default=None,
+                   help="file stem of the results (default speed_<clock>_<threads>t on the CPU, "
+                        "speed_cuda on CUDA)")
     p.add_argument("--out", default=None,
-                   help="folder for speed_<clock>_<threads>t.{json,md} (speed_cuda.* on CUDA)")
+                   help="folder for <name>.{json,md}")
     p.set_defaults(func=run)
