@@ -1,0 +1,304 @@
+"""`rnn-ablations reproduce ptb` and the static (CUDA-graph) training step.
+
+On the CPU: the static step run eagerly equals the trainer's own step bit for bit; the static
+evaluator equals `evaluate`; a deadline stops training like max_steps; the command trains two
+variants in two processes, is killed mid-run, resumes and ends with exactly the uninterrupted
+result; the tables mark diverged and incomplete runs.  On CUDA (skipped without it): the graphed
+step against the eager one, and bit-identical resume with graphs."""
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rnn_ablations.lm import SyntheticSpec, get_config, load_checkpoint, synthetic_corpus, train_lm
+from rnn_ablations.lm.graph_step import StaticEvaluator, StaticTrainStep
+from rnn_ablations.lm.model import LanguageModel
+from rnn_ablations.lm.reproduce import (PAPER_TEST_PPL, format_results, reproduce_ptb,
+                                        write_results)
+from rnn_ablations.lm.trainer import evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SPEC = SyntheticSpec(train_sentences=120, valid_sentences=15, test_sentences=15)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return synthetic_corpus(SPEC)
+
+
+def _cfg(**kw):
+    base = dict(dropout=0.3, epochs=2, decay_after=1, hidden_size=24)
+    base.update(kw)
+    return get_config("tiny", **base)
+
+
+def _same_params(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _write_ptb(d: Path, n_train: int = 4000, n_eval: int = 500, seed: int = 0) -> Path:
+    """A small PTB-format corpus: sentences of a 40-word vocabulary with some structure."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(40)]
+
+    def text(n):
+        out, count = [], 0
+        while count < n:
+            k = rng.randint(3, 12)
+            start = rng.randrange(40)
+            sent = [words[(start + 3 * j + rng.randint(0, 1)) % 40] for j in range(k)]
+            out.append(" ".join(sent))
+            count += k + 1
+        return "\n".join(out) + "\n"
+
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "ptb.train.txt").write_text(text(n_train))
+    (d / "ptb.valid.txt").write_text(text(n_eval))
+    (d / "ptb.test.txt").write_text(text(n_eval))
+    return d
+
+
+# ------------------------------------------------------------------ the static step (CPU)
+def test_static_step_equals_the_trainer_step_bit_for_bit(corpus, tmp_path):
+    """`cuda_graph="on"` on the CPU runs the static step (what a graph captures) eagerly: with
+    dropout, over two epochs (an lr decay), it gives exactly the trainer's eager result."""
+    cfg = _cfg()
+    r_off = train_lm("lstm", cfg, corpus, tmp_path / "off", seed=3, cuda_graph="off", log=None)
+    r_on = train_lm("lstm", cfg, corpus, tmp_path / "on", seed=3, cuda_graph="on", log=None)
+    assert _same_params(load_checkpoint(tmp_path / "off")["model"],
+                        load_checkpoint(tmp_path / "on")["model"])
+    for key in ("valid_ppl", "test_ppl", "train_ppl"):
+        assert r_on[key] == r_off[key], key
+    assert [h["train_ppl"] for h in r_on["history"]] == [h["train_ppl"] for h in r_off["history"]]
+
+
+def test_static_step_resumes_mid_epoch_bit_identically(corpus, tmp_path):
+    cfg = _cfg(epochs=2)
+    full = train_lm("ran", cfg, corpus, tmp_path / "full", seed=1, cuda_graph="on", log=None)
+    assert train_lm("ran", cfg, corpus, tmp_path / "cut", seed=1, cuda_graph="on", log=None,
+                    max_steps=7) is None
+    assert load_checkpoint(tmp_path / "cut")["step"] == 7
+    resumed = train_lm("ran", cfg, corpus, tmp_path / "cut", seed=1, cuda_graph="on", log=None,
+                       resume=True)
+    assert _same_params(load_checkpoint(tmp_path / "full")["model"],
+                        load_checkpoint(tmp_path / "cut")["model"])
+    assert resumed["test_ppl"] == full["test_ppl"] and resumed["train_ppl"] == full["train_ppl"]
+
+
+def test_static_step_update_is_sgd_with_clipping():
+    """One static step against a hand-written one: loss, global-norm clip, p -= lr * g."""
+    torch.manual_seed(0)
+    model = LanguageModel("lstm_minus_srnn", 30, 16, 2, dropout=0.0, init_scale=0.5)
+    ref = LanguageModel("lstm_minus_srnn", 30, 16, 2, dropout=0.0, init_scale=0.5)
+    ref.load_state_dict(model.state_dict())
+    x = torch.randint(0, 30, (6, 4))
+    y = torch.randint(0, 30, (6, 4))
+    st = StaticTrainStep(model, 6, 4, max_grad_norm=0.25, gen=None)
+    st.begin(None, torch.zeros(2, dtype=torch.float64), 0.7)
+    loss = st.step(x, y)
+    logits, _ = ref(x)
+    l_ref = torch.nn.functional.cross_entropy(logits.reshape(-1, 30), y.reshape(-1),
+                                              reduction="none").view(6, 4).mean(1).sum()
+    grads = torch.autograd.grad(l_ref, list(ref.parameters()))
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    assert norm > 0.25   # the clip is active
+    for p, p_ref, g in zip(model.parameters(), ref.parameters(), grads):
+        expected = p_ref.detach().double() - 0.7 * g.double() * (0.25 / float(norm))
+        torch.testing.assert_close(p.detach().double(), expected, rtol=1e-5, atol=1e-6)
+    assert float(loss) == pytest.approx(float(l_ref) / 6, rel=1e-6)
+    assert float(st.partial()[1]) == 24.0
+
+
+def test_static_evaluator_equals_evaluate(corpus):
+    torch.manual_seed(0)
+    model = LanguageModel("lstm", len(corpus.vocab), 24, 2, dropout=0.3)
+    ref = evaluate(model, corpus.valid, 4, 10)
+    got = StaticEvaluator(model, 10, 4).evaluate(corpus.valid)
+    assert got == ref
+    assert model.training   # restored
+
+
+def test_deadline_stops_training_like_max_steps(corpus, tmp_path):
+    cfg = _cfg(epochs=3)
+    assert train_lm("srnn", cfg, corpus, tmp_path / "r", seed=0, log=None,
+                    deadline=time.time() - 1) is None
+    ck = load_checkpoint(tmp_path / "r")
+    assert (ck["epoch"], ck["step"], ck["done"]) == (0, 1, False)
+
+
+def test_cuda_graph_mode_is_checked(corpus, tmp_path):
+    with pytest.raises(ValueError, match="--cuda-graph must be one of"):
+        train_lm("lstm", _cfg(), corpus, tmp_path / "x", cuda_graph="maybe", log=None)
+
+
+# ------------------------------------------------------------------ the tables
+def _row(variant, status, epochs, valid, test, **kw):
+    return dict({"variant": variant, "seed": 0, "paper_name": variant, "epochs": epochs,
+                 "epochs_planned": 39, "valid_ppl": valid, "test_ppl": test, "seconds": 12.0,
+                 "status": status, "learning_rate": 1.0, "step_mode": "graph"}, **kw)
+
+
+def test_tables_mark_diverged_and_incomplete_runs_beside_the_papers(tmp_path):
+    results = {"device": "test device", "config": "medium", "epochs_planned": 39, "data": "d",
+               "max_parallel": 3, "runs": 3, "time_budget_s": 100.0, "wall_seconds": 99.0,
+               "cuda_graph": "auto",
+               "rows": [_row("lstm", "complete", 39, 86.5, 83.0),
+                        _row("srnn", "diverged", 39, None, None, valid_ppl_raw=3.2e7),
+                        _row("ran", "incomplete", 12.5, 120.25, 117.5)]}
+    write_results(results, tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    assert "| srnn |" in md and "| diverged | diverged |" in md and "3.2e" not in md
+    assert "12.50 of 39" in md and "incomplete" in md and "cut by the time budget" in md
+    assert "83.9 ± 0.3" in md and "82.7" in md and "140.9" in md and "81.6" in md and "81.9" in md
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["device"] == "test device"
+    assert [set(r) >= {"variant", "epochs", "valid_ppl", "test_ppl", "seconds"}
+            for r in data["rows"]] == [True] * 3
+    assert (tmp_path / "results.png").stat().st_size > 1000
+    assert "acl_test_ppl" in (tmp_path / "results.csv").read_text().splitlines()[0]
+    assert "diverged" in format_results(results)
+    # the papers' numbers as the issue gives them
+    assert PAPER_TEST_PPL["large"]["lstm_minus_srnn"]["acl"] == 76.0
+    assert PAPER_TEST_PPL["large"]["identity_ran"]["ran"] == 83.2
+
+
+def test_reproduce_rejects_bad_input(tmp_path):
+    d = _write_ptb(tmp_path / "ptb", 400, 100)
+    with pytest.raises(ValueError, match="--config must be one of"):
+        reproduce_ptb("synthetic", d, tmp_path / "o")
+    with pytest.raises(ValueError, match="needs --data"):
+        reproduce_ptb("tiny", None, tmp_path / "o")
+    with pytest.raises(ValueError, match="--seeds has repeats"):
+        reproduce_ptb("tiny", d, tmp_path / "o", seeds=[1, 1])
+    with pytest.raises(ValueError, match="unknown variant|Unknown variant|variant"):
+        reproduce_ptb("tiny", d, tmp_path / "o", variants=["gru"])
+    (d / "ptb.test.txt").unlink()
+    with pytest.raises(ValueError, match="has no test file"):
+        reproduce_ptb("tiny", d, tmp_path / "o")
+
+
+# ------------------------------------------------------------------ the command, killed
+def _cli(args, **kw):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "rnn_ablations.cli", "reproduce", "ptb"] + args,
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **kw)
+
+
+def test_reproduce_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
+    data = _write_ptb(tmp_path / "ptb", 4000, 500)
+    common = ["--config", "tiny", "--data", str(data), "--variants", "lstm", "ran",
+              "--device", "cpu", "--max-parallel", "2", "--threads", "1", "--epochs", "2",
+              "--checkpoint-every", "5"]
+    ref = _cli(common + ["--out", str(tmp_path / "ref")])
+    cut_dir = tmp_path / "cut"
+    cut = _cli(common + ["--out", str(cut_dir)], start_new_session=True)
+    ckpts = [cut_dir / r / "checkpoint.pt" for r in ("lstm_s0", "ran_s0")]
+    t0 = time.time()
+    while not all(p.exists() for p in ckpts):
+        assert cut.poll() is None, cut.communicate()[0]
+        assert time.time() - t0 < 120, "no checkpoint within 120 s"
+        time.sleep(0.02)
+    os.killpg(cut.pid, signal.SIGKILL)   # the command and its two training processes
+    cut.communicate()
+    states = [load_checkpoint(p) for p in ckpts]
+    assert not all(s["done"] for s in states), "both runs ended before the kill"
+    assert not (cut_dir / "results.json").exists()
+    out_ref = ref.communicate(timeout=300)[0]
+    assert ref.returncode == 0, out_ref
+    res = _cli(common + ["--out", str(cut_dir), "--resume"])
+    out_res = res.communicate(timeout=300)[0]
+    assert res.returncode == 0, out_res
+    a = json.loads((tmp_path / "ref" / "results.json").read_text())
+    b = json.loads((cut_dir / "results.json").read_text())
+    for ra, rb in zip(a["rows"], b["rows"]):
+        assert (ra["variant"], ra["status"], ra["epochs"]) == (rb["variant"], "complete", 2)
+        assert ra["valid_ppl"] == rb["valid_ppl"] and ra["test_ppl"] == rb["test_ppl"]
+        assert math.isfinite(rb["test_ppl"])
+    for r in ("lstm_s0", "ran_s0"):
+        assert _same_params(load_checkpoint(tmp_path / "ref" / r)["model"],
+                            load_checkpoint(cut_dir / r)["model"])
+    for f in ("results.md", "results.csv", "results.png"):
+        assert (cut_dir / f).exists()
+    assert "resuming" in (cut_dir / "lstm_s0" / "run.log").read_text() or \
+        "resuming" in (cut_dir / "ran_s0" / "run.log").read_text()
+    # the same --out without --resume is refused
+    again = _cli(common + ["--out", str(cut_dir)])
+    out_again = again.communicate(timeout=120)[0]
+    assert again.returncode == 2 and "--resume" in out_again
+
+
+def test_reproduce_max_steps_reports_incomplete_runs_and_timing(tmp_path):
+    data = _write_ptb(tmp_path / "ptb", 2000, 300)
+    res = reproduce_ptb("tiny", data, tmp_path / "o", variants=["identity_ran"], device="cpu",
+                        max_steps=4, threads=1, log=None)
+    (row,) = res["rows"]
+    assert row["status"] == "incomplete" and 0 < row["epochs"] < 1
+    assert math.isfinite(row["test_ppl"]) and row["test_ppl"] < 100
+    assert "incomplete" in (tmp_path / "o" / "results.md").read_text()
+    from rnn_ablations.lm.reproduce import run_timing
+    t = run_timing("tiny", data, tmp_path / "t", variants=["lstm", "srnn"], device="cpu",
+                   steps=5, threads=1, log=None)
+    assert [r["run"] for r in t["rows"]] == ["lstm_s0", "srnn_s0"]
+    for r in t["rows"]:
+        assert r["steps"] == 5 and r["steps_per_s"] > 0 and r["projected_s"] > 0
+        assert r["step_mode"] == "eager"
+    assert t["projected_wall_s"] == max(r["projected_s"] for r in t["rows"])
+    assert "projected wall time" in (tmp_path / "t" / "timing.md").read_text()
+
+
+# ------------------------------------------------------------------ CUDA
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+def test_cuda_graph_step_matches_the_eager_step(corpus, tmp_path):
+    from rnn_ablations.lm.trainer import DistContext
+    cfg = _cfg(epochs=1)
+    r_eager = train_lm("lstm", cfg, corpus, tmp_path / "e", seed=2, cuda_graph="off", log=None,
+                       ctx=DistContext(device=torch.device("cuda")))
+    r_graph = train_lm("lstm", cfg, corpus, tmp_path / "g", seed=2, cuda_graph="on", log=None,
+                       ctx=DistContext(device=torch.device("cuda")))
+    a = load_checkpoint(tmp_path / "e")["model"]
+    b = load_checkpoint(tmp_path / "g")["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    assert r_graph["test_ppl"] == pytest.approx(r_eager["test_ppl"], rel=1e-4)
+
+
+@cuda
+def test_cuda_graph_resume_is_bit_identical(corpus, tmp_path):
+    from rnn_ablations.lm.trainer import DistContext
+    ctx = DistContext(device=torch.device("cuda"))
+    cfg = _cfg(epochs=2)
+    full = train_lm("ran", cfg, corpus, tmp_path / "full", seed=5, cuda_graph="on", log=None,
+                    ctx=ctx)
+    assert train_lm("ran", cfg, corpus, tmp_path / "cut", seed=5, cuda_graph="on", log=None,
+                    ctx=ctx, max_steps=9) is None
+    resumed = train_lm("ran", cfg, corpus, tmp_path / "cut", seed=5, cuda_graph="on", log=None,
+                       ctx=ctx, resume=True)
+    assert _same_params(load_checkpoint(tmp_path / "full")["model"],
+                        load_checkpoint(tmp_path / "cut")["model"])
+    assert resumed["test_ppl"] == full["test_ppl"]
+
+
+@cuda
+def test_cuda_graph_evaluator_matches_evaluate(corpus):
+    torch.manual_seed(0)
+    model = LanguageModel("lstm", len(corpus.vocab), 24, 2, dropout=0.3).cuda()
+    ref = evaluate(model, corpus.valid, 4, 10)
+    ev = StaticEvaluator(model, 10, 4, use_graph=True)
+    got = ev.evaluate(corpus.valid)
+    assert ev.graph is not None, ev.failed
+    assert got["ppl"] == pytest.approx(ref["ppl"], rel=1e-6)
