@@ -9,9 +9,8 @@ import json
 import math
 import os
 import random
+import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -188,73 +187,97 @@ def test_reproduce_rejects_bad_input(tmp_path):
 
 
 # ------------------------------------------------------------------ the command, killed
-def _cli(args, **kw):
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "rnn_ablations.cli", "reproduce", "ptb"] + args,
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **kw)
+def _reference(data: Path, variant: str, out: Path, epochs: int = 2):
+    """What a run of the command computes, trained here without interruption."""
+    from rnn_ablations.lm import load_corpus
+    cfg = get_config("tiny", epochs=epochs).for_variant(variant)
+    r = train_lm(variant, cfg, load_corpus(data), out, seed=0, log=None)
+    return r, load_checkpoint(out)["model"]
 
 
 def test_reproduce_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
-    data = _write_ptb(tmp_path / "ptb", 4000, 500)
-    common = ["--config", "tiny", "--data", str(data), "--variants", "lstm", "ran",
-              "--device", "cpu", "--max-parallel", "2", "--threads", "1", "--epochs", "2",
-              "--checkpoint-every", "5"]
-    ref = _cli(common + ["--out", str(tmp_path / "ref")])
-    cut_dir = tmp_path / "cut"
-    cut = _cli(common + ["--out", str(cut_dir)], start_new_session=True)
-    ckpts = [cut_dir / r / "checkpoint.pt" for r in ("lstm_s0", "ran_s0")]
+    """Two variants in two processes; the training processes are killed (SIGKILL) once one has
+    checkpointed (the table then says failed); --resume ends with exactly the uninterrupted
+    result."""
+    import threading
+    data = _write_ptb(tmp_path / "ptb", 2400, 300)
+    out = tmp_path / "cut"
+    kw = dict(variants=["lstm", "ran"], device="cpu", max_parallel=2, threads=1, epochs=2,
+              checkpoint_every=5)
+    pids, first = {}, []
+
+    def log(line):
+        m = re.match(r"started (\S+) \(pid (\d+)\)", line)
+        if m:
+            pids[m.group(1)] = int(m.group(2))
+
+    th = threading.Thread(target=lambda: first.append(reproduce_ptb("tiny", data, out, log=log,
+                                                                    **kw)))
+    th.start()
+    ckpts = [out / r / "checkpoint.pt" for r in ("lstm_s0", "ran_s0")]
     t0 = time.time()
-    while not all(p.exists() for p in ckpts):
-        assert cut.poll() is None, cut.communicate()[0]
-        assert time.time() - t0 < 120, "no checkpoint within 120 s"
-        time.sleep(0.02)
-    os.killpg(cut.pid, signal.SIGKILL)   # the command and its two training processes
-    cut.communicate()
-    states = [load_checkpoint(p) for p in ckpts]
-    assert not all(s["done"] for s in states), "both runs ended before the kill"
-    assert not (cut_dir / "results.json").exists()
-    out_ref = ref.communicate(timeout=300)[0]
-    assert ref.returncode == 0, out_ref
-    res = _cli(common + ["--out", str(cut_dir), "--resume"])
-    out_res = res.communicate(timeout=300)[0]
-    assert res.returncode == 0, out_res
-    a = json.loads((tmp_path / "ref" / "results.json").read_text())
-    b = json.loads((cut_dir / "results.json").read_text())
-    for ra, rb in zip(a["rows"], b["rows"]):
-        assert (ra["variant"], ra["status"], ra["epochs"]) == (rb["variant"], "complete", 2)
-        assert ra["valid_ppl"] == rb["valid_ppl"] and ra["test_ppl"] == rb["test_ppl"]
-        assert math.isfinite(rb["test_ppl"])
-    for r in ("lstm_s0", "ran_s0"):
-        assert _same_params(load_checkpoint(tmp_path / "ref" / r)["model"],
-                            load_checkpoint(cut_dir / r)["model"])
+    while not any(p.exists() for p in ckpts):
+        assert th.is_alive(), "the command ended before any checkpoint"
+        assert time.time() - t0 < 300, "no checkpoint within 300 s"
+        time.sleep(0.01)
+    for pid in list(pids.values()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    th.join(timeout=300)
+    assert first and any(r["status"] == "failed" for r in first[0]["rows"])
+    assert "failed" in (out / "results.md").read_text()
+    states = [load_checkpoint(p) for p in ckpts if p.exists()]
+    assert not all(s["done"] for s in states)
+    # the same --out without --resume is refused, with the fix in the message
+    from rnn_ablations.cli import main
+    args = ["reproduce", "ptb", "--config", "tiny", "--data", str(data), "--out", str(out),
+            "--variants", "lstm", "ran", "--epochs", "2", "--device", "cpu"]
+    assert main(args) == 2
+    res = reproduce_ptb("tiny", data, out, resume=True, log=None, **kw)
+    logs = "".join((out / r / "run.log").read_text() for r in ("lstm_s0", "ran_s0"))
+    assert "resuming" in logs
+    for row in res["rows"]:
+        ref, ref_model = _reference(data, row["variant"], tmp_path / ("ref_" + row["variant"]))
+        assert (row["status"], row["epochs"]) == ("complete", 2)
+        assert row["valid_ppl"] == ref["valid_ppl"] and row["test_ppl"] == ref["test_ppl"]
+        assert math.isfinite(row["test_ppl"])
+        assert _same_params(load_checkpoint(out / f"{row['variant']}_s0")["model"], ref_model)
+    assert json.loads((out / "results.json").read_text())["rows"] == res["rows"]
     for f in ("results.md", "results.csv", "results.png"):
-        assert (cut_dir / f).exists()
-    assert "resuming" in (cut_dir / "lstm_s0" / "run.log").read_text() or \
-        "resuming" in (cut_dir / "ran_s0" / "run.log").read_text()
-    # the same --out without --resume is refused
-    again = _cli(common + ["--out", str(cut_dir)])
-    out_again = again.communicate(timeout=120)[0]
-    assert again.returncode == 2 and "--resume" in out_again
+        assert (out / f).exists()
 
 
-def test_reproduce_max_steps_reports_incomplete_runs_and_timing(tmp_path):
+def test_a_run_cut_short_is_reported_incomplete_with_its_test_ppl(tmp_path):
+    """The process body of a run (in this process), stopped by max_steps as by a deadline."""
+    from rnn_ablations.lm.reproduce import _child_train, _row
     data = _write_ptb(tmp_path / "ptb", 2000, 300)
-    res = reproduce_ptb("tiny", data, tmp_path / "o", variants=["identity_ran"], device="cpu",
-                        max_steps=4, threads=1, log=None)
-    (row,) = res["rows"]
-    assert row["status"] == "incomplete" and 0 < row["epochs"] < 1
-    assert math.isfinite(row["test_ppl"]) and row["test_ppl"] < 100
-    assert "incomplete" in (tmp_path / "o" / "results.md").read_text()
+    spec = {"run": "identity_ran_s0", "variant": "identity_ran", "seed": 0, "config": "tiny",
+            "epochs": None, "data": str(data), "out": str(tmp_path / "identity_ran_s0"),
+            "device": "cpu", "resume": False, "overwrite": False, "deadline": None,
+            "cuda_graph": "auto", "checkpoint_every": 0, "max_steps": 4, "threads": 1}
+    assert _child_train(spec) == 0
+    row = _row(tmp_path, spec, 0)
+    assert row["status"] == "incomplete" and row["epochs"] == pytest.approx(4 / 24, abs=1e-3)
+    assert math.isfinite(row["test_ppl"]) and row["test_ppl"] < 100 and row["steps"] == 4
+    res = {"device": row["device"], "config": "tiny", "epochs_planned": 2, "data": str(data),
+           "max_parallel": 1, "runs": 1, "time_budget_s": None, "wall_seconds": 1.0,
+           "cuda_graph": "auto", "rows": [row]}
+    write_results(res, tmp_path)
+    assert "0.17 of 2" in (tmp_path / "results.md").read_text()
+
+
+def test_timing_mode_projects_the_full_run(tmp_path):
     from rnn_ablations.lm.reproduce import run_timing
-    t = run_timing("tiny", data, tmp_path / "t", variants=["lstm", "srnn"], device="cpu",
-                   steps=5, threads=1, log=None)
-    assert [r["run"] for r in t["rows"]] == ["lstm_s0", "srnn_s0"]
-    for r in t["rows"]:
-        assert r["steps"] == 5 and r["steps_per_s"] > 0 and r["projected_s"] > 0
-        assert r["step_mode"] == "eager"
-    assert t["projected_wall_s"] == max(r["projected_s"] for r in t["rows"])
+    data = _write_ptb(tmp_path / "ptb", 2000, 300)
+    t = run_timing("tiny", data, tmp_path / "t", variants=["srnn"], device="cpu", steps=5,
+                   threads=1, log=None)
+    (r,) = t["rows"]
+    assert r["run"] == "srnn_s0" and r["steps"] == 5 and r["step_mode"] == "eager"
+    assert r["steps_per_s"] > 0 and r["epoch_size"] == 24 and r["total_steps"] == 48
+    assert r["projected_s"] > r["total_steps"] / r["steps_per_s"]
+    assert t["projected_wall_s"] == r["projected_s"]
     assert "projected wall time" in (tmp_path / "t" / "timing.md").read_text()
 
 
