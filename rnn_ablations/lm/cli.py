@@ -240,14 +240,15 @@ def _cmd_reproduce(args) -> int:
         run_timing(args.config, data, args.out, variants=args.variants, seeds=args.seeds,
                    device=args.device, max_parallel=args.max_parallel,
                    cuda_graph=args.cuda_graph, steps=args.timing, epochs=args.epochs,
-                   threads=args.threads, paper_lr=not args.same_lr)
+                   threads=args.threads, paper_lr=not args.same_lr,
+                   runs_per_process=args.runs_per_process)
         return 0
     res = reproduce_ptb(args.config, data, args.out, variants=args.variants, seeds=args.seeds,
                         device=args.device, max_parallel=args.max_parallel, resume=args.resume,
                         overwrite=args.overwrite, time_budget=args.time_budget,
                         cuda_graph=args.cuda_graph, checkpoint_every=args.checkpoint_every,
                         epochs=args.epochs, max_steps=args.max_steps, threads=args.threads,
-                        paper_lr=not args.same_lr)
+                        paper_lr=not args.same_lr, runs_per_process=args.runs_per_process)
     return 0 if all(r.get("status") != "failed" for r in res["rows"]) else 1
 
 
@@ -359,7 +360,12 @@ def add_subparser(subparsers) -> None:
     pt.add_argument("--out", required=True, metavar="DIR", help="output directory")
     pt.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     pt.add_argument("--max-parallel", type=_positive_int, default=None, metavar="N",
-                    help="runs at a time (default: all on CUDA, one per core on the CPU)")
+                    help="processes at a time (default: all on CUDA, one per core on the CPU)")
+    pt.add_argument("--runs-per-process", type=_positive_int, default=1, metavar="K",
+                    help="K runs per process, each in its own thread and (on CUDA) its own "
+                         "stream, so that their kernels run at the same time on the GPU; "
+                         "separate processes take turns on a GPU unless MPS is running "
+                         "(default 1)")
     pt.add_argument("--resume", action="store_true", help="continue the runs in --out")
     pt.add_argument("--overwrite", action="store_true", help="discard the runs in --out")
     pt.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",

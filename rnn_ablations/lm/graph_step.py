@@ -38,6 +38,7 @@ it cannot be captured), the static step run eagerly on the CPU (what the CPU tes
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -48,6 +49,8 @@ __all__ = ["CUDA_GRAPH_MODES", "StaticTrainStep", "StaticEvaluator", "make_stepp
 CUDA_GRAPH_MODES = ("auto", "on", "off")
 #: Eager steps run on a side stream before capture (the PyTorch docs ask for a few).
 WARMUP_STEPS = 3
+#: Runs trained in threads of one process (each on its own CUDA stream) capture one at a time.
+_CAPTURE_LOCK = threading.RLock()
 
 
 def check_mode(mode: str) -> str:
@@ -188,6 +191,10 @@ class StaticTrainStep:
 
     # ----------------------------------------------------------------- capture
     def _capture(self) -> None:
+        with _CAPTURE_LOCK:
+            self._capture_locked()
+
+    def _capture_locked(self) -> None:
         model = self.model
         model.train()
         snap = _Snapshot(self)
@@ -290,6 +297,10 @@ class StaticEvaluator:
         self.c.copy_(c)
 
     def _capture(self) -> None:
+        with _CAPTURE_LOCK:
+            self._capture_locked()
+
+    def _capture_locked(self) -> None:
         saved = [self.h.clone(), self.c.clone(), self.total.clone()]
         try:
             stream = torch.cuda.Stream(device=self.device)

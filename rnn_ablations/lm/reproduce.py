@@ -155,8 +155,22 @@ def _prepare_out(out: Path, manifest: Dict, runs: List[str], resume: bool, overw
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _child_cmd(spec: Dict) -> List[str]:
-    return [sys.executable, "-m", "rnn_ablations.lm.reproduce", "--child", json.dumps(spec)]
+def _child_cmd(runs: List[Dict]) -> List[str]:
+    return [sys.executable, "-m", "rnn_ablations.lm.reproduce", "--child",
+            json.dumps({"runs": runs})]
+
+
+def _group(specs: List[Dict], per_process: int, logs: Path) -> List[Dict]:
+    """Processes of ``per_process`` runs each: ``{"name", "runs", "log"}``."""
+    procs = []
+    for i in range(0, len(specs), per_process):
+        runs = specs[i:i + per_process]
+        name = runs[0]["run"] if len(runs) == 1 else "+".join(r["run"] for r in runs)
+        log = str(logs / f"{name}.log")
+        for r in runs:
+            r["process_log"] = log
+        procs.append({"name": name, "runs": runs, "log": log})
+    return procs
 
 
 def _child_env(threads: int) -> Dict[str, str]:
@@ -168,34 +182,42 @@ def _child_env(threads: int) -> Dict[str, str]:
     return env
 
 
-def _run_children(specs: List[Dict], out: Path, max_parallel: int, threads: int,
+def _run_children(procs: List[Dict], max_parallel: int, threads: int,
                   say, poll: float = 0.2) -> Dict[str, int]:
-    """Start one process per spec (at most ``max_parallel`` at once); returns exit codes."""
-    pending = list(specs)
+    """Start the processes (at most ``max_parallel`` at once); returns each run's exit code
+    (a process's, or what its thread reported in ``OUT/<run>/exit``)."""
+    pending = list(procs)
     running: Dict[str, subprocess.Popen] = {}
+    by_name = {p["name"]: p for p in procs}
     logs = {}
     codes: Dict[str, int] = {}
     env = _child_env(threads)
     try:
         while pending or running:
             while pending and len(running) < max_parallel:
-                spec = pending.pop(0)
-                run_dir = out / spec["run"]
-                run_dir.mkdir(parents=True, exist_ok=True)
-                f = open(run_dir / RUN_LOG, "a")
-                logs[spec["run"]] = f
-                running[spec["run"]] = subprocess.Popen(_child_cmd(spec), stdout=f,
-                                                        stderr=subprocess.STDOUT, env=env)
-                say(f"started {spec['run']} (pid {running[spec['run']].pid})")
+                proc = pending.pop(0)
+                Path(proc["log"]).parent.mkdir(parents=True, exist_ok=True)
+                for r in proc["runs"]:
+                    Path(r["out"]).mkdir(parents=True, exist_ok=True)
+                    if (Path(r["out"]) / "exit").exists():
+                        (Path(r["out"]) / "exit").unlink()
+                f = open(proc["log"], "a")
+                logs[proc["name"]] = f
+                running[proc["name"]] = subprocess.Popen(_child_cmd(proc["runs"]), stdout=f,
+                                                         stderr=subprocess.STDOUT, env=env)
+                say(f"started {proc['name']} (pid {running[proc['name']].pid})")
             time.sleep(poll)
             for name, p in list(running.items()):
                 rc = p.poll()
                 if rc is not None:
-                    codes[name] = rc
                     logs.pop(name).close()
                     del running[name]
-                    say(f"{name} finished" if rc == 0 else
-                        f"{name} FAILED (exit {rc}); see {out / name / RUN_LOG}")
+                    for r in by_name[name]["runs"]:
+                        e = Path(r["out"]) / "exit"
+                        codes[r["run"]] = int(e.read_text()) if (rc == 0 and e.exists()) else (rc or 1)
+                    bad = [r["run"] for r in by_name[name]["runs"] if codes[r["run"]] != 0]
+                    say(f"{name} finished" if not bad else
+                        f"{name} FAILED ({', '.join(bad)}; exit {rc}); see {by_name[name]['log']}")
     finally:
         for name, p in running.items():   # interrupted: stop our children, by their pid
             if p.poll() is None:
@@ -223,7 +245,7 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
                   cuda_graph: str = "auto", checkpoint_every: int = 0,
                   epochs: Optional[int] = None, max_steps: Optional[int] = None,
                   threads: Optional[int] = None, paper_lr: bool = True,
-                  log=print) -> Dict:
+                  runs_per_process: int = 1, log=print) -> Dict:
     """Train every (variant, seed) concurrently, evaluate, write ``OUT/results.*``; returns the
     results dict (also ``OUT/results.json``)."""
     from .configs import get_config
@@ -250,8 +272,9 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
                 "variants": names, "seeds": seeds}
     _prepare_out(out, manifest, run_names, resume, overwrite)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _check_per_process(runs_per_process)
     parallel = max_parallel or _default_parallel(len(runs), dev)
-    nthreads = threads or max(1, (os.cpu_count() or 1) // min(parallel, len(runs)))
+    nthreads = threads or max(1, (os.cpu_count() or 1) // min(parallel * runs_per_process, len(runs)))
     deadline = None
     if time_budget is not None:
         # leave time for the final evaluation of every run and the tables
@@ -263,15 +286,19 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
               "cuda_graph": cuda_graph, "checkpoint_every": checkpoint_every,
               "max_steps": max_steps, "threads": nthreads, "paper_lr": paper_lr}
              for v, s in runs]
+    procs = _group(specs, runs_per_process, out / "logs")
+    parallel = min(parallel, len(procs)) if max_parallel is None else parallel
     say(f"reproduce ptb: config {cfg.name} ({cfg.num_layers} × {cfg.hidden_size}, {cfg.epochs} "
-        f"epochs), {len(runs)} run(s) ({', '.join(run_names)}), {parallel} at a time on {dev}"
+        f"epochs), {len(runs)} run(s) ({', '.join(run_names)}) in {len(procs)} process(es) "
+        f"({runs_per_process} run(s) each), {parallel} process(es) at a time on {dev}"
         + (f", time budget {time_budget:g} s" if time_budget else "") + f"; logs in {out}/*/{RUN_LOG}")
-    codes = _run_children(specs, out, parallel, nthreads, say)
+    codes = _run_children(procs, parallel, nthreads, say)
     rows = [_row(out, spec, codes.get(spec["run"])) for spec in specs]
     wall = time.time() - t0
     results = {
         "device": device_name(dev), "config": cfg.name, "epochs_planned": cfg.epochs,
-        "data": str(data), "max_parallel": parallel, "runs": len(runs),
+        "data": str(data), "max_parallel": min(parallel * runs_per_process, len(runs)),
+        "processes": len(procs), "runs_per_process": runs_per_process, "runs": len(runs),
         "time_budget_s": time_budget, "wall_seconds": round(wall, 1), "cuda_graph": cuda_graph,
         "rows": rows,
     }
@@ -291,7 +318,7 @@ def _row(out: Path, spec: Dict, code: Optional[int]) -> Dict:
         o = json.loads(p.read_text())
         return dict(base, **o)
     tail = ""
-    log = out / spec["run"] / RUN_LOG
+    log = Path(spec.get("process_log") or out / spec["run"] / RUN_LOG)
     if log.exists():
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-5:]).strip()
     return dict(base, epochs=None, valid_ppl=None, test_ppl=None, seconds=None,
@@ -430,6 +457,20 @@ def _diverged(ppl: Optional[float], vocab: int) -> bool:
     return ppl is None or not math.isfinite(ppl) or ppl > vocab
 
 
+def _run_logger(spec: Dict):
+    """The trainer's lines go to OUT/<run>/run.log (and, prefixed, to the process's output)."""
+    path = Path(spec["out"]) / RUN_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines: List[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        with open(path, "a") as f:
+            f.write(line + "\n")
+        print(f"[{spec['run']}] {line}", flush=True)
+    return log, lines
+
+
 def _child_train(spec: Dict) -> int:
     import torch
     from .configs import get_config
@@ -442,6 +483,9 @@ def _child_train(spec: Dict) -> int:
     cfg = get_config(spec["config"], epochs=spec.get("epochs"))
     cfg = cfg.for_variant(spec["variant"], paper_lr=spec.get("paper_lr", True))
     out = Path(spec["out"])
+    if spec["overwrite"] and (out / RUN_LOG).exists():
+        (out / RUN_LOG).unlink()
+    log, lines = _run_logger(spec)
     if (out / OUTCOME).exists():
         (out / OUTCOME).unlink()
     result = train_lm(spec["variant"], cfg, corpus, out,
@@ -449,14 +493,13 @@ def _child_train(spec: Dict) -> int:
                       ctx=DistContext(device=dev), resume=spec["resume"],
                       overwrite=spec["overwrite"], checkpoint_every=spec["checkpoint_every"],
                       max_steps=spec.get("max_steps"), progress=False,
-                      cuda_graph=spec["cuda_graph"], deadline=spec.get("deadline"))
+                      cuda_graph=spec["cuda_graph"], deadline=spec.get("deadline"), log=log)
     ckpt = load_checkpoint(out)
     vocab = len(corpus.vocab)
     from .data import batchify
     epoch_size = (batchify(corpus.train, cfg.batch_size).shape[1] - 1) // cfg.num_steps
     step_mode = "graph" if (dev.type == "cuda" and spec["cuda_graph"] != "off") else "eager"
-    log_text = (out / RUN_LOG).read_text(errors="replace") if (out / RUN_LOG).exists() else ""
-    if "CUDA graph of the training step not used" in log_text:
+    if any("CUDA graph of the training step not used" in line for line in lines):
         step_mode = "eager (capture failed)"
     if result is not None:
         valid, test = result["valid_ppl"], result["test_ppl"]
@@ -479,12 +522,17 @@ def _child_train(spec: Dict) -> int:
     tmp = out / (OUTCOME + ".tmp")
     tmp.write_text(json.dumps(outcome, indent=2) + "\n")
     os.replace(tmp, out / OUTCOME)
-    print(f"{spec['run']}: {status}, {epochs_done} epochs, valid {valid:.2f}, test {test:.2f}, "
-          f"{seconds:.0f} s", flush=True)
+    log(f"{spec['run']}: {status}, {epochs_done} epochs, valid {valid:.2f}, test {test:.2f}, "
+        f"{seconds:.0f} s")
     return 0
 
 
 # ---------------------------------------------------------------------------- timing
+def _check_per_process(n) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"--runs-per-process must be a positive integer, got {n!r}")
+
+
 def _child_timing(spec: Dict) -> int:
     """Capture the step, wait for the other runs, time ``steps`` steps and one valid evaluation."""
     import torch
@@ -573,13 +621,14 @@ def _child_timing(spec: Dict) -> int:
 def run_timing(config: str, data, out, *, variants=None, seeds=None, device=None,
                max_parallel=None, cuda_graph: str = "auto", steps: int = 300,
                epochs: Optional[int] = None, threads: Optional[int] = None,
-               paper_lr: bool = True, log=print) -> Dict:
+               paper_lr: bool = True, runs_per_process: int = 1, log=print) -> Dict:
     """Time ``steps`` steps of every run at once; print steps/s and the projected wall time of
     the full schedule; write ``OUT/timing.{json,md}``."""
     from .configs import get_config
     t0 = time.time()
     say = log or (lambda s: None)
     names, seeds = _check_args(config, variants, seeds, max_parallel, None, cuda_graph)
+    _check_per_process(runs_per_process)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"--timing must be a positive number of steps, got {steps!r}")
     if data is None:
@@ -591,10 +640,11 @@ def run_timing(config: str, data, out, *, variants=None, seeds=None, device=None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = [(v, s) for v in names for s in seeds]
-    parallel = max_parallel or _default_parallel(len(runs), dev)
-    if parallel < len(runs):
-        raise ValueError(f"--timing runs every run at once ({len(runs)}); --max-parallel "
-                         f"{parallel} is smaller")
+    n_procs = -(-len(runs) // runs_per_process)
+    parallel = max_parallel or n_procs
+    if parallel < n_procs:
+        raise ValueError(f"--timing runs every run at once ({n_procs} process(es)); "
+                         f"--max-parallel {parallel} is smaller")
     nthreads = threads or max(1, (os.cpu_count() or 1) // len(runs))
     run_dirs = [str(out / "timing" / _run_name(v, s)) for v, s in runs]
     for d in run_dirs:
@@ -607,8 +657,10 @@ def run_timing(config: str, data, out, *, variants=None, seeds=None, device=None
               "cuda_graph": cuda_graph, "threads": nthreads, "steps": steps,
               "all_runs": run_dirs, "t_start": time.time(), "timing": True, "paper_lr": paper_lr}
              for (v, s), d in zip(runs, run_dirs)]
-    say(f"timing: config {cfg.name}, {len(runs)} run(s) at once on {dev}, {steps} steps each")
-    codes = _run_children(specs, out / "timing", len(runs), nthreads, say)
+    procs = _group(specs, runs_per_process, out / "timing" / "logs")
+    say(f"timing: config {cfg.name}, {len(runs)} run(s) at once on {dev} in {len(procs)} "
+        f"process(es), {steps} steps each")
+    codes = _run_children(procs, len(procs), nthreads, say)
     rows = []
     for spec in specs:
         p = Path(spec["out"]) / "timing.json"
@@ -618,6 +670,7 @@ def run_timing(config: str, data, out, *, variants=None, seeds=None, device=None
             rows.append({"run": spec["run"], "variant": spec["variant"], "failed": True})
     ok = [r for r in rows if not r.get("failed")]
     res = {"config": cfg.name, "device": device_name(dev), "runs_at_once": len(runs),
+           "processes": len(procs), "runs_per_process": runs_per_process,
            "steps": steps, "cuda_graph": cuda_graph, "rows": rows,
            "projected_wall_s": max((r["projected_s"] for r in ok), default=None),
            "wall_s": round(time.time() - t0, 1)}
@@ -630,7 +683,8 @@ def run_timing(config: str, data, out, *, variants=None, seeds=None, device=None
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     table = "\n".join("  ".join(s.rjust(w) if i > 1 else s.ljust(w) for i, (s, w) in
                                 enumerate(zip(x, widths))) for x in [head] + body)
-    summary = (f"{len(runs)} run(s) at once on {res['device']}; config {cfg.name}: "
+    summary = (f"{len(runs)} run(s) at once in {len(procs)} process(es) on {res['device']}; "
+               f"config {cfg.name}: "
                f"{ok[0]['epoch_size'] if ok else '?'} windows/epoch × {cfg.epochs} epochs; "
                f"projected wall time of the full run: "
                + (f"{res['projected_wall_s']:.0f} s ({res['projected_wall_s'] / 60:.1f} min)"
@@ -642,15 +696,51 @@ def run_timing(config: str, data, out, *, variants=None, seeds=None, device=None
     return res
 
 
+def _run_one(spec: Dict, stream_device: Optional[str]) -> int:
+    """One run in this thread (on its own CUDA stream when ``stream_device``); writes its exit
+    code to ``OUT/<run>/exit``."""
+    import traceback
+    import contextlib
+    import torch
+    code = 1
+    try:
+        ctx = contextlib.nullcontext()
+        if stream_device is not None:
+            ctx = torch.cuda.stream(torch.cuda.Stream(device=torch.device(stream_device)))
+        with ctx:
+            code = _child_timing(spec) if spec.get("timing") else _child_train(spec)
+    except BaseException:  # noqa: BLE001 - reported in the log and the exit file
+        traceback.print_exc()
+        sys.stdout.flush()
+        code = 1
+    (Path(spec["out"]) / "exit").write_text(str(code))
+    return code
+
+
 def _child_main(argv: List[str]) -> int:
     if len(argv) != 2 or argv[0] != "--child":
         print("usage: python -m rnn_ablations.lm.reproduce --child JSON (started by "
               "`rnn-ablations reproduce ptb`)", file=sys.stderr)
         return 2
-    spec = json.loads(argv[1])
+    runs = json.loads(argv[1])["runs"]
     # the parent stops its children with SIGTERM: exit through Python (checkpoints are atomic)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
-    return _child_timing(spec) if spec.get("timing") else _child_train(spec)
+    if len(runs) == 1:
+        return _run_one(runs[0], None)
+    # several runs in this process: one thread each, each on its own CUDA stream, so that the
+    # GPU runs their (graphed) steps at the same time
+    import threading
+    dev = runs[0]["device"]
+    stream_dev = dev if dev.startswith("cuda") else None
+    codes: List[int] = []
+    threads = [threading.Thread(target=lambda s=s: codes.append(_run_one(s, stream_dev)),
+                                daemon=True, name=s["run"]) for s in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.5)
+    return 0 if all(c == 0 for c in codes) and len(codes) == len(runs) else 1
 
 
 if __name__ == "__main__":

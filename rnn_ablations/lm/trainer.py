@@ -32,6 +32,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -291,6 +292,9 @@ def prepare_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- training
+_INIT_LOCK = threading.Lock()
+
+
 def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
              corpus_spec: Optional[Dict] = None, seed: int = 0, ctx: Optional[DistContext] = None,
              resume: bool = False, overwrite: bool = False, checkpoint_every: int = 0,
@@ -345,9 +349,10 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
                          f"batch size {B} × {T} steps: use a smaller config or more data")
     rows = rows_all[lo:hi].to(device)
 
-    torch.manual_seed(seed)
-    model = LanguageModel(v.name, len(corpus.vocab), cfg.hidden_size, cfg.num_layers,
-                          cfg.dropout, cfg.init_scale, cfg.forget_bias).to(device)
+    with _INIT_LOCK:   # torch's global RNG: runs trained in threads of one process take turns
+        torch.manual_seed(seed)
+        model = LanguageModel(v.name, len(corpus.vocab), cfg.hidden_size, cfg.num_layers,
+                              cfg.dropout, cfg.init_scale, cfg.forget_bias).to(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + 1)
 
