@@ -6,9 +6,10 @@
 #   STEPS > 0   timing mode: the CUDA checks of tests/test_reproduce.py (graphed step against
 #               eager, bit-identical resume with graphs), then STEPS training steps of every run
 #               at once; prints steps/s per run and the projected wall time of the full run
-#               (OUT/timing.md). With MPS_COMPARE=1 (default) and nvidia-cuda-mps-control on the
-#               PATH, the timing is repeated under MPS (processes then share the GPU's SMs
-#               instead of taking turns) and appended to OUT/timing.md.
+#               (OUT/timing.md), twice: one process per run (processes on one GPU take turns
+#               unless MPS runs), and all runs in one process, one thread and CUDA stream each
+#               (their kernels can overlap). With MPS_COMPARE=1 and nvidia-cuda-mps-control on
+#               the PATH, a third time: one process per run under MPS.
 #   STEPS = 0   (default) the full run: `rnn-ablations reproduce ptb --config $CONFIG` for the
 #               five variants, all at once, stopped so that the whole script ends within
 #               BUDGET_SECONDS (default 450; runs cut short are reported as incomplete).
@@ -19,7 +20,10 @@
 # ptb.test.txt; copy it into the repo's ignored .data/ and carry it), CONFIG (medium), VARIANTS
 # ("lstm srnn lstm_minus_srnn ran identity_ran"), SEEDS (0), WORK (where the runs and their
 # checkpoints live, outside OUT: /tmp/rnn_ablations_reproduce), MPS=1 (run the full run under
-# MPS), CUDA_GRAPH (auto), MAX_PARALLEL (all runs at once), DEVICE (cuda).
+# MPS), RUNS_PER_PROCESS (runs per process in the full run: 1, the number of runs = all in one
+# process, or auto = the faster of the two timings when STEPS > 0, else 1; default auto),
+# CUDA_GRAPH (auto),
+# MAX_PARALLEL (processes at once: all), DEVICE (cuda).
 #
 # OUT receives at most 8 files: gpu_reproduce.log (everything printed, the runs' logs at the
 # end), timing.md, results.{json,md,csv,png} and ptb_${CONFIG}_gpu.json (device and one row per
@@ -76,26 +80,28 @@ mps_stop() {
 }
 
 status=0
+nruns=$(( $(echo $variants | wc -w) * $(echo $seeds | wc -w) ))
 # ---- timing
+timing() {   # timing NAME TITLE [extra reproduce args]: appends its table to OUT/timing.md
+    local name=$1 title=$2; shift 2
+    say "timing ($title): $steps steps of every run at once"
+    rm -rf "$work/$name"
+    timeout 200 python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
+        --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
+        --out "$work/$name" --timing "$steps" "$@" || say "timing ($title) FAILED"
+    { echo "## $config, $steps steps per run, all runs at once: $title"; echo;
+      cat "$work/$name/timing.md" 2>/dev/null || echo "(failed: see gpu_reproduce.log)"; echo; } >> "$out/timing.md"
+}
 if [ "$steps" -gt 0 ]; then
     say "CUDA checks of the graphed step"
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_reproduce.py -k cuda 2>&1 | tail -15
-    say "timing: $steps steps of every run at once"
-    rm -rf "$work/timing"
-    timeout 240 python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
-        --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
-        --out "$work/timing" --timing "$steps" || status=$?
-    { echo "## $config, $steps steps per run, all runs at once (no MPS)"; echo;
-      cat "$work/timing/timing.md" 2>/dev/null; } > "$out/timing.md"
-    if [ "${MPS_COMPARE:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; then
-        say "timing again under MPS"
+    : > "$out/timing.md"
+    timing timing_procs "one process per run (RUNS_PER_PROCESS=1)"
+    timing timing_threads "one process, a thread and a CUDA stream per run (RUNS_PER_PROCESS=$nruns)" \
+        --runs-per-process "$nruns"
+    if [ "${MPS_COMPARE:-0}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; then
         if mps_start; then
-            rm -rf "$work/timing_mps"
-            timeout 180 python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
-                --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
-                --out "$work/timing_mps" --timing "$steps"
-            { echo; echo "## the same under MPS"; echo;
-              cat "$work/timing_mps/timing.md" 2>/dev/null || echo "(MPS timing failed: see the log)"; } >> "$out/timing.md"
+            timing timing_mps "one process per run under MPS (MPS=1)"
             mps_stop
         fi
     fi
@@ -109,12 +115,36 @@ if [ "$steps" -eq 0 ] || [ "${FULL:-0}" = 1 ]; then
         say "ERROR: only ${left}s of the ${budget}s budget left for the full run"
         exit 4
     fi
+    rpp=${RUNS_PER_PROCESS:-auto}
+    if [ "$rpp" = auto ]; then
+        rpp=1
+        if [ "$steps" -gt 0 ]; then   # the faster of the two timings (a failed one never wins)
+            rpp=$(python3 - "$work" "$nruns" <<'EOF'
+import json, sys
+from pathlib import Path
+work, n = Path(sys.argv[1]), sys.argv[2]
+best = ("1", float("inf"))
+for name, k in (("timing_procs", "1"), ("timing_threads", n)):
+    try:
+        t = json.loads((work / name / "timing.json").read_text())
+    except (OSError, ValueError):
+        continue
+    ok = t.get("projected_wall_s") is not None and not any(r.get("failed") for r in t["rows"])
+    if ok and t["projected_wall_s"] < best[1]:
+        best = (k, t["projected_wall_s"])
+print(best[0])
+EOF
+)
+            say "runs per process for the full run: $rpp (the faster projection of the timings)"
+        fi
+    fi
     [ "${MPS:-0}" = 1 ] && mps_start
-    say "full run: reproduce ptb --config $config, time budget ${left}s"
+    say "full run: reproduce ptb --config $config, time budget ${left}s, $rpp run(s) per process"
     rm -rf "$work/run"
     python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
         --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
-        --out "$work/run" --time-budget "$left" ${MAX_PARALLEL:+--max-parallel $MAX_PARALLEL} || status=$?
+        --out "$work/run" --time-budget "$left" --runs-per-process "$rpp" \
+        ${MAX_PARALLEL:+--max-parallel $MAX_PARALLEL} || status=$?
     [ "${MPS:-0}" = 1 ] && mps_stop
     for f in results.json results.md results.csv results.png; do
         cp "$work/run/$f" "$out/" 2>/dev/null || say "no $f"

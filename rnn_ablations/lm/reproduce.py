@@ -254,6 +254,7 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
     t0 = time.time()
     say = log or (lambda s: None)
     names, seeds = _check_args(config, variants, seeds, max_parallel, time_budget, cuda_graph)
+    _check_per_process(runs_per_process)
     if data is None:
         raise ValueError("reproduce ptb needs --data DIR: a PTB directory with ptb.train.txt, "
                          "ptb.valid.txt and ptb.test.txt")
@@ -272,7 +273,6 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
                 "variants": names, "seeds": seeds}
     _prepare_out(out, manifest, run_names, resume, overwrite)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    _check_per_process(runs_per_process)
     parallel = max_parallel or _default_parallel(len(runs), dev)
     nthreads = threads or max(1, (os.cpu_count() or 1) // min(parallel * runs_per_process, len(runs)))
     deadline = None
