@@ -166,7 +166,8 @@ class StaticTrainStep:
         torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         with torch.no_grad():
             for p in self.params:
-                p.addcmul_(p.grad, self.lr, value=-1)
+                if p.grad is not None:   # as torch.optim.SGD: a parameter without gradient stays
+                    p.addcmul_(p.grad, self.lr, value=-1)
             self.h.copy_(h)
             self.c.copy_(c)
             tok = loss.detach().double() / T
