@@ -1,4 +1,5 @@
-"""Sub-commands ``lm`` (``train``, ``evaluate``), ``ablate`` and ``params`` of ``rnn-ablations``."""
+"""Sub-commands ``lm`` (``train``, ``evaluate``), ``ablate``, ``params`` and ``reproduce`` of
+``rnn-ablations``."""
 from __future__ import annotations
 
 import argparse
@@ -265,6 +266,38 @@ def _cmd_params(args) -> int:
     return 0
 
 
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
+def _cmd_reproduce(args) -> int:
+    import os
+    from .reproduce import reproduce_ptb, run_timing
+    data = args.data or os.environ.get("RNN_ABLATIONS_PTB")
+    if args.timing is not None:
+        if args.resume or args.overwrite or args.time_budget is not None:
+            raise ValueError("--timing measures only: drop --resume/--overwrite/--time-budget")
+        run_timing(args.config, data, args.out, variants=args.variants, seeds=args.seeds,
+                   device=args.device, max_parallel=args.max_parallel,
+                   cuda_graph=args.cuda_graph, steps=args.timing, epochs=args.epochs,
+                   threads=args.threads, paper_lr=not args.same_lr,
+                   runs_per_process=args.runs_per_process)
+        return 0
+    res = reproduce_ptb(args.config, data, args.out, variants=args.variants, seeds=args.seeds,
+                        device=args.device, max_parallel=args.max_parallel, resume=args.resume,
+                        overwrite=args.overwrite, time_budget=args.time_budget,
+                        cuda_graph=args.cuda_graph, checkpoint_every=args.checkpoint_every,
+                        epochs=args.epochs, max_steps=args.max_steps, threads=args.threads,
+                        paper_lr=not args.same_lr, runs_per_process=args.runs_per_process)
+    return 0 if all(r.get("status") != "failed" for r in res["rows"]) else 1
+
+
 def add_subparser(subparsers) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     # lm ------------------------------------------------------------------------------------
@@ -344,3 +377,64 @@ def add_subparser(subparsers) -> None:
     pa.add_argument("--input-size", type=_positive_int, default=None,
                     help="input size of the first layer (default: = hidden size)")
     pa.set_defaults(func=_cmd_params)
+
+    # reproduce -----------------------------------------------------------------------------
+    rp = subparsers.add_parser(
+        "reproduce", help="the papers' PTB table: every variant trained concurrently, test "
+                          "perplexity beside the papers'",
+        description="Reproduce a table of the papers at their scale.", formatter_class=fmt)
+    rp_sub = rp.add_subparsers(dest="reproduce_target", metavar="{ptb}")
+    rp_sub.required = True
+    pt = rp_sub.add_parser(
+        "ptb", help="PTB language model, config medium or large (tiny/small for a quick look)",
+        description="Train every variant (default: lstm srnn lstm_minus_srnn ran identity_ran) "
+                    "for every seed with the papers' settings, one process per run, "
+                    "concurrently on one device (on CUDA each step is replayed from a CUDA "
+                    "graph); evaluate valid and test perplexity; write results.json, "
+                    "results.md, results.csv and results.png into --out with the papers' "
+                    "test perplexities beside ours. Each run lives in OUT/<variant>_s<seed>/ "
+                    "with its checkpoint: --resume continues cut runs bit-identically.\n\n"
+                    "--timing STEPS times STEPS steps of every run at once and prints the "
+                    "projected wall time of the full run instead of training.\n\n"
+                    "  rnn-ablations reproduce ptb --config medium --data data/ptb --out ptb_medium",
+        formatter_class=fmt)
+    pt.add_argument("--config", default="medium", choices=("tiny", "small", "medium", "large"),
+                    help="hyper-parameter set (default medium, ACL 2018 Table 1)")
+    pt.add_argument("--data", default=None, metavar="DIR",
+                    help="PTB directory with ptb.train.txt, ptb.valid.txt, ptb.test.txt "
+                         "(default: $RNN_ABLATIONS_PTB)")
+    pt.add_argument("--variants", nargs="+", default=None, metavar="VARIANT",
+                    help=f"subset of {_VARIANT_HELP} (default: all five)")
+    pt.add_argument("--seeds", nargs="+", type=_nonneg_int, default=None, metavar="SEED",
+                    help="one run per variant and seed (default: 0)")
+    pt.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    pt.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    pt.add_argument("--max-parallel", type=_positive_int, default=None, metavar="N",
+                    help="processes at a time (default: all on CUDA, one per core on the CPU)")
+    pt.add_argument("--runs-per-process", type=_positive_int, default=1, metavar="K",
+                    help="K runs per process, each in its own thread and (on CUDA) its own "
+                         "stream, so that their kernels run at the same time on the GPU; "
+                         "separate processes take turns on a GPU unless MPS is running "
+                         "(default 1)")
+    pt.add_argument("--resume", action="store_true", help="continue the runs in --out")
+    pt.add_argument("--overwrite", action="store_true", help="discard the runs in --out")
+    pt.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
+                    help="stop training so that everything ends within SECONDS; a cut run is "
+                         "reported with the epochs it did, marked incomplete (--resume continues)")
+    pt.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
+                    help="replay the training step as a CUDA graph: auto (on CUDA, falling back "
+                         "to eager with a warning if capture fails), on (fail if it cannot; on "
+                         "the CPU: the same static step run eagerly), off")
+    pt.add_argument("--checkpoint-every", type=_nonneg_int, default=0, metavar="STEPS",
+                    help="also checkpoint every STEPS windows (default: at epoch ends)")
+    pt.add_argument("--epochs", type=_positive_int, default=None, help="override the config's epochs")
+    pt.add_argument("--max-steps", type=_positive_int, default=None,
+                    help="stop every run after this many windows (a quick look; --resume continues)")
+    pt.add_argument("--threads", type=_positive_int, default=None,
+                    help="CPU threads per run (default: cores / runs at a time)")
+    pt.add_argument("--same-lr", action="store_true",
+                    help="do not apply the RAN code's lowered learning rates")
+    pt.add_argument("--timing", type=_positive_int, default=None, metavar="STEPS",
+                    help="time STEPS steps of every run at once and project the full run's "
+                         "wall time (OUT/timing.json, timing.md) instead of training")
+    pt.set_defaults(func=_cmd_reproduce)

@@ -416,6 +416,9 @@ def prepare_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- training
+_INIT_LOCK = threading.Lock()
+
+
 class _DeferredInterrupt:
     """While active, the first SIGINT (Ctrl-C) only sets :attr:`requested` (the training loop
     checks it between windows); a second one raises ``KeyboardInterrupt`` at once.  Installed
@@ -454,7 +457,8 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
              resume: bool = False, overwrite: bool = False, checkpoint_every: int = 0,
              max_steps: Optional[int] = None, progress: bool = False,
              log: Optional[Callable[[str], None]] = _default_log, record_losses: bool = False,
-             evaluate_test: bool = True) -> Optional[Dict]:
+             evaluate_test: bool = True, cuda_graph: str = "auto",
+             deadline: Optional[float] = None) -> Optional[Dict]:
     """Train one model; returns its result dict (``None`` when stopped by ``max_steps``, and on
     processes other than rank 0).  ``config`` is used as given (apply
     :meth:`LMConfig.for_variant` beforehand for the papers' per-variant learning rates).
@@ -464,7 +468,9 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
     ``resume`` continues the run there (the directory must exist).  ``log`` receives the
     progress lines (default: the ``rnn_ablations.lm.trainer`` logger at INFO level; ``None``:
     nothing).  Ctrl-C in a single process with ``out_dir`` raises :class:`TrainingInterrupted`
-    after checkpointing."""
+    after checkpointing.  ``cuda_graph``: ``auto``/``on``/``off``, see
+    :mod:`rnn_ablations.lm.graph_step`; ``deadline``: a ``time.time()`` after which training
+    stops with a checkpoint, as ``max_steps`` does."""
     v = get_variant(variant)
     cfg = config
     ctx = ctx or DistContext()
@@ -511,9 +517,10 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
                          f"batch size {B} × {T} steps: use a smaller config or more data")
     rows = rows_all[lo:hi].to(device)
 
-    torch.manual_seed(seed)
-    model = LanguageModel(v.name, len(corpus.vocab), cfg.hidden_size, cfg.num_layers,
-                          cfg.dropout, cfg.init_scale, cfg.forget_bias).to(device)
+    with _INIT_LOCK:   # torch's global RNG: runs trained in threads of one process take turns
+        torch.manual_seed(seed)
+        model = LanguageModel(v.name, len(corpus.vocab), cfg.hidden_size, cfg.num_layers,
+                              cfg.dropout, cfg.init_scale, cfg.forget_bias).to(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + 1)
 
@@ -543,6 +550,10 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
             model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
     params = list(model.parameters())
+    from .graph_step import make_stepper
+    stepper = make_stepper(model, cfg, b_local, gen, (lo, hi, B), device, cuda_graph,
+                           ctx.distributed, say)
+    _eval = stepper.evaluate if stepper is not None else evaluate
     wall_start = time.perf_counter()
     n_rec = model.recurrent_parameters()
     n_all = sum(p.numel() for p in params)
@@ -592,7 +603,10 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
     interrupt = _DeferredInterrupt(enabled=out is not None and not ctx.distributed)
 
     def stop_if_interrupted() -> None:
+        nonlocal partial
         if interrupt.requested:
+            if stepper is not None:
+                partial = stepper.partial()
             checkpoint()
             if bar is not None:
                 bar.close()
@@ -620,6 +634,9 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
             if step == 0:
                 state = model.init_state(b_local)
                 partial = torch.zeros(2, dtype=torch.float64)
+            if stepper is not None:
+                stepper.begin(state, partial, lr)
+                state = stepper.state
             if bar is not None:
                 bar.set_description(f"{v.name} epoch {epoch + 1}/{cfg.epochs}", refresh=False)
             t_epoch = time.perf_counter()
@@ -629,18 +646,21 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
                 t0 = time.perf_counter()
                 x = rows[:, step * T:(step + 1) * T].t()
                 y = rows[:, step * T + 1:(step + 1) * T + 1].t()
-                logits, new_state = net(x, state, generator=gen, rows=(lo, hi, B))
-                ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                     reduction="none").view(T, b_local)
-                loss = ce.mean(dim=1).sum()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                opt.step()
-                state = (new_state[0].detach(), new_state[1].detach())
-                tok_loss = loss.detach().double() / T
-                partial += torch.stack([tok_loss.cpu() * (T * b_local),
-                                        torch.tensor(float(T * b_local), dtype=torch.float64)])
+                if stepper is not None:   # the same step on static buffers (a CUDA graph)
+                    tok_loss = stepper.step(x, y)
+                else:
+                    logits, new_state = net(x, state, generator=gen, rows=(lo, hi, B))
+                    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                         reduction="none").view(T, b_local)
+                    loss = ce.mean(dim=1).sum()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                    opt.step()
+                    state = (new_state[0].detach(), new_state[1].detach())
+                    tok_loss = loss.detach().double() / T
+                    partial += torch.stack([tok_loss.cpu() * (T * b_local),
+                                            torch.tensor(float(T * b_local), dtype=torch.float64)])
                 if record_losses:
                     losses.append(float(ctx.all_sum(tok_loss.cpu())) / ctx.world_size)
                 step += 1
@@ -651,13 +671,16 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
                 words_epoch += T * B
                 if bar is not None:
                     bar.update(1)
-                    if step % 10 == 0 or step == epoch_size:
+                    if stepper is None and (step % 10 == 0 or step == epoch_size):
                         bar.set_postfix(
                             ppl=f"{math.exp(min(float(partial[0] / partial[1]), 700)):.2f}",
                             wps=f"{train_words / max(train_time, 1e-9):,.0f}")
-                at_limit = max_steps is not None and global_step >= max_steps
+                at_limit = ((max_steps is not None and global_step >= max_steps)
+                            or (deadline is not None and time.time() >= deadline))
                 if step < epoch_size and ((checkpoint_every and global_step % checkpoint_every == 0)
                                           or at_limit):
+                    if stepper is not None:
+                        partial = stepper.partial()
                     checkpoint()
                 if at_limit and step < epoch_size:
                     stopped = True
@@ -665,13 +688,15 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
             if stopped:
                 break
             # end of an epoch
+            if stepper is not None:
+                partial = stepper.partial()
             epoch += 1
             step = 0
             tot = ctx.all_sum(partial)
             train_ppl = math.exp(min(float(tot[0] / tot[1]), 700.0))
             valid = None
             if ctx.is_main:
-                valid = evaluate(model, corpus.valid, cfg.eval_batch_size, T, device)
+                valid = _eval(model, corpus.valid, cfg.eval_batch_size, T, device)
             ctx.barrier()
             rec = {"epoch": epoch, "lr": lr, "train_ppl": train_ppl,
                    "valid_ppl": valid["ppl"] if valid else None,
@@ -684,7 +709,8 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
                            f"{rec['train_words_per_sec']:,.0f} words/s")
             state = None
             checkpoint()
-            if max_steps is not None and global_step >= max_steps and epoch < cfg.epochs:
+            if epoch < cfg.epochs and ((max_steps is not None and global_step >= max_steps)
+                                       or (deadline is not None and time.time() >= deadline)):
                 stopped = True
             elif epoch < cfg.epochs:
                 stop_if_interrupted()
@@ -693,15 +719,16 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
         bar = None
 
     if stopped:
+        why = "max_steps" if max_steps is not None and global_step >= max_steps else "deadline"
         partial_result = None
         tot = ctx.all_sum(partial) if step > 0 else None
         if ctx.is_main:
-            valid = evaluate(model, corpus.valid, cfg.eval_batch_size, T, device)
+            valid = _eval(model, corpus.valid, cfg.eval_batch_size, T, device)
             partial_result = {
                 "complete": False, "variant": v.name, "paper_name": v.paper_name,
                 "config": cfg.name, "hyper_parameters": cfg.to_dict(), "seed": seed,
                 "recurrent_params": n_rec, "total_params": n_all, "epochs": cfg.epochs,
-                "stopped_by": "max_steps", "max_steps": max_steps, "global_step": global_step,
+                "stopped_by": why, "max_steps": max_steps, "global_step": global_step,
                 "epochs_completed": epoch, "window_in_epoch": step, "windows_per_epoch": epoch_size,
                 "train_ppl_this_epoch": (math.exp(min(float(tot[0] / tot[1]), 700.0))
                                          if tot is not None else None),
@@ -712,7 +739,7 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
                 "corpus": corpus.source, "vocab_size": len(corpus.vocab),
                 "processes": ctx.world_size, "device": str(device), "history": history,
             }
-            append_log(f"{v.name}: stopped after {global_step} windows (max_steps; epoch "
+            append_log(f"{v.name}: stopped after {global_step} windows ({why}; epoch "
                        f"{epoch + 1 if step else epoch}, window {step or epoch_size}/{epoch_size}), "
                        f"valid ppl now {valid['ppl']:.2f}; continue with --resume")
             if out is not None:
@@ -726,10 +753,10 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
         if positions is None and history and history[-1]["valid_ppl"] is not None:
             valid = {"ppl": history[-1]["valid_ppl"]}   # the model has not changed since
         else:
-            valid = evaluate(model, corpus.valid, cfg.eval_batch_size, T, device, positions)
+            valid = _eval(model, corpus.valid, cfg.eval_batch_size, T, device, positions)
         test = None
         if evaluate_test and corpus.test is not None:
-            test = evaluate(model, corpus.test, cfg.eval_batch_size, T, device,
+            test = _eval(model, corpus.test, cfg.eval_batch_size, T, device,
                             _long_range_positions(corpus, "test"))
         result = {
             "complete": True,

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# The papers' PTB table on one GPU, in one command (run from the repo root on a CUDA machine):
+#
+#   bash benchmarks/gpu_reproduce.sh [OUT] [BUDGET_SECONDS] [STEPS]
+#
+#   STEPS > 0   timing mode: the CUDA checks of tests/test_reproduce.py (graphed step against
+#               eager, bit-identical resume with graphs), then STEPS training steps of every run
+#               at once; prints steps/s per run and the projected wall time of the full run
+#               (OUT/timing.md), twice: one process per run (processes on one GPU take turns
+#               unless MPS runs), and all runs in one process, one thread and CUDA stream each
+#               (their kernels can overlap). With MPS_COMPARE=1 and nvidia-cuda-mps-control on
+#               the PATH, a third time: one process per run under MPS.
+#   STEPS = 0   (default) the full run: `rnn-ablations reproduce ptb --config $CONFIG` for the
+#               five variants, all at once, stopped so that the whole script ends within
+#               BUDGET_SECONDS (default 450; runs cut short are reported as incomplete).
+#   FULL=1      with STEPS > 0: the timing, then the full run in the same command, with what is
+#               left of BUDGET_SECONDS (one machine start and one kernel build for both).
+#
+# Environment: RNN_ABLATIONS_PTB (default .data/ptb: a folder with ptb.train.txt, ptb.valid.txt,
+# ptb.test.txt; copy it into the repo's ignored .data/ and carry it), CONFIG (medium), VARIANTS
+# ("lstm srnn lstm_minus_srnn ran identity_ran"), SEEDS (0), WORK (where the runs and their
+# checkpoints live, outside OUT: /tmp/rnn_ablations_reproduce), MPS=1 (run the full run under
+# MPS), RUNS_PER_PROCESS (runs per process in the full run: 1, the number of runs = all in one
+# process, or auto = the faster of the two timings when STEPS > 0, else 1; default auto),
+# CUDA_GRAPH (auto),
+# MAX_PARALLEL (processes at once: all), DEVICE (cuda).
+#
+# OUT receives at most 8 files: gpu_reproduce.log (everything printed, the runs' logs at the
+# end), timing.md, results.{json,md,csv,png} and ptb_${CONFIG}_gpu.json (device and one row per
+# variant: variant, epochs, valid_ppl, test_ppl, seconds, status), the format of
+# benchmarks/results/ptb_medium_gpu.json.  Checkpoints stay in WORK.
+set -o pipefail
+out=${1:-benchmarks/results/tmp/gpu_reproduce}
+budget=${2:-450}
+steps=${3:-0}
+t_start=$(date +%s)
+data=${RNN_ABLATIONS_PTB:-.data/ptb}
+config=${CONFIG:-medium}
+variants=${VARIANTS:-lstm srnn lstm_minus_srnn ran identity_ran}
+seeds=${SEEDS:-0}
+work=${WORK:-/tmp/rnn_ablations_reproduce}
+graph=${CUDA_GRAPH:-auto}
+device=${DEVICE:-cuda}   # DEVICE=cpu CONFIG=tiny: a check of this script on a machine without a GPU
+mkdir -p "$out" "$work"
+log="$out/gpu_reproduce.log"
+: > "$log"
+exec > >(tee -a "$log") 2>&1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+elapsed() { echo $(( $(date +%s) - t_start )); }
+say() { echo "[gpu_reproduce +$(elapsed)s] $*"; }
+
+say "config $config, variants: $variants, seeds: $seeds, data $data, budget ${budget}s, steps $steps"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', __import__('sys').version.split()[0])"
+for f in ptb.train.txt ptb.valid.txt ptb.test.txt; do
+    if [ ! -f "$data/$f" ]; then
+        say "ERROR: $data/$f is missing: copy the PTB folder (ptb.train/valid/test.txt) to .data/ptb in the repo and carry it, or set RNN_ABLATIONS_PTB"
+        exit 2
+    fi
+done
+
+# ---- the CUDA kernel, built in place unless importable (as benchmarks/gpu_check.sh does)
+if [ "$device" != cpu ] && ! python3 -c "import rnn_ablations._C_cuda" 2>/dev/null; then
+    say "building the CUDA kernel"
+    RNN_ABLATIONS_NO_KERNEL=1 python3 setup.py -q build_ext --inplace 2>&1 | tail -20
+    python3 -c "import rnn_ablations._C_cuda" || { say "ERROR: the CUDA kernel did not build"; exit 3; }
+    say "CUDA kernel built"
+fi
+
+mps_start() {
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/rnn_ablations_mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/rnn_ablations_mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d && say "MPS daemon started"
+}
+mps_stop() {
+    echo quit | nvidia-cuda-mps-control 2>/dev/null && say "MPS daemon stopped"
+    sleep 1
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+status=0
+nruns=$(( $(echo $variants | wc -w) * $(echo $seeds | wc -w) ))
+# ---- timing
+timing() {   # timing NAME TITLE [extra reproduce args]: appends its table to OUT/timing.md
+    local name=$1 title=$2; shift 2
+    say "timing ($title): $steps steps of every run at once"
+    rm -rf "$work/$name"
+    timeout 200 python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
+        --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
+        --out "$work/$name" --timing "$steps" "$@" || say "timing ($title) FAILED"
+    { echo "## $config, $steps steps per run, all runs at once: $title"; echo;
+      cat "$work/$name/timing.md" 2>/dev/null || echo "(failed: see gpu_reproduce.log)"; echo; } >> "$out/timing.md"
+}
+if [ "$steps" -gt 0 ]; then
+    say "CUDA checks of the graphed step"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_reproduce.py -k cuda 2>&1 | tail -15
+    : > "$out/timing.md"
+    timing timing_procs "one process per run (RUNS_PER_PROCESS=1)"
+    timing timing_threads "one process, a thread and a CUDA stream per run (RUNS_PER_PROCESS=$nruns)" \
+        --runs-per-process "$nruns"
+    if [ "${MPS_COMPARE:-0}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; then
+        if mps_start; then
+            timing timing_mps "one process per run under MPS (MPS=1)"
+            mps_stop
+        fi
+    fi
+    cat "$out/timing.md"
+fi
+
+# ---- the full run
+if [ "$steps" -eq 0 ] || [ "${FULL:-0}" = 1 ]; then
+    left=$(( budget - $(elapsed) - 10 ))
+    if [ "$left" -lt 60 ]; then
+        say "ERROR: only ${left}s of the ${budget}s budget left for the full run"
+        exit 4
+    fi
+    rpp=${RUNS_PER_PROCESS:-auto}
+    if [ "$rpp" = auto ]; then
+        rpp=1
+        if [ "$steps" -gt 0 ]; then   # the faster of the two timings (a failed one never wins)
+            rpp=$(python3 - "$work" "$nruns" <<'EOF'
+import json, sys
+from pathlib import Path
+work, n = Path(sys.argv[1]), sys.argv[2]
+best = ("1", float("inf"))
+for name, k in (("timing_procs", "1"), ("timing_threads", n)):
+    try:
+        t = json.loads((work / name / "timing.json").read_text())
+    except (OSError, ValueError):
+        continue
+    ok = t.get("projected_wall_s") is not None and not any(r.get("failed") for r in t["rows"])
+    if ok and t["projected_wall_s"] < best[1]:
+        best = (k, t["projected_wall_s"])
+print(best[0])
+EOF
+)
+            say "runs per process for the full run: $rpp (the faster projection of the timings)"
+        fi
+    fi
+    [ "${MPS:-0}" = 1 ] && mps_start
+    say "full run: reproduce ptb --config $config, time budget ${left}s, $rpp run(s) per process"
+    rm -rf "$work/run"
+    python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
+        --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
+        --out "$work/run" --time-budget "$left" --runs-per-process "$rpp" \
+        ${MAX_PARALLEL:+--max-parallel $MAX_PARALLEL} || status=$?
+    [ "${MPS:-0}" = 1 ] && mps_stop
+    for f in results.json results.md results.csv results.png; do
+        cp "$work/run/$f" "$out/" 2>/dev/null || say "no $f"
+    done
+    python3 - "$work/run/results.json" "$out/ptb_${config}_gpu.json" "$config" "$device" <<'EOF' || status=$?
+import json, sys
+src, dst, config, device = sys.argv[1:5]
+r = json.load(open(src))
+keys = ("variant", "epochs", "valid_ppl", "test_ppl", "seconds", "status")
+table = {"device": r["device"], "config": config, "runs_at_once": r["max_parallel"],
+         "wall_seconds": r["wall_seconds"], "cuda_graph": r["cuda_graph"],
+         "command": "bash benchmarks/gpu_reproduce.sh OUT BUDGET (rnn-ablations reproduce ptb "
+                    f"--config {config} --device {device} --time-budget ...)",
+         "rows": [{k: row.get(k) for k in keys} for row in r["rows"]]}
+json.dump(table, open(dst, "w"), indent=2)
+open(dst, "a").write("\n")
+print(json.dumps(table, indent=2))
+EOF
+    for d in "$work"/run/*/; do
+        [ -f "$d/run.log" ] && { echo "=== $(basename "$d")/run.log"; grep -v "UserWarning\|warnings.warn" "$d/run.log"; }
+    done
+fi
+say "done (exit $status)"
+exit $status
