@@ -338,7 +338,9 @@ def _fmt_epochs(r: Dict) -> str:
     if e is None:
         return "n/a"
     s = f"{e:g}" if isinstance(e, int) or float(e).is_integer() else f"{e:.2f}"
-    return s + ("" if r.get("status") != "incomplete" else f" of {r.get('epochs_planned')}")
+    planned = r.get("epochs_planned")
+    cut = r.get("status") == "incomplete" or (planned is not None and e < planned)
+    return s + (f" of {planned}" if cut else "")
 
 
 def _table_rows(results: Dict):
