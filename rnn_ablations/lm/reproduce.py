@@ -214,7 +214,8 @@ def _run_children(procs: List[Dict], max_parallel: int, threads: int,
                     del running[name]
                     for r in by_name[name]["runs"]:
                         e = Path(r["out"]) / "exit"
-                        codes[r["run"]] = int(e.read_text()) if (rc == 0 and e.exists()) else (rc or 1)
+                        # a run's own exit code (it may have ended before its process did)
+                        codes[r["run"]] = int(e.read_text()) if e.exists() else (rc or 1)
                     bad = [r["run"] for r in by_name[name]["runs"] if codes[r["run"]] != 0]
                     say(f"{name} finished" if not bad else
                         f"{name} FAILED ({', '.join(bad)}; exit {rc}); see {by_name[name]['log']}")
