@@ -26,9 +26,9 @@
 # MAX_PARALLEL (processes at once: all), DEVICE (cuda).
 #
 # OUT receives at most 8 files: gpu_reproduce.log (everything printed, the runs' logs at the
-# end), timing.md, results.{json,md,csv,png} and ptb_${CONFIG}_gpu.json (device and one row per
-# variant: variant, epochs, valid_ppl, test_ppl, seconds, status), the format of
-# benchmarks/results/ptb_medium_gpu.json.  Checkpoints stay in WORK.
+# end), timing.md, results.{json,md,csv,png}, ptb_${CONFIG}_gpu.json (device and one row per
+# variant: variant, epochs, valid_ppl, test_ppl, seconds, status: the format of
+# benchmarks/results/ptb_medium_gpu.json) and ptb_${CONFIG}_gpu.md.  Checkpoints stay in WORK.
 set -o pipefail
 out=${1:-benchmarks/results/tmp/gpu_reproduce}
 budget=${2:-450}
@@ -149,18 +149,21 @@ EOF
     for f in results.json results.md results.csv results.png; do
         cp "$work/run/$f" "$out/" 2>/dev/null || say "no $f"
     done
-    python3 - "$work/run/results.json" "$out/ptb_${config}_gpu.json" "$config" "$device" <<'EOF' || status=$?
+    python3 - "$work/run/results.json" "$out/ptb_${config}_gpu.json" "$config" \
+        "rnn-ablations reproduce ptb --config $config --data DIR --variants $variants --seeds $seeds --device $device --cuda-graph $graph --time-budget $left --runs-per-process $rpp" <<'EOF' || status=$?
 import json, sys
-src, dst, config, device = sys.argv[1:5]
+src, dst, config, command = sys.argv[1:5]
 r = json.load(open(src))
 keys = ("variant", "epochs", "valid_ppl", "test_ppl", "seconds", "status")
 table = {"device": r["device"], "config": config, "runs_at_once": r["max_parallel"],
          "wall_seconds": r["wall_seconds"], "cuda_graph": r["cuda_graph"],
-         "command": "bash benchmarks/gpu_reproduce.sh OUT BUDGET (rnn-ablations reproduce ptb "
-                    f"--config {config} --device {device} --time-budget ...)",
+         "processes": r.get("processes"), "command": command,
          "rows": [{k: row.get(k) for k in keys} for row in r["rows"]]}
 json.dump(table, open(dst, "w"), indent=2)
 open(dst, "a").write("\n")
+md = open(src[:-len(".json")] + ".md").read()
+open(dst[:-len(".json")] + ".md", "w").write(
+    md + f"\nCommand (on the GPU machine, from the repo root): `{table['command']}`.\n")
 print(json.dumps(table, indent=2))
 EOF
     for d in "$work"/run/*/; do

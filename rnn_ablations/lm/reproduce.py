@@ -214,7 +214,8 @@ def _run_children(procs: List[Dict], max_parallel: int, threads: int,
                     del running[name]
                     for r in by_name[name]["runs"]:
                         e = Path(r["out"]) / "exit"
-                        codes[r["run"]] = int(e.read_text()) if (rc == 0 and e.exists()) else (rc or 1)
+                        # a run's own exit code (it may have ended before its process did)
+                        codes[r["run"]] = int(e.read_text()) if e.exists() else (rc or 1)
                     bad = [r["run"] for r in by_name[name]["runs"] if codes[r["run"]] != 0]
                     say(f"{name} finished" if not bad else
                         f"{name} FAILED ({', '.join(bad)}; exit {rc}); see {by_name[name]['log']}")
@@ -338,7 +339,9 @@ def _fmt_epochs(r: Dict) -> str:
     if e is None:
         return "n/a"
     s = f"{e:g}" if isinstance(e, int) or float(e).is_integer() else f"{e:.2f}"
-    return s + ("" if r.get("status") != "incomplete" else f" of {r.get('epochs_planned')}")
+    planned = r.get("epochs_planned")
+    cut = r.get("status") == "incomplete" or (planned is not None and e < planned)
+    return s + (f" of {planned}" if cut else "")
 
 
 def _table_rows(results: Dict):
