@@ -110,6 +110,11 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, corpus, monkeyp
     assert (run / "checkpoint.pt").read_bytes() == before          # untouched
     assert load_checkpoint(run)["global_step"] == 2
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "result.json", "train.log"]
+    # the temporary file of a process killed during a write is removed by the next run
+    (run / ".checkpoint.pt.x1y2.tmp").write_bytes(b"half a checkpoint")
+    train_lm("ran", cfg, corpus, run, log=None, resume=True, max_steps=3)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "result.json", "train.log"]
+    assert load_checkpoint(run)["global_step"] == 3
 
 
 # ------------------------------------------------------------------------- --resume, --max-steps

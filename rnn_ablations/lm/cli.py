@@ -325,7 +325,9 @@ def add_subparser(subparsers) -> None:
     tr.add_argument("--checkpoint-every", type=_nonneg_int, default=0, metavar="STEPS",
                     help="also checkpoint every STEPS training windows (default: at epoch ends)")
     tr.add_argument("--max-steps", type=_positive_int, default=None,
-                    help="stop (with a checkpoint) after this many windows in total; --resume continues")
+                    help="stop after this many windows in total, with checkpoint.pt, train.log and "
+                         "result.json (\"complete\": false, valid ppl at that point); --resume "
+                         "continues")
     tr.add_argument("--log-losses", action="store_true",
                     help="write the mean training loss of every window to RUN_DIR/losses.json")
     tr.set_defaults(func=_cmd_train, _parser=tr, _command_words=("lm", "train"))
@@ -351,7 +353,9 @@ def add_subparser(subparsers) -> None:
         description="Train every variant (or --variants) under the same config and seed; print "
                     "the papers' table (variant, recurrent parameters, valid/test perplexity, "
                     "training words/s) and write results.csv, results.json, results.md and "
-                    "results.png into --out.\n\n"
+                    "results.png into --out (perplexity on an axis fitted to the values, agreement "
+                    "accuracy, training speed; diverged runs marked). Ctrl-C checkpoints the "
+                    "current variant and prints the command that continues the study.\n\n"
                     "Without --data it runs on the embedded synthetic corpus (nested noun-verb "
                     "agreement over long distances, generated from a seed) with the 'synthetic' "
                     "config: a few minutes on 2 CPU cores. With --data DIR it runs on PTB-format "

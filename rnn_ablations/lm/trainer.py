@@ -412,6 +412,10 @@ def prepare_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> None:
     if overwrite:
         for f in existing:
             (out_dir / f).unlink()
+    if out_dir.is_dir():   # temporary files of a write that was killed before its rename
+        for f in RUN_FILES:
+            for tmp in out_dir.glob(f".{f}.*.tmp"):
+                tmp.unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
 
 

@@ -19,6 +19,7 @@ path runs, so whatever a wrapper does before the recurrent module (packing, stac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import tarfile
@@ -70,9 +71,23 @@ class LoadedModel:
 
 
 # ---------------------------------------------------------------------------------- detection
+@contextlib.contextmanager
+def _namespace_allowed():
+    """``argparse.Namespace`` (in OpenNMT-py checkpoints) allowed for ``weights_only`` loading.
+    torch's ``safe_globals`` context removes the class on exit even when it was allowed before
+    (as :func:`rnn_ablations.integrations.onmt.register` does for the whole process), so it is
+    entered only when the class is not allowed yet."""
+    get = getattr(torch.serialization, "get_safe_globals", None)
+    if get is not None and argparse.Namespace in get():
+        yield
+    else:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            yield
+
+
 def _torch_load(path: str):
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with _namespace_allowed():
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # not a torch file, or a pickle of classes we do not know
         raise ValueError(f"{path} is none of the model kinds this command reads: it could not be "
@@ -129,7 +144,7 @@ def detect_kind(path) -> Tuple[str, object]:
         if lm_support.is_run_dir(path):
             ckpt_path = os.path.join(path, lm_support.CHECKPOINT_NAME)
             try:
-                with torch.serialization.safe_globals([argparse.Namespace]):
+                with _namespace_allowed():
                     obj = torch.load(ckpt_path, map_location="cpu", weights_only=True)
             except Exception as exc:  # noqa: BLE001 - any failure: the file is not readable
                 detail = str(exc).splitlines()[0] if str(exc) else ""
@@ -352,7 +367,7 @@ def _load_onmt(path: str) -> LoadedModel:
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("rnn_ablations"):
             raise
-    with torch.serialization.safe_globals([argparse.Namespace]):
+    with _namespace_allowed():
         checkpoint = load_checkpoint(path)
     model_opt = ArgumentParser.ckpt_model_opts(checkpoint["opt"])
     ArgumentParser.update_model_opts(model_opt)
