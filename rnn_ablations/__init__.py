@@ -9,6 +9,7 @@ from .rnn import AblatedRNN
 from .analysis import WeightedSum, weighted_sum
 from .dispatch import (cuda_kernel_available, kernel_available, set_backend, set_pipeline,
                        use_backend, use_pipeline)
+from .cuda_graphs import set_cuda_graphs, use_cuda_graphs
 
 __version__ = "0.1.0"
 
@@ -16,7 +17,7 @@ __all__ = [
     "VARIANTS", "ALIASES", "Variant", "get_variant", "recurrent_param_count", "AblatedRNN",
     "weighted_sum", "WeightedSum", "kernel_available", "cuda_kernel_available", "set_backend",
     "use_backend",
-    "set_pipeline", "use_pipeline",
+    "set_pipeline", "use_pipeline", "set_cuda_graphs", "use_cuda_graphs",
 ]
 
 import sys as _sys

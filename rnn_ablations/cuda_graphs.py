@@ -20,7 +20,8 @@ shape reuses the static outputs).  Shapes seen once (e.g. data with a new paddin
 batch) are never captured, so they cost only the dictionary lookup.
 
 At most :data:`MAX_GRAPHS` graphs are kept (least recently used first out; each holds its static
-buffers and the memory pool of its capture).  When a capture fails the key is remembered and runs
+buffers and the memory pool of its capture; ``RNN_ABLATIONS_CUDA_GRAPHS_MAX`` sets it); once as
+many have been evicted, a shape is recorded only after :data:`CAPTURE_AFTER_THRASH` calls.  When a capture fails the key is remembered and runs
 eagerly.  Inside a caller's own capture (``torch.cuda.graph`` around a whole training step) the
 kernel runs eagerly, so its launches go into the caller's graph: the kernel's eager path has no
 host synchronisation and no host<->device copy.
@@ -56,8 +57,11 @@ def _env_flag() -> bool:
 _enabled = _env_flag()
 #: Graphs kept at once (least recently used evicted first).
 MAX_GRAPHS = int(os.environ.get("RNN_ABLATIONS_CUDA_GRAPHS_MAX", "32"))
-#: A key is captured on its CAPTURE_AFTER-th call (the calls before run eagerly).
+#: A key is captured on its CAPTURE_AFTER-th call (the calls before run eagerly) ...
 CAPTURE_AFTER = 2
+#: ... or, once MAX_GRAPHS graphs have been evicted (more shapes recur than the cache holds, and
+#: recording each costs about three eager calls), on its CAPTURE_AFTER_THRASH-th call.
+CAPTURE_AFTER_THRASH = 8
 #: Keys whose calls are counted (the counter is cleared when it grows past this).
 _MAX_SEEN = 4096
 
@@ -217,7 +221,8 @@ def _run(head, tensors, batch_sizes, call, n_out=None):
             _seen.clear()
         count = _seen.get(key, 0) + 1
         _seen[key] = count
-    if count < CAPTURE_AFTER or MAX_GRAPHS <= 0:
+    needed = CAPTURE_AFTER if _stats["evicted"] < MAX_GRAPHS else CAPTURE_AFTER_THRASH
+    if count < needed or MAX_GRAPHS <= 0:
         _stats["eager"] += 1
         return call(*tensors)
     entry = _capture(key, tensors, call)

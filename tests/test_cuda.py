@@ -358,7 +358,13 @@ def test_graph_cache_is_bounded(fresh_graphs, monkeypatch):
                 with torch.no_grad():
                     m(torch.randn(T, 2, 4, device="cuda"))
         stats = cuda_graphs.graph_stats()
-    assert stats["graphs"] <= 2 and stats["evicted"] >= 2, stats
+        assert stats["graphs"] <= 2 and stats["evicted"] >= 2, stats
+        # the cache thrashes: a new shape is recorded only after CAPTURE_AFTER_THRASH calls
+        for call in range(cuda_graphs.CAPTURE_AFTER_THRASH):
+            with torch.no_grad():
+                m(torch.randn(9, 2, 4, device="cuda"))
+            captured = cuda_graphs.graph_stats()["captures"] - stats["captures"]
+            assert captured == (1 if call == cuda_graphs.CAPTURE_AFTER_THRASH - 1 else 0)
     # shapes seen once are not recorded
     cuda_graphs.clear_graphs()
     with cuda_graphs.use_cuda_graphs(True), torch.no_grad():
