@@ -34,16 +34,19 @@ def path(name):
 
 # --------------------------------------------------------------------------- 1. empty batch
 def test_empty_batch_does_not_kill_the_process():
-    """The issue's reproduction, in a child process: it died of SIGFPE (exit 136) before."""
+    """The issue's reproduction, in a child process: the pipelined schedule died of SIGFPE
+    (exit 136) before, and the plain one (T < 4 under "auto") failed in the backward with the
+    kernel's internal "gates must be the forward's (T, B, R*H) activations"."""
     code = ("import torch, rnn_ablations as ra\n"
             "torch.set_num_threads(1)\n"
             "for mode in ('always', 'never', 'auto'):\n"
-            "    with ra.use_pipeline(mode):\n"
-            "        m = ra.AblatedRNN('ran', 4, 5)\n"
-            "        x = torch.randn(20, 0, 4, requires_grad=True)\n"
-            "        out, (h, c) = m(x)\n"
-            "        (out.sum() + h.sum()).backward()\n"
-            "        assert out.shape == (20, 0, 5) and h.shape == (1, 0, 5), out.shape\n"
+            "    for T in (20, 2):\n"
+            "        with ra.use_pipeline(mode):\n"
+            "            m = ra.AblatedRNN('ran', 4, 5)\n"
+            "            x = torch.randn(T, 0, 4, requires_grad=True)\n"
+            "            out, (h, c) = m(x)\n"
+            "            (out.sum() + h.sum()).backward()\n"
+            "            assert out.shape == (T, 0, 5) and h.shape == (1, 0, 5), out.shape\n"
             "print('ok')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
