@@ -367,3 +367,17 @@ def test_weighted_sum_refuses_degenerate_input():
         weighted_sum(m, torch.randn(5, 2, 3, dtype=torch.float64))
     ws = weighted_sum(m, torch.randn(5, 0, 3))  # an empty batch: empty results, as the RNN
     assert ws.weights.shape == (0, 5, 5, 4) and ws.memory.shape == (0, 5, 4)
+
+
+@needs_kernel
+def test_entry_points_check_the_recurrent_dropout_mask():
+    from rnn_ablations import _C
+    e = torch.empty(0, dtype=torch.float64)
+    proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
+    for mask, message in ((torch.ones(2, 4), "rec_mask must have dtype"),
+                          (torch.ones(2, 3, dtype=torch.float64), "rec_mask must be contiguous")):
+        with pytest.raises(RuntimeError, match=message):
+            _C.forward(3, False, proj.clone(), w_hh, h0, c0, bs, mask, True)
+        x, w_ih = torch.randn(3, 2, 5, dtype=torch.float64), torch.randn(12, 5, dtype=torch.float64)
+        with pytest.raises(RuntimeError, match=message):
+            _C.fused_forward(3, False, x, w_ih, e, w_hh, h0, c0, bs, mask, True, 0)

@@ -618,7 +618,7 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
   const int64_t X = P / H - R;
   check_kind(kind, highway, R, X, "rnn_ablations kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
-  if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
+  if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations kernel");
   StepState s;
   s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P, in_place ? P : R * H};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
@@ -704,7 +704,7 @@ std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, 
   const int64_t X = P / H - R, RH = R * H, XH = X * H;
   check_kind(kind, highway, R, X, "rnn_ablations kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
-  if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
+  if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations kernel");
   StepState s;
   s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, XH, RH};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;

@@ -185,7 +185,7 @@ std::vector<at::Tensor> cuda_forward(int64_t kind, bool highway, at::Tensor proj
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2), X = P / H - R;
   check_kind(kind, highway, R, X, "rnn_ablations CUDA kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
-  if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
+  if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations CUDA kernel");
   const int64_t* bs = batch_sizes.data_ptr<int64_t>();
   at::Tensor gates = proj.narrow(2, 0, R * H).contiguous();
   if (X == 0) gates = gates.clone();
