@@ -58,7 +58,18 @@ def weighted_sum(rnn, input: torch.Tensor, layer: int = 0, direction: int = 0,
     if x.shape[-1] != rnn.input_size:
         raise ValueError(f"input.size(-1) must be equal to input_size. Expected {rnn.input_size}, "
                          f"got {x.shape[-1]}")
+    if not x.is_floating_point():
+        raise ValueError(f"input must be a floating-point tensor (e.g. embeddings), got {x.dtype}")
+    weight = rnn.weight_ih_l0
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(f"input dtype ({x.dtype}) does not match the module's parameter dtype "
+                         f"({weight.dtype}) or its device ({x.device} vs {weight.device}); "
+                         f"convert the input: input.to({weight.dtype}), or the module: "
+                         f"rnn.to({x.dtype})")
     seq_len, batch = x.shape[0], x.shape[1]
+    if seq_len == 0:
+        raise ValueError("input has seq_len 0: there is no memory to decompose; give at least one "
+                         "token")
     lengths = rnn._lengths_from(mask, lengths, batch, seq_len, x.device)
     if lengths is None:
         lengths = torch.full((batch,), seq_len, dtype=torch.int64)

@@ -241,28 +241,42 @@ def _dnnl_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 
 
 class _OneDnnLinear(torch.autograd.Function):
-    """``F.linear`` with the forward and the input gradient on oneDNN (CPU float32)."""
+    """``F.linear`` with the forward and the input gradient on oneDNN (CPU float32).
+
+    Under ``create_graph=True`` (the backward then runs with grad mode on) the gradients are
+    computed with differentiable torch ops instead, so that second derivatives are exact."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
         x2d = x.reshape(-1, x.shape[-1]).contiguous()
         w = weight.contiguous()
-        ctx.save_for_backward(x2d, w)
+        ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        ctx.in_shape = x.shape
         y = _dnnl_linear(x2d, w, bias.contiguous() if bias is not None else None)
         return y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
-        x2d, w = ctx.saved_tensors
-        g2d = grad.reshape(-1, w.shape[0]).contiguous()
+        x, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = _dnnl_linear(g2d, w.t(), None).view(ctx.in_shape)  # oneDNN reads the transposed layout
-        if ctx.needs_input_grad[1]:
+        if torch.is_grad_enabled():  # create_graph: differentiable ops (double backward)
+            g2d = grad.reshape(-1, weight.shape[0])
+            if need[0]:
+                dx = g2d.mm(weight).view(x.shape)
+            if need[1]:
+                dw = g2d.t().mm(x.reshape(-1, x.shape[-1]))
+            if ctx.has_bias and need[2]:
+                db = g2d.sum(0)
+            return dx, dw, db
+        x2d = x.reshape(-1, x.shape[-1]).contiguous()
+        w = weight.contiguous()
+        g2d = grad.reshape(-1, w.shape[0]).contiguous()
+        if need[0]:
+            dx = _dnnl_linear(g2d, w.t(), None).view(x.shape)  # oneDNN reads the transposed layout
+        if need[1]:
             dw = _C.weight_grad(g2d, x2d) if _C is not None else g2d.t().mm(x2d)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.has_bias and need[2]:
             db = g2d.sum(0)
         return dx, dw, db
 
@@ -306,53 +320,115 @@ def _plain_forward(ext, kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, ke
     return ext.forward(kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
 
 
+def _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask):
+    rh = w_hh.shape[0]
+    xo = proj[..., rh:] if proj.shape[-1] > rh else None
+    out, h_n, c_n, _ = generic_layer(variant, highway, proj[..., :rh], xo, w_hh, h0, c0,
+                                     batch_sizes.tolist(), rec_mask)
+    return out, h_n, c_n
+
+
+def _graph_grads(variant, highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes, rec_mask,
+                 grads, want_proj, wrt):
+    """The gradients of one layer *with a graph* (``create_graph=True``: the kernels' hand-written
+    backward is not differentiable).  The layer is recomputed on the differentiable generic path
+    from its original inputs and differentiated by autograd, so second derivatives are exact.
+
+    ``grads``: the incoming ``(g_out, g_hn, g_cn)`` (``None`` = no gradient); ``wrt``: the
+    tensors to differentiate against (``None`` entries are skipped); with ``want_proj`` the
+    recomputed input projection (a function of ``x``, ``w_ih``, ``pbias``) comes first."""
+    with torch.enable_grad():
+        proj = torch.nn.functional.linear(x, w_ih, pbias)
+        outs = _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes,
+                                        rec_mask)
+    targets = ([proj] if want_proj else []) + list(wrt)
+    live = [i for i, t in enumerate(targets) if t is not None and t.requires_grad]
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+    result = [None] * len(targets)
+    if live and pairs:
+        got = torch.autograd.grad([o for o, _ in pairs], [targets[i] for i in live],
+                                  [g for _, g in pairs], create_graph=True, allow_unused=True)
+        for i, g in zip(live, got):
+            result[i] = g if g is not None else torch.zeros_like(targets[i])
+    return result
+
+
 class _KernelLayer(torch.autograd.Function):
     """Autograd wrapper: forward and the hand-written backward of a plain kernel (``ext`` is
-    ``_C`` on CPU or ``_C_cuda`` on CUDA; both have the same entry points)."""
+    ``_C`` on CPU or ``_C_cuda`` on CUDA; both have the same entry points).
+
+    ``x``, ``w_ih`` and ``pbias`` (the layer input and the projection's parameters, from which
+    ``proj = F.linear(x, w_ih, pbias)`` was computed) receive no gradient here (theirs flows
+    through ``proj``); they are kept for the ``create_graph=True`` backward, which recomputes
+    the layer differentiably (the kernel overwrites ``proj``'s recurrent blocks in place)."""
 
     @staticmethod
-    def forward(ctx, proj, w_hh, h0, c0, kind, highway, batch_sizes, rec_mask, ext):
+    def forward(ctx, proj, w_hh, h0, c0, x, w_ih, pbias, variant, highway, batch_sizes,
+                rec_mask, ext):
         mask_ = _or_empty(rec_mask, proj)
-        out, h_n, c_n, gates, cs, hin = _plain_forward(ext, kind, highway, proj, w_hh, h0, c0,
-                                                       batch_sizes, mask_, True)
-        ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_)
-        ctx.kind, ctx.highway, ctx.ext = kind, highway, ext
+        out, h_n, c_n, gates, cs, hin = _plain_forward(ext, variant.kind, highway, proj, w_hh,
+                                                       h0, c0, batch_sizes, mask_, True)
+        ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_, x,
+                              w_ih, pbias)
+        ctx.variant, ctx.highway, ctx.ext = variant, highway, ext
+        ctx.has_mask = rec_mask is not None
         return out, h_n, c_n
 
     @staticmethod
     def backward(ctx, g_out, g_hn, g_cn):
-        gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask = ctx.saved_tensors
+        (gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask, x, w_ih,
+         pbias) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            dproj, dw, dh0, dc0 = _graph_grads(
+                ctx.variant, ctx.highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes,
+                mask if ctx.has_mask else None, (g_out, g_hn, g_cn), True,
+                [w_hh if need[1] else None, h0 if need[2] else None, c0 if need[3] else None])
+            return (dproj if need[0] else None, dw, dh0, dc0) + (None,) * 8
         g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
-        dproj, dw, dh0, dc0 = ctx.ext.backward(ctx.kind, ctx.highway, g_out, g_hn, g_cn, gates,
-                                               cs, hin, out, proj, w_hh, h0, c0, batch_sizes,
-                                               mask)
-        return dproj, dw, dh0, dc0, None, None, None, None, None
+        dproj, dw, dh0, dc0 = ctx.ext.backward(ctx.variant.kind, ctx.highway, g_out, g_hn, g_cn,
+                                               gates, cs, hin, out, proj, w_hh, h0, c0,
+                                               batch_sizes, mask)
+        return (dproj, dw, dh0, dc0) + (None,) * 8
 
 
 class _PipelinedLayer(torch.autograd.Function):
     """Autograd wrapper of the pipelined kernel: from the layer input to the outputs, with the
-    input projection inside (its gradients come back from the kernel's backward)."""
+    input projection inside (its gradients come back from the kernel's backward).  Under
+    ``create_graph=True`` the backward recomputes the layer differentiably (see
+    :func:`_graph_grads`)."""
 
     @staticmethod
-    def forward(ctx, x, w_ih, bias, w_hh, h0, c0, kind, highway, batch_sizes, rec_mask):
+    def forward(ctx, x, w_ih, bias, w_hh, h0, c0, variant, highway, batch_sizes, rec_mask):
         mask_ = _or_empty(rec_mask, x)
         out, h_n, c_n, gates, cs, hin, xo = _C.fused_forward(
-            kind, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes, mask_, True,
-            PIPELINE_CHUNK)
-        ctx.save_for_backward(gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask_)
-        ctx.kind, ctx.highway, ctx.has_bias = kind, highway, bias is not None
+            variant.kind, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
+            mask_, True, PIPELINE_CHUNK)
+        ctx.save_for_backward(gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask_,
+                              bias)
+        ctx.variant, ctx.highway, ctx.has_bias = variant, highway, bias is not None
+        ctx.has_mask = rec_mask is not None
         return out, h_n, c_n
 
     @staticmethod
     def backward(ctx, g_out, g_hn, g_cn):
-        gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask = ctx.saved_tensors
-        g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
+        (gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask,
+         bias) = ctx.saved_tensors
         need = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            pbias = projection_bias(bias, w_ih.shape[0]) if ctx.has_bias else None
+            grads = _graph_grads(
+                ctx.variant, ctx.highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes,
+                mask if ctx.has_mask else None, (g_out, g_hn, g_cn), False,
+                [t if n else None for t, n in zip((x, w_ih, bias if ctx.has_bias else None,
+                                                   w_hh, h0, c0), need)])
+            return tuple(grads) + (None,) * 4
+        g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
         need_dw = need[1] or need[3]
         need_bias = ctx.has_bias and need[2]
         dx, dw_ih, db, dw_hh, dh0, dc0 = _C.fused_backward(
-            ctx.kind, ctx.highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh,
-            h0, c0, batch_sizes, mask, need[0], need_dw, need_bias, PIPELINE_CHUNK)
+            ctx.variant.kind, ctx.highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih,
+            w_hh, h0, c0, batch_sizes, mask, need[0], need_dw, need_bias, PIPELINE_CHUNK)
         return (dx if need[0] else None, dw_ih if need[1] else None, db if need_bias else None,
                 dw_hh if need[3] else None, dh0, dc0, None, None, None, None)
 
@@ -367,7 +443,15 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
     blocks first, then the input-only blocks), ``bias`` (R·H) the recurrent blocks' bias or
     ``None`` (the input-only blocks have none); ``batch_sizes`` is a CPU int64 tensor of length
     T (see :mod:`rnn_ablations.functional`).
+
+    An empty input (B = 0 or T = 0) takes the generic path: there is nothing for a kernel to
+    do, and autograd then gives zero gradients of the right shapes, as for ``torch.nn.LSTM``.
     """
+    pbias = projection_bias(bias, w_ih.shape[0])
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        proj = torch.nn.functional.linear(x, w_ih, pbias)
+        return _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes,
+                                        rec_mask)
     needs_grad = _needs_grad(x, w_ih, bias, w_hh, h0, c0)
     if _kernel_applies(x) and _pipeline_applies(x, w_ih, w_hh, needs_grad):
         x, w_ih, w_hh = x.contiguous(), w_ih.contiguous(), w_hh.contiguous()
@@ -375,13 +459,13 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
         bias = bias.contiguous() if bias is not None else None
         rec_mask = rec_mask.contiguous() if rec_mask is not None else None
         if needs_grad:
-            return _PipelinedLayer.apply(x, w_ih, bias, w_hh, h0, c0, variant.kind, highway,
+            return _PipelinedLayer.apply(x, w_ih, bias, w_hh, h0, c0, variant, highway,
                                          batch_sizes, rec_mask)
         out, h_n, c_n = _C.fused_forward(
             variant.kind, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
             _or_empty(rec_mask, x), False, PIPELINE_CHUNK)[:3]
         return out, h_n, c_n
-    proj = input_projection(x, w_ih, projection_bias(bias, w_ih.shape[0]))
+    proj = input_projection(x, w_ih, pbias)
     if _cuda_autocast_dtype(proj) is not None:
         # torch.autocast("cuda"): the projection ran in the autocast dtype (F.linear is on its
         # lower-precision list); the recurrence runs in the same dtype, as cuDNN's LSTM does
@@ -394,13 +478,9 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
         proj, w_hh, h0, c0 = proj.contiguous(), w_hh.contiguous(), h0.contiguous(), c0.contiguous()
         rec_mask = rec_mask.contiguous() if rec_mask is not None else None
         if _needs_grad(proj, w_hh, h0, c0):
-            return _KernelLayer.apply(proj, w_hh, h0, c0, variant.kind, highway, batch_sizes,
-                                      rec_mask, ext)
+            return _KernelLayer.apply(proj, w_hh, h0, c0, x, w_ih, pbias, variant, highway,
+                                      batch_sizes, rec_mask, ext)
         out, h_n, c_n, _, _, _ = _plain_forward(ext, variant.kind, highway, proj, w_hh, h0, c0,
                                                 batch_sizes, _or_empty(rec_mask, proj), False)
         return out, h_n, c_n
-    rh = w_hh.shape[0]
-    xo = proj[..., rh:] if proj.shape[-1] > rh else None
-    out, h_n, c_n, _ = generic_layer(variant, highway, proj[..., :rh], xo, w_hh, h0, c0,
-                                     batch_sizes.tolist(), rec_mask)
-    return out, h_n, c_n
+    return _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask)

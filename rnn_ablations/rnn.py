@@ -12,7 +12,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from .dispatch import run_layer
 from .functional import projection_bias, reversal_index
-from .variants import KIND_LSTM, KIND_SRNN, Variant, get_variant
+from .variants import KIND_LSTM, KIND_SRNN, VARIANTS, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
 
@@ -88,6 +88,10 @@ class AblatedRNN(nn.Module):
       biases (AllenNLP's ``lstm_hidden_bias`` on ``.*bias_hh.*``, which assumes 4H entries) cannot
       touch it.  An ``nn.RNN`` ``state_dict`` (``bias_ih_l{k}`` + ``bias_hh_l{k}``) is accepted by
       ``srnn``: the two biases are summed on load.
+    * buffer ``variant_state`` (int64 ``[Variant.kind, highway]``): the ``state_dict`` records
+      the variant, and loading one saved from another variant (``ran`` into ``identity_ran``,
+      whose shapes match) or highway setting raises an error naming both.  A ``state_dict``
+      without it (``nn.LSTM``, ``nn.RNN``) loads as before.
 
     Initialisation (:meth:`reset_parameters`): ``torch.nn.LSTM``'s rule for *every* variant:
     every weight and every bias ``U(−1/√H, 1/√H)`` (gate, content, S-RNN and highway blocks
@@ -166,6 +170,14 @@ class AblatedRNN(nn.Module):
                         setattr(self, names[2], nn.Parameter(torch.empty(rec * H, **factory)))
                 per_dir.append(tuple(names))
             self._param_names.append(per_dir)
+        # The variant (Variant.kind) and highway flag travel with the state_dict, so that a state
+        # saved from one variant is refused by another with the same shapes (ran / identity_ran).
+        # A buffer, not `get_extra_state`: OpenNMT-py's checkpoint loader raises on state_dict
+        # keys that are neither parameters nor buffers, and code that maps `.cpu()` over a
+        # state_dict needs tensors.  Integer, so `.to(dtype)` / `.half()` leave it alone.
+        self.register_buffer("variant_state", torch.tensor(
+            [self.variant.kind, int(highway)], dtype=torch.int64, device=device))
+        self._register_load_state_dict_pre_hook(self._check_variant_state)
         self._register_load_state_dict_pre_hook(self._merge_rnn_biases)
         self.reset_parameters()
 
@@ -201,6 +213,35 @@ class AblatedRNN(nn.Module):
                     getattr(self, names[2])[f * H:(f + 1) * H] = float(value)
                     if len(names) == 4:
                         getattr(self, names[3])[f * H:(f + 1) * H] = 0.0
+
+    @staticmethod
+    def _describe(kind: int, highway: bool) -> str:
+        names = {v.kind: v.name for v in map(get_variant, VARIANTS)}
+        name = repr(names[kind]) if kind in names else f"<unknown variant code {kind}>"
+        return name + (" with highway" if highway else "")
+
+    def _check_variant_state(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                             unexpected_keys, error_msgs):
+        """Refuse a state_dict saved from another variant (or highway setting); a state_dict
+        without ``variant_state`` (``nn.LSTM``, ``nn.RNN``, AblatedRNN before it was recorded)
+        loads as before, its shapes being the only check."""
+        key = prefix + "variant_state"
+        if key not in state_dict:
+            state_dict[key] = self.variant_state.detach().clone()
+            return
+        saved = state_dict[key]
+        if (not isinstance(saved, torch.Tensor) or saved.numel() != 2 or saved.is_floating_point()
+                or saved.is_complex()):
+            raise ValueError(f"{key} in the state_dict must be an integer tensor [variant code, "
+                             f"highway] as AblatedRNN saves it, got "
+                             f"{getattr(saved, 'shape', type(saved).__name__)}")
+        kind, highway = (int(v) for v in saved.reshape(-1).tolist())
+        if (kind, bool(highway)) != (self.variant.kind, self.highway):
+            raise ValueError(
+                f"cannot load a state_dict saved from an AblatedRNN of variant "
+                f"{self._describe(kind, bool(highway))} into one of variant "
+                f"{self._describe(self.variant.kind, self.highway)} (the shapes may match, the "
+                f"equations do not); build the module with the saved variant and highway setting")
 
     def _merge_rnn_biases(self, state_dict, prefix, local_metadata, strict, missing_keys,
                           unexpected_keys, error_msgs):
@@ -347,6 +388,15 @@ class AblatedRNN(nn.Module):
                              f"{self.input_size}, got {x.shape[-1]}")
         if not x.is_floating_point():
             raise ValueError(f"input must be a floating-point tensor, got {x.dtype}")
+        weight = self.weight_ih_l0
+        if x.dtype != weight.dtype:
+            raise ValueError(f"input dtype ({x.dtype}) does not match the module's parameter dtype "
+                             f"({weight.dtype}). Convert the input: input.to({weight.dtype}), or "
+                             f"the module: model.to({x.dtype})")
+        if x.device != weight.device:
+            raise ValueError(f"input is on {x.device} but the module's parameters are on "
+                             f"{weight.device}; move one of them: input.to({str(weight.device)!r}) "
+                             f"or model.to({str(x.device)!r})")
         seq_len, batch = x.shape[0], x.shape[1]
         if seq_len == 0:
             raise ValueError("input has seq_len 0; every sequence needs at least one token")

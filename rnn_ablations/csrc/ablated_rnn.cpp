@@ -558,8 +558,9 @@ struct Pipeline {
 
 inline int64_t auto_chunk(int64_t T, int64_t B, int64_t chunk) {
   if (chunk > 0) return std::min(chunk, std::max<int64_t>(T, 1));
-  // about 256 rows per GEMM, and at least 4 chunks so that the roles overlap
-  int64_t c = std::max<int64_t>(1, (256 + B - 1) / B);
+  // about 256 rows per GEMM, and at least 4 chunks so that the roles overlap (an empty batch
+  // has nothing to project: one step per chunk)
+  int64_t c = B > 0 ? std::max<int64_t>(1, (256 + B - 1) / B) : 1;
   return std::max<int64_t>(1, std::min(c, T / 4));
 }
 
@@ -568,9 +569,7 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& w_ih, const at::T
                         const at::Tensor& batch_sizes) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(),
               "rnn_ablations kernel: x must be a contiguous CPU tensor (T, B, D)");
-  TORCH_CHECK(w_hh.dim() == 2 && w_hh.is_contiguous() && w_hh.size(0) % w_hh.size(1) == 0,
-              "rnn_ablations kernel: w_hh must be contiguous (R*H, H)");
-  const int64_t H = w_hh.size(1);
+  const int64_t H = check_w_hh(w_hh, "rnn_ablations kernel");
   TORCH_CHECK(w_ih.dim() == 2 && w_ih.is_contiguous() && w_ih.size(1) == x.size(2) &&
                   w_ih.size(0) >= w_hh.size(0) && w_ih.size(0) % H == 0,
               "rnn_ablations kernel: w_ih must be contiguous ((R+X)*H, D)");
@@ -617,8 +616,9 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
   const int64_t R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2);
   const int64_t X = P / H - R;
+  check_kind(kind, highway, R, X, "rnn_ablations kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
-  if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
+  if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations kernel");
   StepState s;
   s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P, in_place ? P : R * H};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
@@ -645,15 +645,22 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
                                      at::Tensor cs, at::Tensor hin, at::Tensor out, at::Tensor proj,
                                      at::Tensor w_hh, at::Tensor h0, at::Tensor c0,
                                      at::Tensor batch_sizes, at::Tensor rec_mask) {
+  const char* who = "rnn_ablations kernel (backward)";
+  TORCH_CHECK(proj.dim() == 3, who, ": proj must be (T, B, (R+X)*H)");
+  check_backward_inputs(kind, highway, grad_out, grad_hn, grad_cn, cs, hin, out, w_hh, h0, c0,
+                        batch_sizes, rec_mask, proj.size(2), at::kCPU, who);
+  check_like(proj, {out.size(0), out.size(1), proj.size(2)}, out, "proj", who);
   const int64_t H = w_hh.size(1);
   const int64_t R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2);
   const int64_t X = P / H - R;
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   StepState s;
-  TORCH_CHECK(gates.dim() == 3 && gates.size(2) == R * H && gates.stride(2) == 1 &&
-                  gates.stride(0) == B * gates.stride(1),
-              "rnn_ablations kernel: gates must be the forward's (T, B, R*H) activations");
+  TORCH_CHECK(gates.defined() && gates.dim() == 3 && gates.size(0) == T && gates.size(1) == B &&
+                  gates.size(2) == R * H && gates.stride(2) == 1 &&
+                  gates.stride(1) >= R * H && (B == 0 || gates.stride(0) == B * gates.stride(1)) &&
+                  gates.scalar_type() == proj.scalar_type() && gates.device().is_cpu(),
+              who, ": gates must be the forward's (T, B, R*H) activations");
   s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P, gates.stride(1)};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
@@ -695,8 +702,9 @@ std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, 
   const int64_t R = w_hh.size(0) / H;
   const int64_t T = x.size(0), B = x.size(1), D = x.size(2), P = w_ih.size(0);
   const int64_t X = P / H - R, RH = R * H, XH = X * H;
+  check_kind(kind, highway, R, X, "rnn_ablations kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
-  if (has_mask) TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous(), "rec_mask shape");
+  if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations kernel");
   StepState s;
   s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, XH, RH};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
@@ -765,6 +773,20 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
                                        at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
                                        at::Tensor rec_mask, bool need_dx, bool need_dw,
                                        bool need_bias, int64_t chunk) {
+  const char* who = "rnn_ablations kernel (pipelined backward)";
+  TORCH_CHECK(w_ih.dim() == 2, who, ": w_ih must be ((R+X)*H, D)");
+  check_backward_inputs(kind, highway, grad_out, grad_hn, grad_cn, cs, hin, out, w_hh, h0, c0,
+                        batch_sizes, rec_mask, w_ih.size(0), at::kCPU, who);
+  {
+    const int64_t T_ = out.size(0), B_ = out.size(1), H_ = w_hh.size(1);
+    const int64_t RH_ = w_hh.size(0), XH_ = w_ih.size(0) - RH_;
+    TORCH_CHECK(x.dim() == 3, who, ": x must be (T, B, D)");
+    check_like(x, {T_, B_, x.size(2)}, out, "x", who);
+    check_like(w_ih, {RH_ + XH_, x.size(2)}, out, "w_ih", who);
+    check_like(gates, {T_, B_, RH_}, out, "gates", who);
+    if (XH_ > 0) check_like(xo, {T_, B_, XH_}, out, "xo (input-only projections)", who);
+    (void)H_;
+  }
   const int64_t H = w_hh.size(1);
   const int64_t R = w_hh.size(0) / H;
   const int64_t T = x.size(0), B = x.size(1), D = x.size(2), P = w_ih.size(0);
@@ -851,12 +873,12 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
     g_w_ih = weight_grad(dp, x.view({T * B, D}));
     g_w_hh = weight_grad(dp.narrow(1, 0, RH), previous_hidden(out, h0, rec_mask, has_mask, 0, T));
   } else if (need_dw) {
-    auto combine = [](at::Tensor* acc) {  // at least one role took a task (T >= 1)
-      if (!acc[0].defined()) return acc[1];
+    auto combine = [](at::Tensor* acc, const at::Tensor& like) {  // T = 0: no role took a task
+      if (!acc[0].defined()) return acc[1].defined() ? acc[1] : at::zeros_like(like);
       return acc[1].defined() ? acc[0].add_(acc[1]) : acc[0];
     };
-    g_w_ih = combine(dw_ih);
-    g_w_hh = combine(dw_hh);
+    g_w_ih = combine(dw_ih, w_ih);
+    g_w_hh = combine(dw_hh, w_hh);
   }
   at::Tensor g_b = need_bias ? s.dproj.view({T * B, P}).narrow(1, 0, RH).sum(0)
                              : at::empty({0}, x.options());

@@ -219,13 +219,9 @@ std::vector<at::Tensor> cuda_forward(int64_t kind, bool highway, at::Tensor proj
   const c10::cuda::CUDAGuard guard(proj.device());
   const int64_t H = w_hh.size(1), R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2), X = P / H - R;
+  check_kind(kind, highway, R, X, "rnn_ablations CUDA kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
-  if (has_mask) {
-    TORCH_CHECK(rec_mask.sizes() == h0.sizes() && rec_mask.is_contiguous() &&
-                    rec_mask.scalar_type() == proj.scalar_type() && rec_mask.is_cuda(),
-                "rnn_ablations CUDA kernel: rec_mask must be a contiguous (B, H) tensor of the "
-                "input's dtype and device");
-  }
+  if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations CUDA kernel");
   const int64_t* bs = batch_sizes.data_ptr<int64_t>();
   const at::ScalarType acc = at::toOpMathType(proj.scalar_type());
   const at::TensorOptions acc_opts = proj.options().dtype(acc);
@@ -281,6 +277,16 @@ std::vector<at::Tensor> cuda_backward(int64_t kind, bool highway, at::Tensor gra
                                       at::Tensor cs, at::Tensor hin, at::Tensor out,
                                       at::Tensor proj, at::Tensor w_hh, at::Tensor h0,
                                       at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask) {
+  const char* who = "rnn_ablations CUDA kernel (backward)";
+  TORCH_CHECK(proj.dim() == 3, who, ": proj must be (T, B, (R+X)*H)");
+  check_backward_inputs(kind, highway, grad_out, grad_hn, grad_cn, cs, hin, out, w_hh, h0, c0,
+                        batch_sizes, rec_mask, proj.size(2), at::kCUDA, who);
+  check_like(proj, {out.size(0), out.size(1), proj.size(2)}, out, "proj", who);
+  // gates: the forward's activations, in the accumulation type (checked below)
+  TORCH_CHECK(gates.dim() == 3 && gates.size(0) == out.size(0) && gates.size(1) == out.size(1) &&
+                  gates.size(2) == w_hh.size(0),
+              who, ": gates must have shape (T, B, R*H) = (", out.size(0), ", ", out.size(1),
+              ", ", w_hh.size(0), ")");
   const c10::cuda::CUDAGuard guard(proj.device());
   const int64_t H = w_hh.size(1), R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2), X = P / H - R;

@@ -10,6 +10,54 @@ namespace rnn_ablations {
 
 enum Kind : int64_t { kLstm = 0, kSrnn = 1, kMinusSrnn = 2, kRan = 3, kIdentityRan = 4 };
 
+// The variant code every entry point receives, and the block layout it implies: R recurrent
+// blocks (rows of w_hh) and X input-only blocks of H rows each (Variant.recurrent / .input_only,
+// plus one of each with highway).  An unknown code, or a layout that does not match the code,
+// would leave gradient rows unwritten or index past a row: refuse it.
+inline void check_kind(int64_t kind, bool highway, int64_t R, int64_t X, const char* who) {
+  TORCH_CHECK(kind >= kLstm && kind <= kIdentityRan, who, ": unknown variant code ", kind,
+              " (the codes are Variant.kind in rnn_ablations/variants.py: 0 to 4)");
+  static const int64_t kRecurrent[] = {4, 1, 3, 2, 2};
+  static const int64_t kInputOnly[] = {0, 0, 1, 1, 1};
+  const int64_t r = kRecurrent[kind] + (highway ? 1 : 0);
+  const int64_t x = kInputOnly[kind] + (highway ? 1 : 0);
+  TORCH_CHECK(R == r && X == x, who, ": variant code ", kind, highway ? " with highway" : "",
+              " needs ", r, " recurrent and ", x, " input-only blocks of H rows, got ", R,
+              " and ", X);
+}
+
+// w_hh (R*H, H) with H > 0, contiguous; returns H.
+inline int64_t check_w_hh(const at::Tensor& w_hh, const char* who) {
+  TORCH_CHECK(w_hh.dim() == 2 && w_hh.size(1) > 0 && w_hh.size(0) > 0 && w_hh.is_contiguous() &&
+                  w_hh.size(0) % w_hh.size(1) == 0,
+              who, ": w_hh must be contiguous (R*H, H) with H > 0, got ", w_hh.sizes());
+  return w_hh.size(1);
+}
+
+// A tensor of exactly `sizes` (contiguous unless `any_strides`), of `like`'s dtype and device.
+inline void check_like(const at::Tensor& t, at::IntArrayRef sizes, const at::Tensor& like,
+                       const char* name, const char* who, bool any_strides = false) {
+  TORCH_CHECK(t.defined() && t.sizes() == sizes && (any_strides || t.is_contiguous()), who, ": ",
+              name, any_strides ? " must have shape " : " must be contiguous with shape ", sizes,
+              ", got ", t.defined() ? t.sizes() : at::IntArrayRef{});
+  TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.device() == like.device(), who, ": ",
+              name, " must have dtype ", like.scalar_type(), " on ", like.device(), ", got ",
+              t.scalar_type(), " on ", t.device());
+}
+
+// A tensor the forward saved in the accumulation type of `out`'s dtype (at::toOpMathType: float
+// for half and bfloat16, else the dtype itself), contiguous with out's shape and device.
+inline void check_saved_acc(const at::Tensor& t, const at::Tensor& out, const char* name,
+                            const char* who) {
+  const at::ScalarType acc = at::toOpMathType(out.scalar_type());
+  TORCH_CHECK(t.defined() && t.sizes() == out.sizes() && t.is_contiguous(), who, ": ", name,
+              " must be contiguous with shape ", out.sizes());
+  TORCH_CHECK((t.scalar_type() == out.scalar_type() || t.scalar_type() == acc) &&
+                  t.device() == out.device(),
+              who, ": ", name, " must have dtype ", out.scalar_type(), " or ", acc, " on ",
+              out.device(), ", got ", t.scalar_type(), " on ", t.device());
+}
+
 // batch_sizes: a CPU int64 tensor of length T, non-increasing, each in [0, B].
 inline void check_batch_sizes(const at::Tensor& batch_sizes, int64_t T, int64_t B,
                               const char* who) {
@@ -36,8 +84,7 @@ inline void check_plain_inputs(const at::Tensor& proj, const at::Tensor& w_hh,
   }
   TORCH_CHECK(proj.dim() == 3 && proj.is_contiguous(), who,
               ": proj must be contiguous (T, B, (R+X)*H)");
-  TORCH_CHECK(w_hh.dim() == 2 && w_hh.is_contiguous() && w_hh.size(0) % w_hh.size(1) == 0, who,
-              ": w_hh must be contiguous (R*H, H)");
+  check_w_hh(w_hh, who);
   TORCH_CHECK(proj.size(2) >= w_hh.size(0) && proj.size(2) % w_hh.size(1) == 0, who,
               ": proj width must be (R+X)*H");
   TORCH_CHECK(h0.is_contiguous() && c0.is_contiguous() && h0.dim() == 2 &&
@@ -70,6 +117,7 @@ inline std::pair<at::Tensor, at::Tensor> final_states(int64_t kind, const at::Te
 inline at::Tensor previous_hidden(const at::Tensor& out, const at::Tensor& h0, const at::Tensor& rec_mask,
                            bool has_mask, int64_t t0, int64_t len) {
   const int64_t B = h0.size(0), H = h0.size(1);
+  if (len == 0) return at::zeros({0, H}, h0.options());
   at::Tensor hp;
   if (t0 > 0) {
     hp = out.narrow(0, t0 - 1, len);
@@ -78,6 +126,38 @@ inline at::Tensor previous_hidden(const at::Tensor& out, const at::Tensor& h0, c
   }
   if (has_mask) hp = hp * rec_mask.unsqueeze(0);
   return hp.reshape({len * B, H});
+}
+
+// The arguments of a backward entry point: what the matching forward returned, the incoming
+// gradients, and the forward's inputs.  T, B, H, R, X come from `out` and `w_hh`; every tensor
+// the backward indexes is checked against them (the plain and pipelined backward differ only in
+// `gates`' row stride and in proj vs. x/xo, checked by the caller).
+inline void check_backward_inputs(int64_t kind, bool highway, const at::Tensor& grad_out,
+                                  const at::Tensor& grad_hn, const at::Tensor& grad_cn,
+                                  const at::Tensor& cs, const at::Tensor& hin,
+                                  const at::Tensor& out, const at::Tensor& w_hh,
+                                  const at::Tensor& h0, const at::Tensor& c0,
+                                  const at::Tensor& batch_sizes, const at::Tensor& rec_mask,
+                                  int64_t P, at::DeviceType device, const char* who) {
+  const int64_t H = check_w_hh(w_hh, who);
+  TORCH_CHECK(out.dim() == 3 && out.size(2) == H && out.is_contiguous() &&
+                  out.device().type() == device,
+              who, ": out must be the forward's contiguous (T, B, H) output on ", device);
+  TORCH_CHECK(P > 0 && P % H == 0 && P >= w_hh.size(0), who,
+              ": the projection width must be (R+X)*H, got ", P);
+  check_kind(kind, highway, w_hh.size(0) / H, P / H - w_hh.size(0) / H, who);
+  const int64_t T = out.size(0), B = out.size(1);
+  check_like(w_hh, w_hh.sizes(), out, "w_hh", who);
+  check_like(grad_out, out.sizes(), out, "grad_out", who, true);  // the incoming gradients: any strides
+  // cs and hin are kept in the accumulation type (float for half/bfloat16 on CUDA)
+  check_saved_acc(cs, out, "cs", who);
+  check_like(grad_hn, {B, H}, out, "grad_hn", who, true);
+  check_like(grad_cn, {B, H}, out, "grad_cn", who, true);
+  check_like(h0, {B, H}, out, "h0", who);
+  check_like(c0, {B, H}, out, "c0", who);
+  if (highway) check_saved_acc(hin, out, "hin (highway inputs)", who);
+  if (rec_mask.defined() && rec_mask.numel() > 0) check_like(rec_mask, {B, H}, out, "rec_mask", who);
+  check_batch_sizes(batch_sizes, T, B, who);
 }
 
 }  // namespace rnn_ablations
