@@ -10,6 +10,7 @@ they were run on a lent GPU machine with `bash benchmarks/gpu_check.sh` (see the
 section), once with graphs on (the default) and once with RNN_ABLATIONS_CUDA_GRAPHS=0.  Matrix
 products on CUDA run without TF32 here so that float32 comparisons are meaningful.
 """
+import contextlib
 import copy
 
 import pytest
@@ -38,6 +39,118 @@ def test_graph_env_flag(monkeypatch):
     monkeypatch.setenv("RNN_ABLATIONS_CUDA_GRAPHS", "maybe")
     with pytest.raises(ValueError, match="RNN_ABLATIONS_CUDA_GRAPHS must be 0 or 1"):
         cuda_graphs._env_flag()
+
+
+class _FakeGraphs:
+    """Stand-ins for torch.cuda's graph and stream objects, so that the bookkeeping of
+    rnn_ablations.cuda_graphs (keys, static buffers, copy-in, replay, copy-out, failures) runs
+    on the CPU: a fake "kernel" registers, while a fake graph captures, a closure that recomputes
+    its outputs in place from its inputs; replay runs the closures."""
+
+    capturing = None
+
+    class Graph:
+        def __init__(self):
+            self.ops = []
+
+        def capture_begin(self, capture_error_mode="global"):
+            _FakeGraphs.capturing = self
+
+        def capture_end(self):
+            _FakeGraphs.capturing = None
+
+        def replay(self):
+            for op in self.ops:
+                op()
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @classmethod
+    def install(cls, monkeypatch):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cls.Stream())
+        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: cls.Stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", cls.Graph)
+        monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: None)
+        monkeypatch.setattr(cuda_graphs, "_side_streams", {})
+
+    @classmethod
+    def op(cls, outs, compute):
+        compute()
+        if cls.capturing is not None:
+            cls.capturing.ops.append(compute)
+        return outs
+
+    class Ext:
+        def forward(self, kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
+            outs = [torch.empty_like(proj) for _ in range(6)]
+
+            def compute():
+                for i, o in enumerate(outs):
+                    o.copy_(proj * (i + 1) + w_hh.sum() + h0.sum() - c0.sum() + kind)
+            return _FakeGraphs.op(outs, compute)
+
+        def backward(self, kind, highway, *tensors):
+            g_out, gates, proj, w_hh = tensors[0], tensors[3], tensors[7], tensors[8]
+            outs = [torch.empty_like(g_out) for _ in range(4)]
+
+            def compute():
+                for i, o in enumerate(outs):
+                    o.copy_(g_out * (i + 1) + gates.sum() + proj.sum() - w_hh.sum())
+            return _FakeGraphs.op(outs, compute)
+
+
+def test_graph_bookkeeping_with_fake_graphs(monkeypatch):
+    """Replays compute on each call's own inputs and return fresh tensors; a shape is recorded
+    on its second call; batch_sizes is part of the key; a failed capture runs eagerly after."""
+    _FakeGraphs.install(monkeypatch)
+    cuda_graphs.clear_graphs()
+    ext = _FakeGraphs.Ext()
+    gk = cuda_graphs.GraphedKernel(ext)
+    bs = torch.tensor([3, 3, 2])
+    empty = torch.empty(0)
+    with cuda_graphs.use_cuda_graphs(True):
+        for keep_hin in (True, False):
+            for _ in range(4):
+                args = [torch.randn(3, 3, 4), torch.randn(4, 4), torch.randn(3, 4), torch.randn(3, 4)]
+                got = gk.forward(1, False, *args, bs, empty, keep_hin)
+                want = ext.forward(1, False, *args, bs, empty, keep_hin)
+                n = 6 if keep_hin else 3
+                assert len(got) == 6
+                for a, b in zip(got[:n], want[:n]):
+                    assert torch.equal(a, b)
+                entry = next(reversed(cuda_graphs._graphs.values()), None)
+                if entry is not None:  # fresh tensors, not the static outputs
+                    assert all(a.data_ptr() != s.data_ptr() for a, s in zip(got[:n], entry.static_out))
+        stats = cuda_graphs.graph_stats()
+        assert (stats["captures"], stats["replays"], stats["eager"]) == (2, 6, 2), stats
+        for _ in range(3):
+            ts = [torch.randn(3, 3, 4) for _ in range(12)]
+            got = gk.backward(1, False, *ts[:11], bs, ts[11])
+            for a, b in zip(got, ext.backward(1, False, *ts[:11], bs, ts[11])):
+                assert torch.equal(a, b)
+        assert cuda_graphs.graph_stats()["captures"] == 3
+        gk.forward(1, False, *args, torch.tensor([3, 2, 1]), empty, True)  # a new key
+        assert cuda_graphs.graph_stats()["eager"] == 4
+
+        class Failing(_FakeGraphs.Graph):
+            def capture_end(self):
+                _FakeGraphs.capturing = None
+                raise RuntimeError("operation not permitted when stream is capturing")
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Failing)
+        with pytest.warns(UserWarning, match="CUDA graph capture failed"):
+            for _ in range(3):
+                got = gk.forward(2, True, *args, bs, empty, True)
+                for a, b in zip(got, ext.forward(2, True, *args, bs, empty, True)):
+                    assert torch.equal(a, b)
+        stats = cuda_graphs.graph_stats()
+        assert stats["failed"] == 1 and stats["eager"] == 7, stats
+    cuda_graphs.clear_graphs()
 
 
 def test_kernel_backend_names_the_cuda_half_dtypes():
