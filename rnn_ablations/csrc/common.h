@@ -3,6 +3,7 @@
 #pragma once
 
 #include <torch/extension.h>
+#include <ATen/OpMathType.h>
 
 #include <utility>
 
