@@ -192,8 +192,16 @@ class StaticTrainStep:
 
     # ----------------------------------------------------------------- capture
     def _capture(self) -> None:
+        # The whole step becomes one graph: the kernel's own per-layer graphs
+        # (rnn_ablations.cuda_graphs) would only add copies into their static buffers, and a
+        # layer graph recorded during the warm-up must not be replayed around this capture.
+        from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
+        before = get_cuda_graphs()
+        set_cuda_graphs(False)
         with _CAPTURE_LOCK:
             self._capture_locked()
+        if self.graph is None:   # eager steps from here on: the per-layer graphs help them
+            set_cuda_graphs(before)
 
     def _capture_locked(self) -> None:
         model = self.model
@@ -240,16 +248,24 @@ class StaticTrainStep:
         torch.cuda.synchronize(self.device)
         replayed = list(self.params) + [self.h, self.loss_sum]
         snap.restore()
-        worst = 0.0
-        for a, b, s in zip(eager, replayed, snap.params + [snap.bufs[0], snap.bufs[3]]):
+        names = [n for n, _ in self.model.named_parameters()] + ["h", "loss_sum"]
+        worst, report = 0.0, []
+        for name, a, b, s in zip(names, eager, replayed,
+                                 snap.params + [snap.bufs[0], snap.bufs[3]]):
             moved = (a.double() - s.double()).norm().item()
+            moved_graph = (b.detach().double() - s.double()).norm().item()
             diff = (a.double() - b.detach().double()).norm().item()
             if not math.isfinite(diff):
-                raise RuntimeError("the replayed step produced non-finite values")
-            worst = max(worst, diff / max(moved, 1e-12) if moved > 0 else diff)
+                raise RuntimeError(f"the replayed step produced non-finite values in {name}")
+            rel = diff / max(moved, 1e-12) if moved > 0 else diff
+            report.append((rel, name, moved, moved_graph))
+            worst = max(worst, rel)
         if worst > 1e-3:
+            report.sort(reverse=True)
+            detail = "; ".join(f"{n}: rel {r:.3g} (eager moved {m:.3g}, graph moved {g:.3g})"
+                               for r, n, m, g in report[:4])
             raise RuntimeError(f"the replayed graph disagrees with the eager step (relative "
-                               f"difference {worst:.3g} of the update)")
+                               f"difference {worst:.3g} of the update; worst: {detail})")
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, model, data, batch_size: int, num_steps: int, device=None,
@@ -298,8 +314,16 @@ class StaticEvaluator:
         self.c.copy_(c)
 
     def _capture(self) -> None:
+        # The whole step becomes one graph: the kernel's own per-layer graphs
+        # (rnn_ablations.cuda_graphs) would only add copies into their static buffers, and a
+        # layer graph recorded during the warm-up must not be replayed around this capture.
+        from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
+        before = get_cuda_graphs()
+        set_cuda_graphs(False)
         with _CAPTURE_LOCK:
             self._capture_locked()
+        if self.graph is None:   # eager steps from here on: the per-layer graphs help them
+            set_cuda_graphs(before)
 
     def _capture_locked(self) -> None:
         saved = [self.h.clone(), self.c.clone(), self.total.clone()]
