@@ -67,6 +67,10 @@ def _installed() -> Tuple[Optional[ModuleType], str]:
     except ImportError as exc:
         return None, f"no kernel built at install time ({exc})"
     built_for = getattr(module, "torch_version", None)
+    if not hasattr(module, "kernel_isa"):  # compiled from older sources (a stale in-place build)
+        sys.modules.pop(MODULE, None)
+        return None, (f"the kernel module {module.__file__} was built from older sources; "
+                      "rebuild it (`bash scripts/setup.sh` or `pip install --no-build-isolation -e .`)")
     if built_for is not None and built_for != torch.__version__:
         sys.modules.pop(MODULE, None)
         return None, (f"the kernel installed with the package was built for torch {built_for}, "

@@ -179,27 +179,27 @@ void gemm_packed(bool acc, int64_t M, const float* A, int64_t lda, const PackedB
 }
 
 void pointwise_forward(int64_t kind, bool highway, const Dims& d, float* gates,
-                              const float* xo, const float* c_prev, float* c_out, float* h_out,
-                              float* hin_out, int64_t r0, int64_t r1) {
+                       const float* xo, const float* c_prev, float* c_out, float* h_out,
+                       float* hin_out, int64_t r0, int64_t r1) {
   ops().fwd_f(kind, highway, d, gates, xo, c_prev, c_out, h_out, hin_out, r0, r1);
 }
 void pointwise_forward(int64_t kind, bool highway, const Dims& d, double* gates,
-                               const double* xo, const double* c_prev, double* c_out,
-                               double* h_out, double* hin_out, int64_t r0, int64_t r1) {
+                       const double* xo, const double* c_prev, double* c_out,
+                       double* h_out, double* hin_out, int64_t r0, int64_t r1) {
   ops().fwd_d(kind, highway, d, gates, xo, c_prev, c_out, h_out, hin_out, r0, r1);
 }
 void pointwise_backward(int64_t kind, bool highway, const Dims& d, const float* gates,
-                               const float* xo, const float* c_cur, const float* c_prev,
-                               const float* hin, float* dh, float* dc, float* da, float* dxo,
-                               int64_t r0, int64_t r1) {
+                        const float* xo, const float* c_cur, const float* c_prev,
+                        const float* hin, float* dh, float* dc, float* da, float* dxo,
+                        int64_t r0, int64_t r1) {
   std::vector<float> scratch(static_cast<size_t>(std::max<int64_t>(d.H, 1)));
   ops().bwd_f(kind, highway, d, gates, xo, c_cur, c_prev, hin, dh, dc, da, dxo, scratch.data(),
               r0, r1);
 }
 void pointwise_backward(int64_t kind, bool highway, const Dims& d, const double* gates,
-                                const double* xo, const double* c_cur, const double* c_prev,
-                                const double* hin, double* dh, double* dc, double* da,
-                                double* dxo, int64_t r0, int64_t r1) {
+                        const double* xo, const double* c_cur, const double* c_prev,
+                        const double* hin, double* dh, double* dc, double* da,
+                        double* dxo, int64_t r0, int64_t r1) {
   std::vector<double> scratch(static_cast<size_t>(std::max<int64_t>(d.H, 1)));
   ops().bwd_d(kind, highway, d, gates, xo, c_cur, c_prev, hin, dh, dc, da, dxo, scratch.data(),
               r0, r1);
