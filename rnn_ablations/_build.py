@@ -96,16 +96,17 @@ def fingerprint() -> Dict[str, str]:
 
 
 def build_into(out_dir: str, build_temp: str) -> str:
-    """Compile the kernel as ``_C`` into ``out_dir`` (setuptools, no ninja needed); returns the
-    path of the module."""
+    """Compile the kernel as ``_C`` into ``out_dir`` (setuptools; ninja is used when present, not
+    needed); returns the path of the module."""
     from setuptools import setup
-    from torch.utils.cpp_extension import BuildExtension
+    from torch.utils.cpp_extension import BuildExtension, is_ninja_available
 
     ext = cpu_extension(name="_C")
     setup(
         name="rnn_ablations_kernel",
         ext_modules=[ext],
-        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+        # ninja (when installed) compiles the files in parallel; setuptools alone, one by one.
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=is_ninja_available())},
         script_args=["-q", "build_ext", "--build-lib", out_dir, "--build-temp", build_temp],
     )
     built = [f for f in os.listdir(out_dir) if f.startswith("_C") and f.endswith((".so", ".pyd"))]

@@ -4,7 +4,7 @@ did not (as SRU does).
 Order: (1) the module installed inside the package (built by ``setup.py`` when torch was
 importable at install time, e.g. ``scripts/setup.sh`` or ``pip install --no-build-isolation .``),
 if it loads and was built for the torch now installed; (2) a module compiled earlier for this
-torch, Python and source in the cache directory; (3) compile it there now (once, about a minute;
+torch, Python and source in the cache directory; (3) compile it there now (once, 2-3 minutes;
 with a lock, so parallel processes wait for one build).  When that fails (no C++ compiler, no
 Python headers) the package warns once, naming the fix, and runs its generic PyTorch path, which
 computes the same numbers more slowly.
@@ -108,8 +108,8 @@ def _compile(folder: str) -> str:
             done = _module_in(folder)
             if done:  # another process built it while this one waited
                 return done
-            logger.warning("rnn_ablations: compiling the CPU kernel for torch %s (once, about a "
-                           "minute; cached in %s)", torch.__version__, folder)
+            logger.warning("rnn_ablations: compiling the CPU kernel for torch %s (once: 2-3 "
+                           "minutes of CPU; cached in %s)", torch.__version__, folder)
             temp = os.path.join(folder, "build")
             out = os.path.join(folder, "out")
             log_path = os.path.join(folder, "build.log")
