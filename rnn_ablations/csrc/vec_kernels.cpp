@@ -29,19 +29,25 @@
 
 namespace rnn_ablations {
 
+// Each copy in an unnamed namespace: internal linkage, so its helpers are inlined and called
+// directly (not through the PLT, as exported symbols of a shared object would be).
 namespace portable {
+namespace {
 #define RNN_ABLATIONS_VEC_AVX2 0
 #include "vec_impl.h"
 #undef RNN_ABLATIONS_VEC_AVX2
+}  // namespace
 }  // namespace portable
 
 #if RNN_ABLATIONS_HAVE_AVX2_PATH
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
+namespace {
 #define RNN_ABLATIONS_VEC_AVX2 1
 #include "vec_impl.h"
 #undef RNN_ABLATIONS_VEC_AVX2
+}  // namespace
 }  // namespace avx2
 #pragma GCC pop_options
 #endif
