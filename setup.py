@@ -1,62 +1,59 @@
-"""Install rnn_ablations (and build its C++ CPU kernel).
+"""Build rnn_ablations (metadata in pyproject.toml; this file builds the C++ kernels).
 
-The kernel needs torch at build time, so install without build isolation:
-    pip install --no-build-isolation -e .
-(``scripts/setup.sh`` does this, after installing the pinned torch).  When the kernel cannot be
-built (no compiler), set ``RNN_ABLATIONS_NO_KERNEL=1``: the package then runs its generic
-PyTorch path, which computes the same numbers more slowly.
+* ``pip install .`` / ``pip wheel .`` / ``python -m build``: pip builds in an isolated
+  environment without torch, so the wheel is pure Python and the CPU kernel is compiled on first
+  use, for the torch then installed, into a cache directory (``rnn_ablations/_kernel_loader.py``).
+* ``pip install --no-build-isolation .`` (``scripts/setup.sh``): torch is importable here, so the
+  CPU kernel ``rnn_ablations._C`` is compiled now against the installed torch (the module records
+  that torch version; after a torch upgrade the package compiles a fresh one on first use).
+  ``RNN_ABLATIONS_NO_KERNEL=1`` skips it.
 
 With a CUDA build of torch and CUDA's compiler (``nvcc``, found through ``CUDA_HOME``), the CUDA
-kernel ``rnn_ablations._C_cuda`` is built as well (``RNN_ABLATIONS_NO_CUDA=1`` skips it); with
-the CPU wheel this project pins, it is not.
+kernel ``rnn_ablations._C_cuda`` is built as well at install time (``RNN_ABLATIONS_NO_CUDA=1``
+skips it); with the CPU wheel this project pins, it is not.
 """
+import importlib.util
 import os
-import platform
 
-from setuptools import find_packages, setup
+from setuptools import setup
+
+try:
+    import torch  # noqa: F401  (absent in pip's isolated build environment)
+    _have_torch = True
+except ImportError:
+    _have_torch = False
+
+
+def _load_build_module():
+    # rnn_ablations/_build.py without importing the package (which needs torch at import).
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "_rnn_ablations_build", os.path.join(here, "rnn_ablations", "_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 ext_modules, cmdclass = [], {}
-_cpu_kernel = os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1"
+_cpu_kernel = _have_torch and os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1"
 _cuda_kernel = False
-if os.environ.get("RNN_ABLATIONS_NO_CUDA", "0") != "1":
-    import torch
+if _have_torch and os.environ.get("RNN_ABLATIONS_NO_CUDA", "0") != "1":
     from torch.utils.cpp_extension import CUDA_HOME
 
     _cuda_kernel = torch.version.cuda is not None and CUDA_HOME is not None
 if _cpu_kernel or _cuda_kernel:
-    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
-
-    def _cpu_flags():
-        # -fopenmp: ATen's parallel_for is a header template, parallel only when the extension
-        # is compiled with OpenMP; it then runs in torch's own OpenMP team (the wheel's
-        # libgomp.so.1, already loaded by `import torch`, has the same soname).
-        flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
-        if platform.machine() in ("x86_64", "AMD64"):
-            try:
-                with open("/proc/cpuinfo") as f:
-                    info = f.read()
-            except OSError:
-                info = ""
-            # The kernel is built on the machine that runs it (an editable/venv install), so the
-            # vector ISA of this machine is used when it has it.
-            if " avx2" in info and " fma" in info:
-                flags += ["-mavx2", "-mfma"]
-        return flags
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
     if _cpu_kernel:
-        ext_modules.append(CppExtension(
-            "rnn_ablations._C",
-            ["rnn_ablations/csrc/ablated_rnn.cpp"],
-            depends=["rnn_ablations/csrc/common.h"],
-            extra_compile_args=_cpu_flags(),
-            extra_link_args=["-fopenmp"],
-        ))
+        ext_modules.append(_load_build_module().cpu_extension(
+            relative_to=os.path.dirname(os.path.abspath(__file__))))
     if _cuda_kernel:
         ext_modules.append(CUDAExtension(
             "rnn_ablations._C_cuda",
             ["rnn_ablations/csrc/ablated_rnn_cuda.cu"],
             depends=["rnn_ablations/csrc/common.h"],
-            extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
+            extra_compile_args={"cxx": ["-O3", "-g0"], "nvcc": ["-O3"]},
+            extra_link_args=["-Wl,--strip-debug"],
             libraries=["cublas"],
         ))
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
@@ -64,22 +61,43 @@ if _cpu_kernel or _cuda_kernel:
 from setuptools.command.build_py import build_py as _build_py
 
 
+# The configs live in the repository's top-level allennlp_configs/ and onmt_configs/; the wheel
+# carries them as package data in rnn_ablations/configs/{allennlp,onmt}/ (`rnn-ablations configs`
+# finds either).
+_CONFIG_DIRS = {"allennlp_configs": "allennlp", "onmt_configs": "onmt"}
+
+
 class build_py(_build_py):
     """Also place ``rnn_ablations_hooks.pth`` at the root of the wheel (= of site-packages), so
-    that it is installed and uninstalled with the package (normal and editable installs)."""
+    that it is installed and uninstalled with the package (normal and editable installs), and
+    copy the configs into the package."""
 
     _PTH = "rnn_ablations_hooks.pth"
 
+    def _extra(self):
+        """(built path, source path) of the files this class adds."""
+        pairs = [(os.path.join(self.build_lib, self._PTH), self._PTH)]
+        for src_dir, name in _CONFIG_DIRS.items():
+            if not os.path.isdir(src_dir):
+                continue
+            for f in sorted(os.listdir(src_dir)):
+                if f.endswith((".jsonnet", ".yaml")):
+                    pairs.append((os.path.join(self.build_lib, "rnn_ablations", "configs", name, f),
+                                  os.path.join(src_dir, f)))
+        return pairs
+
     def run(self):
         super().run()
-        self.copy_file(self._PTH, os.path.join(self.build_lib, self._PTH), preserve_mode=0)
+        for dst, src in self._extra():
+            self.mkpath(os.path.dirname(dst))
+            self.copy_file(src, dst, preserve_mode=0)
 
     def get_outputs(self, include_bytecode=1):
-        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, self._PTH)]
+        return super().get_outputs(include_bytecode) + [dst for dst, _ in self._extra()]
 
     def get_output_mapping(self):
         mapping = dict(super().get_output_mapping())
-        mapping[os.path.join(self.build_lib, self._PTH)] = self._PTH
+        mapping.update(dict(self._extra()))
         return mapping
 
 
@@ -98,17 +116,5 @@ try:  # editable installs (PEP 660) build their wheel without build_py's outputs
 except ImportError:  # pragma: no cover - very old setuptools
     pass
 
-setup(
-    name="rnn_ablations",
-    version="0.1.0",
-    description="LSTM ablations (S-RNN, LSTM−S-RNN, RAN) as fast drop-ins for torch.nn.LSTM, "
-    "with AllenNLP and OpenNMT-py integrations",
-    packages=find_packages(include=["rnn_ablations", "rnn_ablations.*"]),
-    py_modules=["rnn_ablations_hooks"],
-    package_data={"rnn_ablations": ["csrc/*.cpp", "csrc/*.cu", "csrc/*.h"]},
-    python_requires=">=3.10",
-    install_requires=["torch>=2.1", "numpy"],
-    ext_modules=ext_modules,
-    cmdclass=cmdclass,
-    entry_points={"console_scripts": ["rnn-ablations=rnn_ablations.cli:main"]},
-)
+# Name, version, dependencies, extras, entry points and package data: pyproject.toml.
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -7,8 +7,9 @@ Importing this package needs only torch; the framework integrations are imported
 from .variants import ALIASES, VARIANTS, Variant, get_variant, recurrent_param_count
 from .rnn import AblatedRNN
 from .analysis import WeightedSum, weighted_sum
-from .dispatch import (cuda_kernel_available, kernel_available, set_backend, set_pipeline,
-                       use_backend, use_pipeline)
+from .dispatch import (cuda_kernel_available, kernel_available, kernel_isa, set_backend,
+                       set_kernel_isa, set_pipeline, supported_kernel_isas, use_backend,
+                       use_kernel_isa, use_pipeline)
 from .cuda_graphs import set_cuda_graphs, use_cuda_graphs
 
 __version__ = "0.1.0"
@@ -18,6 +19,8 @@ __all__ = [
     "weighted_sum", "WeightedSum", "kernel_available", "cuda_kernel_available", "set_backend",
     "use_backend",
     "set_pipeline", "use_pipeline", "set_cuda_graphs", "use_cuda_graphs",
+    "kernel_isa", "supported_kernel_isas", "set_kernel_isa",
+    "use_kernel_isa",
 ]
 
 import sys as _sys

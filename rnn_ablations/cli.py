@@ -5,16 +5,51 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 # (module, attribute) pairs; each attribute is a function add_subparser(subparsers) -> None
 SUBCOMMAND_MODULES = [
+    "rnn_ablations.commands.configs",
     "rnn_ablations.commands.speed",
     "rnn_ablations.lm.cli",
     "rnn_ablations.visualize",
     "rnn_ablations.integrations.onmt_cli",
 ]
+
+
+_ONMT_HINT = ('pip install "rnn-ablations[onmt]" && pip install --no-deps OpenNMT-py==3.5.1 '
+              "(OpenNMT-py's own pins cannot be met with torch 2.x; README, Install)")
+_ALLENNLP_HINT = ('pip install "rnn-ablations[allennlp]" && pip install --no-deps allennlp==2.10.1 '
+                  "allennlp-models==2.10.1 (README, Install)")
+#: what each optional extra provides: top-level module -> how to install it
+_EXTRAS: Dict[str, str] = {
+    "tqdm": 'pip install "rnn-ablations[lm]"',
+    "matplotlib": 'pip install "rnn-ablations[lm]"  (or [viz])',
+    "onmt": _ONMT_HINT,
+    "allennlp": _ALLENNLP_HINT,
+    "allennlp_models": _ALLENNLP_HINT,
+}
+#: sub-command -> (modules it needs before it starts, the extra that provides them)
+_NEEDS: Dict[str, Tuple[Tuple[str, ...], str]] = {
+    "ablate": (("tqdm", "matplotlib"), 'pip install "rnn-ablations[lm]"'),
+    "lm": (("tqdm",), 'pip install "rnn-ablations[lm]"'),
+    "visualize": (("matplotlib",), 'pip install "rnn-ablations[viz]"'),
+    "onmt-train": (("onmt",), _ONMT_HINT),
+    "onmt-translate": (("onmt",), _ONMT_HINT),
+    "onmt-build-vocab": (("onmt",), _ONMT_HINT),
+}
+
+
+def missing_extra(command: str) -> Optional[str]:
+    """An error message when ``command`` needs a package that is not installed, else None."""
+    modules, hint = _NEEDS.get(command, ((), ""))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (f"`rnn-ablations {command}` needs {' and '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: {hint}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,10 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    missing = missing_extra(args.command)
+    if missing:  # before a long run, not at its end
+        print(f"rnn-ablations {args.command}: error: {missing}", file=sys.stderr)
+        return 2
     try:
         result = args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"rnn-ablations {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in _EXTRAS:
+            raise
+        print(f"rnn-ablations {args.command}: error: {top} is not installed: {_EXTRAS[top]}",
+              file=sys.stderr)
         return 2
     return int(result or 0)
 

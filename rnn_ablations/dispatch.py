@@ -21,21 +21,20 @@ import torch
 
 from . import cuda_graphs
 from .cuda_graphs import get_cuda_graphs, set_cuda_graphs, use_cuda_graphs
+from . import _kernel_loader
 from .functional import generic_layer, projection_bias
 from .variants import Variant
 
 __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "use_backend",
            "set_pipeline", "get_pipeline", "use_pipeline", "run_layer", "input_projection",
-           "set_cuda_graphs", "get_cuda_graphs", "use_cuda_graphs"]
+           "set_cuda_graphs", "get_cuda_graphs", "use_cuda_graphs",
+           "kernel_isa", "supported_kernel_isas", "set_kernel_isa", "use_kernel_isa"]
 
-try:  # pragma: no cover - depends on the build
-    _C = importlib.import_module(__package__ + "._C")
-    _KERNEL_ERROR: Optional[str] = None
-except ImportError as exc:  # pragma: no cover
-    _C = None
-    _KERNEL_ERROR = (f"{exc}; it is built by the install for one Python and torch "
-                     f"(this is Python {sys.version_info.major}.{sys.version_info.minor}, "
-                     f"torch {torch.__version__})")
+# The CPU kernel: built at install time, or compiled on first use and cached (_kernel_loader).
+_C, _KERNEL_ERROR, _KERNEL_SOURCE = _kernel_loader.load_cpu_kernel()
+if _C is not None:
+    # RNN_ABLATIONS_ISA names the vector path; a bad value fails here, at import, not mid-run.
+    _C.kernel_isa()
 
 try:  # pragma: no cover - built only with a CUDA build of torch and nvcc (see setup.py)
     _C_cuda = importlib.import_module(__package__ + "._C_cuda")
@@ -47,12 +46,48 @@ except ImportError as exc:  # pragma: no cover
 
 _BACKENDS = ("auto", "kernel", "generic")
 _backend = "generic" if os.environ.get("RNN_ABLATIONS_DISABLE_KERNEL") == "1" else "auto"
-_warned = set()
+# Without a CPU kernel the loader has warned already (or RNN_ABLATIONS_NO_KERNEL asked for that).
+_warned = set() if _C is not None else {"CPU"}
 
 
 def kernel_available() -> bool:
     """True when the compiled CPU kernel could be imported."""
     return _C is not None
+
+
+def kernel_isa() -> Optional[str]:
+    """The vector code the CPU kernel runs: ``"avx2"`` (AVX2 + FMA: the packed step GEMM and the
+    element-wise pass in 256-bit registers) or ``"portable"`` (the build's baseline; the step
+    GEMM is ATen's); ``None`` without a kernel.  Chosen at run time from the CPU (cpuid), or by
+    ``RNN_ABLATIONS_ISA=avx2|portable``; :func:`set_kernel_isa` switches it."""
+    return _C.kernel_isa() if _C is not None else None
+
+
+def supported_kernel_isas() -> list:
+    """The vector paths this CPU and build can run, best first (empty without a kernel)."""
+    return list(_C.supported_isas()) if _C is not None else []
+
+
+def set_kernel_isa(name: str) -> None:
+    """Use the vector path ``"avx2"``, ``"portable"`` or ``"auto"`` (the best this CPU supports).
+    Raises ``ValueError`` for a name this CPU/build cannot run, ``RuntimeError`` without a kernel."""
+    if _C is None:
+        raise RuntimeError(f"no compiled CPU kernel: {_KERNEL_ERROR}")
+    try:
+        _C.set_kernel_isa(name)
+    except RuntimeError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+
+
+@contextlib.contextmanager
+def use_kernel_isa(name: str):
+    """Context manager form of :func:`set_kernel_isa` (restores the previous path)."""
+    old = kernel_isa()
+    set_kernel_isa(name)
+    try:
+        yield
+    finally:
+        set_kernel_isa(old)
 
 
 def cuda_kernel_available() -> bool:
@@ -69,8 +104,7 @@ def set_backend(name: str) -> None:
     if name == "kernel" and _C is None and _C_cuda is None:
         raise RuntimeError(
             "no compiled kernel is available (CPU: "
-            f"{_KERNEL_ERROR}; CUDA: {_CUDA_KERNEL_ERROR}); reinstall with "
-            "`pip install --no-build-isolation -e .`"
+            f"{_KERNEL_ERROR}; CUDA: {_CUDA_KERNEL_ERROR})"
         )
     _backend = name
 

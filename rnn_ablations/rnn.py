@@ -280,6 +280,33 @@ class AblatedRNN(nn.Module):
         w_ih, w_hh, b = self.layer_parameters(layer, direction)
         return w_ih, w_hh, projection_bias(b, w_ih.shape[0])
 
+    # ------------------------------------------------------------------ nn.LSTM's surface
+    # Code written for nn.LSTM touches these; the names follow self._param_names (a plain LSTM
+    # has nn.LSTM's four per layer/direction, the other variants their own, see the docstring).
+    def flatten_parameters(self) -> None:
+        """A no-op, kept for code written for ``nn.LSTM`` (e.g. after ``.to()`` or in
+        ``DataParallel``): the kernels read the parameters as they are; there is no cuDNN flat
+        weight buffer to compact."""
+
+    @property
+    def _all_weights(self) -> List[List[str]]:
+        """Parameter names per layer and direction, in ``nn.LSTM``'s order."""
+        return [list(names) for layer in self._param_names for names in layer]
+
+    @property
+    def _flat_weights_names(self) -> List[str]:
+        """All parameter names, flat, in ``nn.LSTM``'s order."""
+        return [n for names in self._all_weights for n in names]
+
+    @property
+    def _flat_weights(self) -> List[torch.Tensor]:
+        return [getattr(self, n) for n in self._flat_weights_names]
+
+    @property
+    def all_weights(self) -> List[List[nn.Parameter]]:
+        """The parameters per layer and direction (``nn.LSTM.all_weights``)."""
+        return [[getattr(self, n) for n in names] for names in self._all_weights]
+
     def extra_repr(self) -> str:
         s = f"{self.variant.name!r}, {self.input_size}, {self.hidden_size}"
         if self.num_layers != 1:

@@ -14,7 +14,8 @@ PIP=".venv/bin/python -m pip"
 # (requirements/constraints.txt, made with `pip freeze` minus the --no-deps packages and this one).
 C="-c requirements/constraints.txt"
 stamp=.venv/.rnn_ablations_setup
-want=$(cat requirements/*.txt setup.py rnn_ablations/csrc/*.cpp | sha1sum | cut -c1-16)
+want=$(cat requirements/*.txt setup.py pyproject.toml rnn_ablations/_build.py rnn_ablations/csrc/*.cpp \
+  rnn_ablations/csrc/*.h | sha1sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import rnn_ablations._C" 2>/dev/null; then
   echo "setup: .venv is up to date"
   exit 0
@@ -25,7 +26,13 @@ $PIP install -q --no-deps -r requirements/allennlp-nodeps.txt
 $PIP install -q $C -r requirements/allennlp.txt
 $PIP install -q --no-deps -r requirements/onmt-nodeps.txt
 $PIP install -q $C -r requirements/onmt.txt
-# The kernel is compiled against the installed torch: no build isolation.
-$PIP install -q --use-pep517 --no-build-isolation --no-deps -e .
-.venv/bin/python -c "import rnn_ablations, rnn_ablations._C; print('setup: rnn_ablations', rnn_ablations.__version__, 'with its CPU kernel')"
+# The kernel is compiled now against the installed torch: no build isolation (a plain
+# `pip install .` would compile it on first use instead; README, Install).
+$PIP install -q --no-build-isolation --no-deps -e .
+.venv/bin/python -c "
+import rnn_ablations
+from rnn_ablations import dispatch
+assert dispatch._KERNEL_SOURCE == 'installed', (dispatch._KERNEL_SOURCE, dispatch._KERNEL_ERROR)
+print('setup: rnn_ablations', rnn_ablations.__version__, 'with its CPU kernel, vector path',
+      rnn_ablations.kernel_isa())"
 echo "$want" > "$stamp"

@@ -2,6 +2,7 @@
 gradcheck through the fast path, padding invariance, fast path == generic path."""
 import contextlib
 import itertools
+import platform
 
 import pytest
 import torch
@@ -38,11 +39,30 @@ def _cpu_has_avx2_fma() -> bool:
     return " avx2" in flags and " fma" in flags
 
 
+#: the vector paths of the CPU kernel that this CPU runs (each is tested against float64 generic)
+ISAS = ra.supported_kernel_isas() if ra.kernel_available() else []
+
+
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
-@pytest.mark.skipif(not _cpu_has_avx2_fma(), reason="this CPU has no AVX2/FMA (the packed GEMM needs both)")
-def test_packed_step_gemm_is_compiled_in():
+def test_kernel_isa_follows_the_cpu():
+    """One build, the path chosen at run time: AVX2 + FMA (and the packed step GEMM) where
+    /proc/cpuinfo lists both, the portable path always; RNN_ABLATIONS_ISA / set_kernel_isa force
+    one, and a path this CPU cannot run is refused."""
     from rnn_ablations import _C
-    assert _C.packed_gemm(), "the kernel was built without -mavx2 -mfma on an AVX2/FMA machine"
+    assert ISAS[-1] == "portable"
+    assert ("avx2" in ISAS) == (_cpu_has_avx2_fma() and platform.machine() == "x86_64")
+    import os
+    assert ra.kernel_isa() == (os.environ.get("RNN_ABLATIONS_ISA") or ISAS[0])
+    for isa in ISAS:
+        with ra.use_kernel_isa(isa):
+            assert ra.kernel_isa() == isa
+            assert _C.packed_gemm() == (isa == "avx2")
+    with pytest.raises(ValueError, match="unknown kernel ISA 'avx512'.*avx2, portable, auto"):
+        ra.set_kernel_isa("avx512")
+    if "avx2" not in ISAS:
+        with pytest.raises(ValueError, match="avx2"):
+            ra.set_kernel_isa("avx2")
+    assert ra.kernel_isa() == (os.environ.get("RNN_ABLATIONS_ISA") or ISAS[0])
 
 
 def _run(m, x, **kw):
@@ -189,17 +209,24 @@ def test_pipeline_policy():
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
-@pytest.mark.parametrize("packed", ["1", "0"])
+@pytest.mark.parametrize("isa,packed", [(i, p) for i in ISAS for p in (["1", "0"] if i == "avx2" else ["1"])])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("variant,highway,recurrent_dropout", [
     ("lstm", False, 0.0), ("lstm_minus_srnn", True, 0.25), ("ran", False, 0.25), ("srnn", True, 0.0)])
-def test_float32_step_gemm_against_float64_generic(monkeypatch, packed, kernel, variant, highway,
-                                                   recurrent_dropout):
-    """The float32 step GEMM (the packed AVX2 micro-kernel, or ATen's with
-    RNN_ABLATIONS_PACKED_GEMM=0) at shapes with several weight panels, a last partial panel in
-    both passes (R*H and H not multiples of 24), row blocks of 4 with 1-3 rows left over as the
-    batch shrinks, and the panels split over 2 threads; against the generic path in float64."""
+def test_float32_step_gemm_against_float64_generic(monkeypatch, isa, packed, kernel, variant,
+                                                   highway, recurrent_dropout):
+    """Every vector path this CPU runs (``isa``: the AVX2 + FMA packed micro-kernel and
+    element-wise pass, also with ATen's GEMM via RNN_ABLATIONS_PACKED_GEMM=0; the portable
+    element-wise pass with ATen's GEMM) at shapes with several weight panels, a last partial
+    panel in both passes (R*H and H not multiples of 24), row blocks of 4 with 1-3 rows left over
+    as the batch shrinks, and the panels split over 2 threads; against the generic path in
+    float64 (test_float64_kernel_per_isa_equals_generic covers the float64 kernel per path)."""
     monkeypatch.setenv("RNN_ABLATIONS_PACKED_GEMM", packed)
+    with ra.use_kernel_isa(isa):
+        _float32_against_float64(kernel, variant, highway, recurrent_dropout)
+
+
+def _float32_against_float64(kernel, variant, highway, recurrent_dropout):
     torch.manual_seed(0)
     m = AblatedRNN(variant, 30, 100, bidirectional=True, highway=highway,
                    recurrent_dropout=recurrent_dropout)
@@ -224,6 +251,29 @@ def test_float32_step_gemm_against_float64_generic(monkeypatch, packed, kernel, 
         m.float()
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_float64_kernel_per_isa_equals_generic(isa, kernel, variant):
+    """The float64 element-wise pass of each vector path (forward and backward, with highway and
+    padding) equals the generic path to rounding."""
+    torch.manual_seed(0)
+    m = AblatedRNN(variant, 5, 26, bidirectional=True, highway=True).double()
+    x = torch.randn(6, 5, 5, dtype=torch.double)
+    lengths = torch.tensor([6, 5, 5, 3, 1])
+    results = []
+    for name in (kernel, "generic"):
+        xx = x.clone().requires_grad_()
+        with ra.use_kernel_isa(isa), path(name):
+            out, (h, c) = m(xx, lengths=lengths)
+            (out.square().sum() + h.sum() + 2 * c.sum()).backward()
+        results.append([out, h, c, xx.grad] + [p.grad.clone() for p in m.parameters()])
+        m.zero_grad()
+    for a, b in zip(*results):
+        torch.testing.assert_close(a.detach(), b.detach(), atol=1e-10, rtol=1e-9)
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")

@@ -9,20 +9,16 @@
 //   rec_mask (B, H)  variational dropout mask on h_{t-1}, or empty
 // Per step: one GEMM (active rows x R*H) against h_{t-1}, then one fused element-wise pass.
 // Backward: per step one GEMM for dh_{t-1}; the weight gradient is one GEMM after the loop.
-// In float32 on AVX2/FMA builds the per-step GEMMs run on w_hh packed once per call (see
-// PackedB); otherwise, and for the large all-step GEMMs, ATen (MKL).
+// In float32 on CPUs with AVX2 + FMA the per-step GEMMs run on w_hh packed once per call (see
+// PackedB); otherwise, and for the large all-step GEMMs, ATen (MKL).  The vector code (the
+// element-wise pass and the packed GEMM) lives in vec_kernels.cpp, compiled for several
+// instruction sets and chosen at run time.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include "common.h"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define RNN_ABLATIONS_PACKED_GEMM 1
-#else
-#define RNN_ABLATIONS_PACKED_GEMM 0
-#endif
+#include "vec_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,43 +34,8 @@
 
 namespace {
 
-using namespace rnn_ablations;  // Kind codes, input checks, final_states, previous_hidden
-
-// ---------------------------------------------------------------------------------------------
-// Transcendentals.  float: a branch-free Cephes-style exp that GCC vectorises (relative error
-// about 2e-7); double: libm (used by gradcheck and float64 users).
-inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  float fx = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  float r2 = r * r;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r2 + r + 1.0f;
-  int32_t e = static_cast<int32_t>(fx) + 127;
-  e <<= 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
-}
-
-template <typename T> inline T sigm(T x);
-template <> inline float sigm<float>(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
-template <> inline double sigm<double>(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-template <typename T> inline T tanh_(T x);
-template <> inline float tanh_<float>(float x) {
-  // tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})
-  float a = std::fabs(x);
-  float e = fast_exp(-2.0f * a);
-  float t = (1.0f - e) / (1.0f + e);
-  return std::copysign(t, x);
-}
-template <> inline double tanh_<double>(double x) { return std::tanh(x); }
+using namespace rnn_ablations;  // Kind codes, input checks, final_states, previous_hidden,
+                                // Dims, the element-wise pass and the packed GEMM (vec_kernels.h)
 
 // Rows per task of the element-wise pass: one task when the step is small (a parallel region
 // costs more than it saves), otherwise the rows split evenly over the threads.
@@ -82,315 +43,6 @@ inline int64_t grain_rows(int64_t rows, int64_t hidden) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   if (threads == 1 || rows * hidden < 16384) return std::max<int64_t>(rows, 1);
   return std::max<int64_t>(1, (rows + threads - 1) / threads);
-}
-
-struct Dims {
-  int64_t T, B, H, R, X;
-  int64_t P;   // row stride of proj / d_proj: (R + X) * H
-  int64_t XS;  // row stride of the input-only blocks read in xo (P inside proj, X*H on its own)
-  int64_t GS;  // row stride of gates: R*H in a buffer of their own, P when they live in proj
-};
-
-// ---------------------------------------------------------------------------------------------
-// The per-step GEMM of the recurrence (float32, AVX2 + FMA).  Its shape is small and skinny
-// (M = batch rows, e.g. 32; K = H; N = R*H, or K = R*H and N = H in the backward pass).  The
-// weight is packed once per layer call into panels of kNr columns (each panel K x kNr,
-// contiguous, zero padded), and every step streams the panels through a 4 x 24 register-blocked
-// micro-kernel (12 accumulators, 3 loads + 4 broadcasts per 12 FMAs).  For the LSTM at H = 650
-// this made the forward recurrence 1.17x (1 thread) and 1.45x (2 threads) faster than MKL's
-// sgemm on the same data (README, "How it is fast").
-#if RNN_ABLATIONS_PACKED_GEMM
-constexpr int64_t kNr = 24;
-
-struct PackedB {
-  at::Tensor buf;  // (panels * K * kNr) float32
-  int64_t K = 0, N = 0;
-  bool defined() const { return buf.defined(); }
-};
-
-// Pack B (K x N) for gemm_packed.  `w` is float32, contiguous, either (N, K) with B = w^T
-// (the forward step: gates += h W_hh^T) or (K, N) with B = w (the backward step: dh = dg W_hh).
-PackedB pack_b(const at::Tensor& w, bool transposed) {
-  PackedB pb;
-  pb.K = transposed ? w.size(1) : w.size(0);
-  pb.N = transposed ? w.size(0) : w.size(1);
-  const int64_t K = pb.K, N = pb.N, panels = (N + kNr - 1) / kNr;
-  pb.buf = at::empty({panels * K * kNr}, w.options());
-  const float* src = w.data_ptr<float>();
-  float* dst = pb.buf.data_ptr<float>();
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t n0 = p * kNr, nc = std::min(kNr, N - n0);
-    float* out = dst + p * K * kNr;
-    for (int64_t k = 0; k < K; ++k) {
-      float* o = out + k * kNr;
-      if (transposed) {
-        for (int64_t j = 0; j < nc; ++j) o[j] = src[(n0 + j) * K + k];
-      } else {
-        std::memcpy(o, src + k * N + n0, sizeof(float) * nc);
-      }
-      for (int64_t j = nc; j < kNr; ++j) o[j] = 0.f;
-    }
-  }
-  return pb;
-}
-
-// C[0:MR, 0:nc] (+)= A[0:MR, 0:K] * panel, for MR in 1..4 rows.
-template <int MR, bool Acc>
-inline void micro_kernel(int64_t K, const float* A, int64_t lda, const float* Bp, float* C,
-                         int64_t ldc, int64_t nc) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
-  __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
-  const float* a0 = A;
-  const float* a1 = A + (MR > 1 ? lda : 0);
-  const float* a2 = A + (MR > 2 ? 2 * lda : 0);
-  const float* a3 = A + (MR > 3 ? 3 * lda : 0);
-  for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(Bp), b1 = _mm256_loadu_ps(Bp + 8);
-    const __m256 b2 = _mm256_loadu_ps(Bp + 16);
-    Bp += kNr;
-    __m256 a = _mm256_broadcast_ss(a0 + k);
-    c00 = _mm256_fmadd_ps(a, b0, c00); c01 = _mm256_fmadd_ps(a, b1, c01); c02 = _mm256_fmadd_ps(a, b2, c02);
-    if (MR > 1) {
-      a = _mm256_broadcast_ss(a1 + k);
-      c10 = _mm256_fmadd_ps(a, b0, c10); c11 = _mm256_fmadd_ps(a, b1, c11); c12 = _mm256_fmadd_ps(a, b2, c12);
-    }
-    if (MR > 2) {
-      a = _mm256_broadcast_ss(a2 + k);
-      c20 = _mm256_fmadd_ps(a, b0, c20); c21 = _mm256_fmadd_ps(a, b1, c21); c22 = _mm256_fmadd_ps(a, b2, c22);
-    }
-    if (MR > 3) {
-      a = _mm256_broadcast_ss(a3 + k);
-      c30 = _mm256_fmadd_ps(a, b0, c30); c31 = _mm256_fmadd_ps(a, b1, c31); c32 = _mm256_fmadd_ps(a, b2, c32);
-    }
-  }
-  const __m256 acc[4][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
-  if (nc == kNr) {
-    for (int r = 0; r < MR; ++r) {
-      float* c = C + r * ldc;
-      for (int j = 0; j < 3; ++j) {
-        __m256 v = acc[r][j];
-        if (Acc) v = _mm256_add_ps(_mm256_loadu_ps(c + 8 * j), v);
-        _mm256_storeu_ps(c + 8 * j, v);
-      }
-    }
-  } else {  // last panel: only nc < kNr columns exist in C
-    alignas(32) float tmp[kNr];
-    for (int r = 0; r < MR; ++r) {
-      for (int j = 0; j < 3; ++j) _mm256_store_ps(tmp + 8 * j, acc[r][j]);
-      float* c = C + r * ldc;
-      for (int64_t j = 0; j < nc; ++j) c[j] = Acc ? c[j] + tmp[j] : tmp[j];
-    }
-  }
-}
-
-// C (M x N, row stride ldc) = [C +] A (M x K, row stride lda) * B, B packed by pack_b; panels
-// [p0, p1) only (the plain schedule splits the panels over threads).
-template <bool Acc>
-void gemm_packed_panels(int64_t M, const float* A, int64_t lda, const PackedB& B, float* C,
-                        int64_t ldc, int64_t p0, int64_t p1) {
-  const int64_t K = B.K;
-  const float* bp0 = B.buf.data_ptr<float>();
-  for (int64_t p = p0; p < p1; ++p) {
-    const float* bp = bp0 + p * K * kNr;
-    const int64_t nc = std::min(kNr, B.N - p * kNr);
-    float* cp = C + p * kNr;
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) micro_kernel<4, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc);
-    switch (M - m) {
-      case 3: micro_kernel<3, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
-      case 2: micro_kernel<2, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
-      case 1: micro_kernel<1, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
-      default: break;
-    }
-  }
-}
-
-template <bool Acc>
-void gemm_packed(int64_t M, const float* A, int64_t lda, const PackedB& B, float* C, int64_t ldc,
-                 bool parallel) {
-  const int64_t panels = (B.N + kNr - 1) / kNr;
-  if (parallel && at::get_num_threads() > 1 && M * B.N * B.K >= (1 << 18)) {
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      gemm_packed_panels<Acc>(M, A, lda, B, C, ldc, p0, p1);
-    });
-  } else {
-    gemm_packed_panels<Acc>(M, A, lda, B, C, ldc, 0, panels);
-  }
-}
-#endif
-
-// ---------------------------------------------------------------------------------------------
-// Simple loops over contiguous memory, which GCC vectorises reliably (checked with
-// -fopt-info-vec); the variant-specific combinations below are then plain arithmetic.
-template <typename T>
-void sigmoid_inplace(T* __restrict__ p, int64_t n) {
-#pragma GCC ivdep
-  for (int64_t j = 0; j < n; ++j) p[j] = sigm<T>(p[j]);
-}
-template <typename T>
-void tanh_inplace(T* __restrict__ p, int64_t n) {
-#pragma GCC ivdep
-  for (int64_t j = 0; j < n; ++j) p[j] = tanh_<T>(p[j]);
-}
-template <typename T>
-void tanh_to(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
-#pragma GCC ivdep
-  for (int64_t j = 0; j < n; ++j) dst[j] = tanh_<T>(src[j]);
-}
-
-// Element-wise forward of one step for rows [r0, r1).
-template <typename T>
-void pointwise_forward(int64_t kind, bool highway, const Dims& d, T* gates, const T* xo,
-                       const T* c_prev, T* c_out, T* h_out, T* hin_out, int64_t r0, int64_t r1) {
-  const int64_t H = d.H, RH = d.R * d.H, XS = d.XS;
-  for (int64_t b = r0; b < r1; ++b) {
-    T* __restrict__ g = gates + b * d.GS;
-    const T* __restrict__ xob = xo ? xo + b * XS : nullptr;
-    const T* __restrict__ cp = c_prev + b * H;
-    T* __restrict__ cb = c_out + b * H;
-    T* __restrict__ hb = h_out + b * H;
-    T* __restrict__ hinb = hin_out ? hin_out + b * H : nullptr;
-    if (kind == kSrnn) {
-      tanh_inplace<T>(g, H);
-      if (highway) sigmoid_inplace<T>(g + H, H);
-      std::memcpy(hb, g, sizeof(T) * H);
-    } else {
-      // activations: all recurrent blocks are sigmoid gates except the LSTM's g (block 2)
-      if (kind == kLstm) {
-        sigmoid_inplace<T>(g, 2 * H);
-        tanh_inplace<T>(g + 2 * H, H);
-        sigmoid_inplace<T>(g + 3 * H, (d.R - 3) * H);
-      } else {
-        sigmoid_inplace<T>(g, RH);
-      }
-      const T* __restrict__ gi = g;
-      const T* __restrict__ gf = g + H;
-      const T* __restrict__ content = kind == kLstm ? g + 2 * H : xob;
-#pragma GCC ivdep
-      for (int64_t j = 0; j < H; ++j) cb[j] = gi[j] * content[j] + gf[j] * cp[j];
-      if (kind == kIdentityRan) {
-        std::memcpy(hb, cb, sizeof(T) * H);
-      } else {
-        tanh_to<T>(cb, hb, H);
-        if (kind == kLstm || kind == kMinusSrnn) {
-          const T* __restrict__ go = g + (kind == kLstm ? 3 : 2) * H;
-#pragma GCC ivdep
-          for (int64_t j = 0; j < H; ++j) hb[j] *= go[j];
-        }
-      }
-    }
-    if (highway) {
-      const T* __restrict__ gr = g + (d.R - 1) * H;       // already a sigmoid
-      const T* __restrict__ hw = xob + (d.X - 1) * H;
-      if (hinb) std::memcpy(hinb, hb, sizeof(T) * H);
-#pragma GCC ivdep
-      for (int64_t j = 0; j < H; ++j) hb[j] = gr[j] * hb[j] + (T(1) - gr[j]) * hw[j];
-      if (kind == kSrnn) std::memcpy(cb, hb, sizeof(T) * H);
-    }
-  }
-}
-
-// Element-wise backward of one step for rows [r0, r1).  dh holds dL/dh_t (total), dc holds the
-// carried dL/dc_t; on return da holds dL/d(pre-activations), dxo dL/d(input-only blocks) and dc
-// dL/dc_{t-1}.
-template <typename T>
-void pointwise_backward(int64_t kind, bool highway, const Dims& d, const T* gates, const T* xo,
-                        const T* c_cur, const T* c_prev, const T* hin, T* dh, T* dc, T* da,
-                        T* dxo, int64_t r0, int64_t r1) {
-  const int64_t H = d.H, P = d.P;
-  const bool need_tc = !(kind == kSrnn || kind == kIdentityRan);
-  std::vector<T> scratch(need_tc ? H : 1);
-  T* __restrict__ tcs = scratch.data();
-  for (int64_t b = r0; b < r1; ++b) {
-    const T* __restrict__ g = gates + b * d.GS;
-    T* __restrict__ dab = da + b * P;
-    T* __restrict__ dxob = dxo ? dxo + b * P : nullptr;
-    const T* __restrict__ xob = xo ? xo + b * d.XS : nullptr;
-    T* __restrict__ dhb = dh + b * H;
-    T* __restrict__ dcb = dc + b * H;
-    const T* __restrict__ cb = c_cur ? c_cur + b * H : nullptr;
-    const T* __restrict__ cp = c_prev ? c_prev + b * H : nullptr;
-    if (highway) {
-      const T* __restrict__ r = g + (d.R - 1) * H;
-      const T* __restrict__ hw = xob + (d.X - 1) * H;
-      const T* __restrict__ hi = hin + b * H;
-      T* __restrict__ dr = dab + (d.R - 1) * H;
-      T* __restrict__ dhw = dxob + (d.X - 1) * H;
-#pragma GCC ivdep
-      for (int64_t j = 0; j < H; ++j) {
-        T gh = dhb[j];
-        dr[j] = gh * (hi[j] - hw[j]) * r[j] * (T(1) - r[j]);
-        dhw[j] = gh * (T(1) - r[j]);
-        dhb[j] = gh * r[j];
-      }
-    }
-    if (need_tc) tanh_to<T>(cb, tcs, H);
-    switch (kind) {
-      case kLstm: {
-        const T* __restrict__ i = g; const T* __restrict__ f = g + H;
-        const T* __restrict__ gg = g + 2 * H; const T* __restrict__ o = g + 3 * H;
-#pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) {
-          T tc = tcs[j];
-          T gh = dhb[j];
-          T gc = dcb[j] + gh * o[j] * (T(1) - tc * tc);
-          dab[j] = gc * gg[j] * i[j] * (T(1) - i[j]);
-          dab[H + j] = gc * cp[j] * f[j] * (T(1) - f[j]);
-          dab[2 * H + j] = gc * i[j] * (T(1) - gg[j] * gg[j]);
-          dab[3 * H + j] = gh * tc * o[j] * (T(1) - o[j]);
-          dcb[j] = gc * f[j];
-        }
-        break;
-      }
-      case kSrnn: {
-#pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) {
-          T h = g[j];
-          dab[j] = dhb[j] * (T(1) - h * h);
-        }
-        break;
-      }
-      case kMinusSrnn: {
-        const T* __restrict__ i = g; const T* __restrict__ f = g + H; const T* __restrict__ o = g + 2 * H;
-        const T* __restrict__ xc = xob;
-#pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) {
-          T tc = tcs[j];
-          T gh = dhb[j];
-          T gc = dcb[j] + gh * o[j] * (T(1) - tc * tc);
-          dab[j] = gc * xc[j] * i[j] * (T(1) - i[j]);
-          dab[H + j] = gc * cp[j] * f[j] * (T(1) - f[j]);
-          dab[2 * H + j] = gh * tc * o[j] * (T(1) - o[j]);
-          dxob[j] = gc * i[j];
-          dcb[j] = gc * f[j];
-        }
-        break;
-      }
-      case kRan:
-      case kIdentityRan: {
-        const T* __restrict__ i = g; const T* __restrict__ f = g + H;
-        const T* __restrict__ xc = xob;
-        if (kind == kRan) {
-#pragma GCC ivdep
-          for (int64_t j = 0; j < H; ++j) dcb[j] += dhb[j] * (T(1) - tcs[j] * tcs[j]);
-        } else {
-#pragma GCC ivdep
-          for (int64_t j = 0; j < H; ++j) dcb[j] += dhb[j];
-        }
-#pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) {
-          T gc = dcb[j];
-          dab[j] = gc * xc[j] * i[j] * (T(1) - i[j]);
-          dab[H + j] = gc * cp[j] * f[j] * (T(1) - f[j]);
-          dxob[j] = gc * i[j];
-          dcb[j] = gc * f[j];
-        }
-        break;
-      }
-      default:
-        break;
-    }
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -403,9 +55,7 @@ struct StepState {
   bool has_mask;
   at::Tensor gates, out, cs, hin, h0, c0, w_hh, w_t, rec_mask, hp_buf;  // forward
   at::Tensor grad_out, dproj, dh, dc;                                     // backward
-#if RNN_ABLATIONS_PACKED_GEMM
-  PackedB packed;  // w_hh packed for the step GEMM (float32 only)
-#endif
+  PackedB packed;  // w_hh packed for the step GEMM (float32, on a path with a packed kernel)
   // The forward's buffers and inputs (the caller sets d, kind, highway, has_mask and gates), with
   // w_hh packed for the step GEMM.
   void init_forward(const at::Tensor& h0_, const at::Tensor& c0_, const at::Tensor& w_hh_,
@@ -420,30 +70,26 @@ struct StepState {
   }
   // Pack w_hh for the forward (B = w_hh^T) or the backward (B = w_hh) step GEMM.
   void pack(bool backward) {
-#if RNN_ABLATIONS_PACKED_GEMM
     // RNN_ABLATIONS_PACKED_GEMM=0 takes ATen's GEMM instead (for A/B timing and the tests).
     const char* env = std::getenv("RNN_ABLATIONS_PACKED_GEMM");
     if (env && env[0] == '0') return;
-    if (w_hh.scalar_type() == at::kFloat) packed = pack_b(w_hh, !backward);
-#else
-    (void)backward;
-#endif
+    if (w_hh.scalar_type() == at::kFloat && packed_gemm_available()) {
+      packed = pack_b(w_hh, !backward);
+    }
   }
 };
 
 // gates (n x N, row stride ldc) [+]= A (n x K) * packed w_hh; false when no packed weight
-// applies (double, or a build without AVX2/FMA): the caller then uses ATen.
+// applies (double, or the portable path): the caller then uses ATen.
 template <typename scalar_t, bool Acc>
 bool step_gemm(StepState& s, int64_t n, const scalar_t* A, int64_t lda, scalar_t* C, int64_t ldc,
                bool parallel) {
-#if RNN_ABLATIONS_PACKED_GEMM
   if constexpr (std::is_same<scalar_t, float>::value) {
     if (s.packed.defined()) {
-      gemm_packed<Acc>(n, A, lda, s.packed, C, ldc, parallel);
+      gemm_packed(Acc, n, A, lda, s.packed, C, ldc, parallel);
       return true;
     }
   }
-#endif
   (void)s; (void)n; (void)A; (void)lda; (void)C; (void)ldc; (void)parallel;
   return false;
 }
@@ -470,7 +116,7 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
   scalar_t* hp = s.out[t].data_ptr<scalar_t>();
   scalar_t* hinp = s.hin.defined() ? s.hin[t].data_ptr<scalar_t>() : nullptr;
   auto body = [&](int64_t r0, int64_t r1) {
-    pointwise_forward<scalar_t>(s.kind, s.highway, s.d, gp, xo_t, cpp, cp, hp, hinp, r0, r1);
+    pointwise_forward(s.kind, s.highway, s.d, gp, xo_t, cpp, cp, hp, hinp, r0, r1);
   };
   if (parallel) at::parallel_for(0, n, grain_rows(n, s.d.H), body);
   else body(0, n);
@@ -494,7 +140,7 @@ void backward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel)
   scalar_t* dap = s.dproj[t].data_ptr<scalar_t>();
   scalar_t* dxop = X > 0 ? dap + R * H : nullptr;
   auto body = [&](int64_t r0, int64_t r1) {
-    pointwise_backward<scalar_t>(s.kind, s.highway, s.d, gp, xo_t, ccur, cprev, hinp, dhp, dcp,
+    pointwise_backward(s.kind, s.highway, s.d, gp, xo_t, ccur, cprev, hinp, dhp, dcp,
                                  dap, dxop, r0, r1);
   };
   if (parallel) at::parallel_for(0, n, grain_rows(n, H), body);
@@ -892,6 +538,9 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rnn_ablations fused CPU recurrence (forward and hand-written backward)";
+#ifdef RNN_ABLATIONS_TORCH_VERSION
+  m.attr("torch_version") = RNN_ABLATIONS_TORCH_VERSION;  // the torch this module was built for
+#endif
   m.def("forward", &rnn_forward,
         "one layer, one direction: forward from the input projections; with in_place=True the "
         "recurrent blocks of proj become the returned gates (proj must be a scratch tensor)",
@@ -903,7 +552,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "one layer, one direction: pipelined input projection + recurrence");
   m.def("fused_backward", &fused_backward,
         "one layer, one direction: pipelined recurrence backward + input/weight gradients");
-  m.def("packed_gemm", [] { return RNN_ABLATIONS_PACKED_GEMM == 1; },
-        "whether the AVX2/FMA packed step GEMM is compiled in (float32)");
+  m.def("packed_gemm", &packed_gemm_available,
+        "whether the vector path in use has the packed step GEMM (float32; AVX2 + FMA)");
+  m.def("kernel_isa", &isa_name,
+        "the vector path in use: 'avx2' or 'portable' (RNN_ABLATIONS_ISA, else the best the "
+        "CPU supports)");
+  m.def("set_kernel_isa", &set_isa, "switch the vector path: 'avx2', 'portable' or 'auto'",
+        py::arg("name"));
+  m.def("supported_isas", &supported_isas,
+        "the vector paths this CPU and build can run, best first");
   m.def("weight_grad", &weight_grad, "g^T in for g (rows, M), in (rows, K): a weight gradient");
 }

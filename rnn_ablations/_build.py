@@ -1,0 +1,123 @@
+"""How the C++ CPU kernel ``rnn_ablations._C`` is built, in one place for both ways of building it:
+
+* at install time by ``setup.py``, when torch can be imported in the build environment (``pip
+  install --no-build-isolation .``, ``scripts/setup.sh``); the module then records the torch
+  version it was compiled against (``_C.torch_version``);
+* on first use by :mod:`rnn_ablations._kernel_loader` otherwise (a plain ``pip install .``, whose
+  isolated build environment has no torch, or a torch upgraded after the install): this file is
+  then run as a script, in a subprocess, to compile the kernel into a cache directory.
+
+This module imports nothing from ``rnn_ablations`` (running it must not import the package,
+whose import would try to load the kernel being built).  The flags carry no ``-march``/``-mavx2``:
+the vector code is compiled per instruction set inside ``csrc/vec_kernels.cpp`` and chosen at
+run time, so one build runs on every x86-64 CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import sys
+from typing import Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(HERE, "csrc")
+
+
+def cpu_sources() -> List[str]:
+    """The kernel's C++ files (every ``csrc/*.cpp``), sorted."""
+    return sorted(glob.glob(os.path.join(CSRC, "*.cpp")))
+
+
+def cpu_headers() -> List[str]:
+    return sorted(glob.glob(os.path.join(CSRC, "*.h")))
+
+
+def cpu_compile_args() -> List[str]:
+    # -fopenmp: ATen's parallel_for is a header template, parallel only when the extension is
+    # compiled with OpenMP; it then runs in torch's own OpenMP team (the wheel's libgomp.so.1,
+    # already loaded by `import torch`, has the same soname).  -g0: no debug info in the module
+    # (it was 12.6 MB with it).
+    args = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-g0"]
+    if platform.system() == "Darwin":  # pragma: no cover - not tested: Apple's clang has no -fopenmp
+        args.remove("-fopenmp")
+    return args
+
+
+def cpu_link_args() -> List[str]:
+    if platform.system() == "Darwin":  # pragma: no cover
+        return []
+    return ["-fopenmp", "-Wl,--strip-debug"]
+
+
+def cpu_define_macros(torch_version: str) -> List[tuple]:
+    # The value is passed as one argument (no shell), so the quotes make a C string literal.
+    return [("RNN_ABLATIONS_TORCH_VERSION", '"%s"' % torch_version)]
+
+
+def cpu_extension(name: str = "rnn_ablations._C", relative_to: str = ""):
+    """The ``CppExtension`` of the CPU kernel (imports torch)."""
+    import torch
+    from torch.utils.cpp_extension import CppExtension
+
+    def rel(p):
+        return os.path.relpath(p, relative_to) if relative_to else p
+
+    return CppExtension(
+        name,
+        [rel(p) for p in cpu_sources()],
+        depends=[rel(p) for p in cpu_headers()],
+        define_macros=cpu_define_macros(torch.__version__),
+        extra_compile_args=cpu_compile_args(),
+        extra_link_args=cpu_link_args(),
+    )
+
+
+def fingerprint() -> Dict[str, str]:
+    """What the compiled module depends on: the cache key of a first-use build."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for path in cpu_sources() + cpu_headers() + [os.path.abspath(__file__)]:
+        h.update(os.path.basename(path).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    h.update(" ".join(cpu_compile_args() + cpu_link_args()).encode())
+    return {
+        "sources": h.hexdigest()[:16],
+        "torch": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", "") or "",
+        "python": "%s-%d.%d" % (sys.implementation.cache_tag, *sys.version_info[:2]),
+        "machine": platform.machine(),
+    }
+
+
+def build_into(out_dir: str, build_temp: str) -> str:
+    """Compile the kernel as ``_C`` into ``out_dir`` (setuptools; ninja is used when present, not
+    needed); returns the path of the module."""
+    from setuptools import setup
+    from torch.utils.cpp_extension import BuildExtension, is_ninja_available
+
+    ext = cpu_extension(name="_C")
+    setup(
+        name="rnn_ablations_kernel",
+        ext_modules=[ext],
+        # ninja (when installed) compiles the files in parallel; setuptools alone, one by one.
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=is_ninja_available())},
+        script_args=["-q", "build_ext", "--build-lib", out_dir, "--build-temp", build_temp],
+    )
+    built = [f for f in os.listdir(out_dir) if f.startswith("_C") and f.endswith((".so", ".pyd"))]
+    if not built:
+        raise RuntimeError(f"the build wrote no module into {out_dir}")
+    return os.path.join(out_dir, built[0])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="compile rnn_ablations' CPU kernel into a folder")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--build-temp", required=True)
+    a = parser.parse_args()
+    print(build_into(a.out, a.build_temp))

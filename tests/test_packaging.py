@@ -1,0 +1,204 @@
+"""Packaging: metadata, the wheel's contents, the kernel's loading and ISA choice, the commands'
+optional dependencies, the shipped configs and nn.LSTM's surface of AblatedRNN.
+
+The end-to-end check (build the wheel in isolation, install it into a clean venv, import it:
+the kernel is compiled on first use) is `scripts/check_wheel.sh`, run by `.ci/run`."""
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import rnn_ablations as ra
+from rnn_ablations import AblatedRNN, cli
+from rnn_ablations.commands import configs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = None
+
+
+def _pyproject():
+    if tomllib is None:
+        pytest.skip("tomllib needs Python 3.11")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def test_metadata():
+    meta = _pyproject()["project"]
+    assert meta["version"] == ra.__version__
+    assert meta["license"] == "Apache-2.0" and meta["license-files"] == ["LICENSE"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
+    deps = meta["dependencies"]
+    assert [re.split(r"[<>=!~ ]", d)[0] for d in deps] == ["torch", "numpy"]
+    torch_spec = deps[0]
+    major_minor = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    low = tuple(int(v) for v in re.search(r">=(\d+)\.(\d+)", torch_spec).groups())
+    high = tuple(int(v) for v in re.search(r"<(\d+)\.(\d+)", torch_spec).groups())
+    assert low <= major_minor < high, f"the torch tested here ({torch.__version__}) is outside {torch_spec}"
+    extras = meta["optional-dependencies"]
+    assert set(extras) >= {"lm", "viz", "allennlp", "onmt", "all"}
+    assert {"tqdm", "matplotlib"} <= set(extras["lm"])
+    assert meta["scripts"]["rnn-ablations"] == "rnn_ablations.cli:main"
+
+
+def test_setup_sh_installs_every_extra_it_pins():
+    """requirements/*.txt (scripts/setup.sh) and the extras name the same packages."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+
+    def names(lines):
+        return {re.split(r"[<>=!~ \[]", l.strip())[0].lower().replace("_", "-")
+                for l in lines if l.strip() and not l.startswith("#")}
+    req = ROOT / "requirements"
+    assert names(extras["allennlp"]) == names((req / "allennlp.txt").read_text().splitlines())
+    assert names(extras["onmt"]) == names((req / "onmt.txt").read_text().splitlines())
+
+
+@pytest.fixture(scope="module")
+def pure_wheel(tmp_path_factory):
+    """The wheel `pip wheel .` builds where torch is absent from the build environment (as in
+    pip's isolated build): here with RNN_ABLATIONS_NO_KERNEL=1 and the current environment, so
+    that no compiler runs and nothing is downloaded."""
+    out = tmp_path_factory.mktemp("wheel")
+    env = dict(os.environ, RNN_ABLATIONS_NO_KERNEL="1", RNN_ABLATIONS_NO_CUDA="1")
+    build = tmp_path_factory.mktemp("build")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(out), str(ROOT)],
+        env=env, cwd=build, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wheels = list(out.glob("*.whl"))
+    assert len(wheels) == 1
+    return wheels[0]
+
+
+def test_wheel_contents(pure_wheel):
+    assert pure_wheel.name.endswith("-py3-none-any.whl"), pure_wheel.name
+    with zipfile.ZipFile(pure_wheel) as z:
+        names = set(z.namelist())
+        meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        meta = z.read(meta_name).decode()
+    assert "rnn_ablations_hooks.pth" in names and "rnn_ablations_hooks.py" in names
+    for f in ("ablated_rnn.cpp", "vec_kernels.cpp", "vec_impl.h", "vec_kernels.h", "common.h"):
+        assert f"rnn_ablations/csrc/{f}" in names, f
+    assert "rnn_ablations/_build.py" in names and "rnn_ablations/_kernel_loader.py" in names
+    shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("rnn_ablations/configs/")}
+    in_repo = {p.name for d in ("allennlp_configs", "onmt_configs") for p in (ROOT / d).iterdir()}
+    assert shipped == in_repo
+    assert not any(n.endswith(".so") for n in names)
+    assert re.search(r"^License-Expression: Apache-2.0$", meta, re.M)
+    assert re.search(r'^Provides-Extra: lm$', meta, re.M)
+    assert re.search(r'^Requires-Dist: tqdm; extra == "lm"$', meta, re.M)
+
+
+# ------------------------------------------------------------------------------- the kernel
+def _python(code, **env):
+    e = dict(os.environ)
+    e.update(env)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+def test_isa_environment_variable():
+    for isa in ra.supported_kernel_isas():
+        proc = _python("import rnn_ablations as ra; print(ra.kernel_isa())", RNN_ABLATIONS_ISA=isa)
+        assert proc.returncode == 0 and proc.stdout.strip() == isa, proc.stderr[-2000:]
+    proc = _python("import rnn_ablations", RNN_ABLATIONS_ISA="sse9")
+    assert proc.returncode != 0
+    assert "unknown kernel ISA 'sse9'" in proc.stderr and "avx2, portable, auto" in proc.stderr
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+def test_kernel_module_is_stripped_and_records_its_torch():
+    from rnn_ablations import _C
+    assert _C.torch_version == torch.__version__
+    proc = subprocess.run(["readelf", "-S", _C.__file__], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip("readelf not available")
+    assert ".debug_info" not in proc.stdout, "the kernel was built with debug info"
+
+
+def test_first_use_compile_failure_warns_and_names_the_fix(tmp_path, monkeypatch, caplog):
+    """Without a working compiler the loader returns no kernel, says why and how to fix it."""
+    from rnn_ablations import _kernel_loader
+    monkeypatch.setattr(_kernel_loader, "_installed", lambda: (None, "no kernel built at install time"))
+    monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RNN_ABLATIONS_NO_KERNEL", raising=False)
+    monkeypatch.delenv("RNN_ABLATIONS_DISABLE_KERNEL", raising=False)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    with caplog.at_level("WARNING", logger="rnn_ablations"):
+        module, why, source = _kernel_loader.load_cpu_kernel()
+    assert module is None and source == ""
+    assert "apt install g++ python3-dev" in why and "RNN_ABLATIONS_NO_KERNEL=1" in why
+    assert any("compiling the CPU kernel" in r.getMessage() for r in caplog.records)
+    assert any("generic PyTorch path" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("RNN_ABLATIONS_NO_KERNEL", "1")  # asked for: no compile, no warning
+    caplog.clear()
+    module, why, _ = _kernel_loader.load_cpu_kernel()
+    assert module is None and "RNN_ABLATIONS_NO_KERNEL" in why and not caplog.records
+
+
+# ------------------------------------------------------------------------------- commands
+def test_configs_command(capsys):
+    assert cli.main(["configs"]) == 0
+    out = capsys.readouterr().out
+    for name in ("bidaf_srnn", "biaffine_parser_ran", "drqa_lstm", "multi30k_bran", "smoke_multi30k"):
+        assert re.search(rf"^  {name}$", out, re.M), name
+    assert cli.main(["configs", "path", "bidaf_srnn"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path.is_file() and path.read_text().startswith('local encoder = "srnn";')
+    assert cli.main(["configs", "path", "multi30k_bran.yaml"]) == 0
+    assert capsys.readouterr().out.strip().endswith("multi30k_bran.yaml")
+    assert cli.main(["configs", "path", "bidaf_sr"]) == 2
+    assert "did you mean bidaf_srnn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command,argv,module,extra", [
+    ("ablate", ["ablate", "--out", "unused"], "tqdm", 'pip install "rnn-ablations[lm]"'),
+    ("ablate", ["ablate", "--out", "unused"], "matplotlib", 'pip install "rnn-ablations[lm]"'),
+    ("visualize", ["visualize", "--model", "m", "--text", "a b", "--out", "f.png"], "matplotlib",
+     'pip install "rnn-ablations[viz]"'),
+    ("onmt-train", ["onmt-train", "-config", "x.yaml"], "onmt", 'pip install "rnn-ablations[onmt]"'),
+])
+def test_command_names_its_missing_extra(monkeypatch, capsys, tmp_path, command, argv, module, extra):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == module else real(name, *a))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"`rnn-ablations {command}` needs {module}" in err and extra in err
+    assert not (tmp_path / "unused").exists()
+
+
+# ------------------------------------------------------------------------------- nn.LSTM surface
+@pytest.mark.parametrize("layers,bidirectional", [(1, False), (2, True)])
+def test_nn_lstm_surface(layers, bidirectional):
+    ours = AblatedRNN("lstm", 3, 4, num_layers=layers, bidirectional=bidirectional)
+    ref = torch.nn.LSTM(3, 4, num_layers=layers, bidirectional=bidirectional)
+    assert ours._flat_weights_names == ref._flat_weights_names
+    assert ours._all_weights == ref._all_weights
+    ours.load_state_dict(ref.state_dict())
+    for a_row, b_row in zip(ours.all_weights, ref.all_weights):
+        for a, b in zip(a_row, b_row):
+            assert torch.equal(a, b)
+    x = torch.randn(5, 2, 3)
+    before = ours(x)[0]
+    assert ours.flatten_parameters() is None
+    assert torch.equal(ours(x)[0], before)
+    ran = AblatedRNN("ran", 3, 4, bidirectional=True)
+    assert ran._flat_weights_names == ["weight_ih_l0", "weight_hh_l0", "bias_l0", "weight_ih_l0_reverse",
+                                       "weight_hh_l0_reverse", "bias_l0_reverse"]
+    assert [p for row in ran.all_weights for p in row] == list(ran.parameters())
