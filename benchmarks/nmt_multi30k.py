@@ -114,6 +114,34 @@ def _grab(pattern: str, text: str, cast=float):
     return cast(m[-1]) if m else None
 
 
+#: ``onmt_translate`` with one fix.  OpenNMT-py 3.5.1's RNN decoders stack the attention of a
+#: decoding step time-major, ``(1, batch*beam, src_len)``, while its beam search (and greedy search)
+#: index it batch-first like the transformer decoder's ``(batch*beam, 1, src_len)``; so any RNN
+#: decoder, ``brnn`` included, fails with ``IndexError`` in ``beam_search.advance`` when the
+#: attention is returned, i.e. with ``-replace_unk`` and ``-beam_size`` > 1.  During step-wise
+#: decoding only (``step`` given; training is untouched) the wrapper hands the search the
+#: batch-first layout it indexes.
+TRANSLATE_WITH_ATTENTION_FIX = """
+import sys
+import onmt.decoders.decoder as d
+_forward = d.RNNDecoderBase.forward
+def forward(self, tgt, enc_out, src_len=None, step=None, **kwargs):
+    dec_outs, attns = _forward(self, tgt, enc_out, src_len=src_len, step=step, **kwargs)
+    if step is not None:
+        attns = {k: (v.transpose(0, 1) if hasattr(v, 'transpose') and v.dim() == 3 else v)
+                 for k, v in attns.items()}
+    return dec_outs, attns
+d.RNNDecoderBase.forward = forward
+from onmt.bin.translate import main
+sys.argv = ['onmt_translate'] + sys.argv[1:]
+main()
+"""
+
+
+def _translate_cmd():
+    return [sys.executable, "-c", TRANSLATE_WITH_ATTENTION_FIX]
+
+
 def _bleu(sacrebleu, hyp_file: Path, ref_file: Path) -> float:
     hyps = hyp_file.read_text(encoding="utf-8").splitlines()
     refs = ref_file.read_text(encoding="utf-8").splitlines()
@@ -122,7 +150,7 @@ def _bleu(sacrebleu, hyp_file: Path, ref_file: Path) -> float:
     return round(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", force=True).score, 2)
 
 
-def _smoke(args, types, work, env, link, multi30k, sacrebleu):
+def _smoke(args, types, work, env, link, multi30k, sacrebleu, save):
     gpu_train = ["-world_size", "1", "-gpu_ranks", "0"] if args.gpu else []
     gpu_translate = ["-gpu", "0"] if args.gpu else []
     results = []
@@ -158,6 +186,7 @@ def _smoke(args, types, work, env, link, multi30k, sacrebleu):
             "translate_wall_s": round(translate_wall, 1),
         }
         results.append(row)
+        save(results, started)
         print(json.dumps(row), flush=True)
     return results, started
 
@@ -169,7 +198,7 @@ def _config_value(path: Path, key: str) -> str:
     raise SystemExit(f"error: {path} has no {key!r} line")
 
 
-def _full(args, types, work, env, link, multi30k, sacrebleu):
+def _full(args, types, work, env, link, multi30k, sacrebleu, save):
     """The paper's recipe (see the module docstring)."""
     gpu_train = ["-world_size", "1", "-gpu_ranks", "0"] if args.gpu else []
     gpu_translate = ["-gpu", "0"] if args.gpu else []
@@ -197,7 +226,7 @@ def _full(args, types, work, env, link, multi30k, sacrebleu):
                                  "test_2016_flickr.lc.norm.tok.de"),
                                 ("val", "val.lc.norm.tok.en", "val.lc.norm.tok.de")):
             pred = d / f"{split}.pred.de"
-            _run([_bin("onmt_translate"), "-model", checkpoint, "-src", link / "multi30k" / src,
+            _run(_translate_cmd() + ["-model", checkpoint, "-src", link / "multi30k" / src,
                   "-output", pred, "-beam_size", "5", "-replace_unk", "-batch_size", "64",
                   "-max_length", "100"] + gpu_translate, work, env, d / f"translate_{split}.log")
             row[f"bleu_{split}"] = _bleu(sacrebleu, pred, multi30k / ref)
@@ -208,8 +237,70 @@ def _full(args, types, work, env, link, multi30k, sacrebleu):
             "train_cpu_s": round(train_cpu, 1),
         })
         results.append(row)
+        save(results, started)
         print(json.dumps(row), flush=True)
     return results, started
+
+
+def _write(args, argv, results, started) -> str:
+    """Write ``<out>.json`` and ``<out>.md`` for the rows so far (called after every encoder, so
+    an interrupted run keeps what finished); returns the markdown."""
+    meta = {
+        "command": ("nice -n 15 .venv/bin/python benchmarks/nmt_multi30k.py " + " ".join(
+            sys.argv[1:] if argv is None else argv)).strip(),
+        "scale": (("the paper's recipe (multi30k_<type>.yaml, full training)" if args.steps is None
+                   else f"a QUICK CHECK of the paper's recipe ({args.steps} steps only): not a "
+                        "result") if args.full else
+                  "smoke scale: shows that each encoder trains; not the papers' setting, and its "
+                  "ordering of the encoders means nothing"),
+        "config": ("onmt_configs/multi30k_<type>.yaml" if args.full
+                   else str(CONFIG.relative_to(REPO))),
+        "steps": None if args.full else args.steps,
+        "threads": args.threads,
+        "device": "cuda:0" if args.gpu else "cpu",
+        "bleu": ("sacrebleu corpus_bleu(tokenize='none') on the tokenised lower-cased references, "
+                 "beam 5, -replace_unk, final checkpoint; test 2016 (1000 sentences) and val (1014)"
+                 if args.full else
+                 "sacrebleu corpus_bleu(tokenize='none'), greedy (-beam_size 1), all 1014 "
+                 "sentences of val.lc.norm.tok.en -> val.lc.norm.tok.de"),
+        "time": "wall-clock seconds per 100 training steps between the first and last progress "
+                "report (onmt_train log time stamps); CPU s = user + system time of the whole "
+                "onmt_train process (start-up, data loading, all steps, validation, saving)",
+        "machine": f"{_cpu_model()} ({platform.machine()}), {os.cpu_count()} CPUs (shared), "
+                   f"Python {platform.python_version()}",
+        "load_average_at_end": os.getloadavg(),
+        "total_wall_s": round(time.time() - started, 1),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+    }
+    try:
+        import torch
+        meta["torch"] = torch.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(args.out) + ".json").write_text(json.dumps({"meta": meta, "results": results},
+                                                        indent=2) + "\n")
+    if args.full:
+        header = ("| encoder type | BLEU test 2016 (beam 5) | BLEU val (beam 5) | val ppl | "
+                  "encoder params | train wall s |\n|---|---|---|---|---|---|\n")
+        rows = "".join(f"| `{r['encoder_type']}` | {r['bleu_test2016']:.2f} | {r['bleu_val']:.2f} | "
+                       f"{r['val_ppl']:.1f} | {r['encoder_params']:,} | {r['train_wall_s']:.0f} |\n"
+                       for r in results)
+        what = f"`{meta['config']}` trained as written"
+    else:
+        header = ("| encoder type | BLEU (val, greedy) | val ppl | val acc % | s / 100 steps (wall) | "
+                  "CPU s, whole onmt_train run | encoder params |\n|---|---|---|---|---|---|---|\n")
+        rows = "".join(f"| `{r['encoder_type']}` | {r['bleu']:.2f} | {r['val_ppl']:.1f} | "
+                       f"{r['val_acc']:.1f} | {r['sec_per_100_steps']:.1f} | "
+                       f"{r['train_cpu_s']:.0f} | {r['encoder_params']:,} |\n" for r in results)
+        what = f"{args.steps} steps of `{meta['config']}` per encoder"
+    md = (f"{header}{rows}\nScale: {meta['scale']}.\n{what}, {meta['device']}, "
+          f"{args.threads} torch thread(s); BLEU: {meta['bleu']}; time: {meta['time']}.\n"
+          f"Machine: {meta['machine']}, torch {meta.get('torch')}; load average at the end "
+          f"{tuple(round(x, 1) for x in meta['load_average_at_end'])}; total "
+          f"{meta['total_wall_s'] / 60:.1f} min.\nCommand: `{meta['command']}`\n")
+    Path(str(args.out) + ".md").write_text(md)
+    return md
 
 
 def main(argv=None) -> int:
@@ -291,66 +382,13 @@ def main(argv=None) -> int:
             vocab.write_text("".join(kept), encoding="utf-8")
 
     if args.full:
-        results, started = _full(args, types, work, env, link, multi30k, sacrebleu)
+        results, started = _full(args, types, work, env, link, multi30k, sacrebleu,
+                                 lambda rows, t0: _write(args, argv, rows, t0))
     else:
-        results, started = _smoke(args, types, work, env, link, multi30k, sacrebleu)
-    meta = {
-        "command": ("nice -n 15 .venv/bin/python benchmarks/nmt_multi30k.py " + " ".join(
-            sys.argv[1:] if argv is None else argv)).strip(),
-        "scale": (("the paper's recipe (multi30k_<type>.yaml, full training)" if args.steps is None
-                   else f"a QUICK CHECK of the paper's recipe ({args.steps} steps only): not a "
-                        "result") if args.full else
-                  "smoke scale: shows that each encoder trains; not the papers' setting, and its "
-                  "ordering of the encoders means nothing"),
-        "config": ("onmt_configs/multi30k_<type>.yaml" if args.full
-                   else str(CONFIG.relative_to(REPO))),
-        "steps": None if args.full else args.steps,
-        "threads": args.threads,
-        "device": "cuda:0" if args.gpu else "cpu",
-        "bleu": ("sacrebleu corpus_bleu(tokenize='none') on the tokenised lower-cased references, "
-                 "beam 5, -replace_unk, final checkpoint; test 2016 (1000 sentences) and val (1014)"
-                 if args.full else
-                 "sacrebleu corpus_bleu(tokenize='none'), greedy (-beam_size 1), all 1014 "
-                 "sentences of val.lc.norm.tok.en -> val.lc.norm.tok.de"),
-        "time": "wall-clock seconds per 100 training steps between the first and last progress "
-                "report (onmt_train log time stamps); CPU s = user + system time of the whole "
-                "onmt_train process (start-up, data loading, all steps, validation, saving)",
-        "machine": f"{_cpu_model()} ({platform.machine()}), {os.cpu_count()} CPUs (shared), "
-                   f"Python {platform.python_version()}",
-        "load_average_at_end": os.getloadavg(),
-        "total_wall_s": round(time.time() - started, 1),
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-    }
-    try:
-        import torch
-        meta["torch"] = torch.__version__
-    except ImportError:  # pragma: no cover
-        pass
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(str(args.out) + ".json").write_text(json.dumps({"meta": meta, "results": results},
-                                                        indent=2) + "\n")
-    if args.full:
-        header = ("| encoder type | BLEU test 2016 (beam 5) | BLEU val (beam 5) | val ppl | "
-                  "encoder params | train wall s |\n|---|---|---|---|---|---|\n")
-        rows = "".join(f"| `{r['encoder_type']}` | {r['bleu_test2016']:.2f} | {r['bleu_val']:.2f} | "
-                       f"{r['val_ppl']:.1f} | {r['encoder_params']:,} | {r['train_wall_s']:.0f} |\n"
-                       for r in results)
-        what = f"`{meta['config']}` trained as written"
-    else:
-        header = ("| encoder type | BLEU (val, greedy) | val ppl | val acc % | s / 100 steps (wall) | "
-                  "CPU s, whole onmt_train run | encoder params |\n|---|---|---|---|---|---|---|\n")
-        rows = "".join(f"| `{r['encoder_type']}` | {r['bleu']:.2f} | {r['val_ppl']:.1f} | "
-                       f"{r['val_acc']:.1f} | {r['sec_per_100_steps']:.1f} | "
-                       f"{r['train_cpu_s']:.0f} | {r['encoder_params']:,} |\n" for r in results)
-        what = f"{args.steps} steps of `{meta['config']}` per encoder"
-    md = (f"{header}{rows}\nScale: {meta['scale']}.\n{what}, {meta['device']}, "
-          f"{args.threads} torch thread(s); BLEU: {meta['bleu']}; time: {meta['time']}.\n"
-          f"Machine: {meta['machine']}, torch {meta.get('torch')}; load average at the end "
-          f"{tuple(round(x, 1) for x in meta['load_average_at_end'])}; total "
-          f"{meta['total_wall_s'] / 60:.1f} min.\nCommand: `{meta['command']}`\n")
-    Path(str(args.out) + ".md").write_text(md)
+        results, started = _smoke(args, types, work, env, link, multi30k, sacrebleu,
+                                  lambda rows, t0: _write(args, argv, rows, t0))
     print()
-    print(md)
+    print(_write(args, argv, results, started))
     return 0
 
 
