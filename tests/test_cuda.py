@@ -8,11 +8,11 @@ run without TF32 here so that float32 comparisons are meaningful.
 import pytest
 import torch
 
-from rnn_ablations import AblatedRNN, VARIANTS, use_backend, weighted_sum
+from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, weighted_sum
 from rnn_ablations.dispatch import cuda_kernel_available
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-MEMORY_VARIANTS = [v for v in VARIANTS if v != "srnn"]
+MEMORY_VARIANTS = [v for v in VARIANTS if get_variant(v).has_memory]
 needs_cuda_kernel = pytest.mark.skipif(not cuda_kernel_available(),
                                        reason="the CUDA kernel rnn_ablations._C_cuda is not built")
 

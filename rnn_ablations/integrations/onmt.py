@@ -13,9 +13,13 @@ encoder type          variant                      direction
 ``lstm_minus_srnn``   LSTM − S-RNN                 unidirectional
 ``ran``               LSTM − S-RNN − OUT (RAN)     unidirectional
 ``identity_ran``      identity RAN                 unidirectional
+``lstm_minus_srnn_    LSTM − S-RNN − HIDDEN        unidirectional
+minus_hidden``
 ``blstm`` ...         the same cells               bidirectional (``b`` + the variant
                                                    name), like OpenNMT's ``brnn``
 ====================  ===========================  ===================================
+
+(The list is the variant table's: a variant added there gets both encoder types.)
 
 The encoder honours ``-enc_layers``, ``-enc_hid_size`` (``-hidden_size``), ``-dropout`` (between
 layers and on the source embeddings, and ``-dropout_steps`` through ``update_dropout``) and
@@ -33,8 +37,9 @@ for a new model only (never after ``-train_from``):
 
 * ``gate_bias`` (default): OpenNMT's initialisation of all weights is kept (as for its own LSTM
   encoder), and the gated ablations' biases (``lstm_minus_srnn``, ``ran``, ``identity_ran``) are
-  reset to their own init: 0, forget gate 1.  ``lstm`` and ``srnn`` keep OpenNMT's uniform biases
-  (their own init is uniform too).
+  reset to their own init: 0, forget gate 1.  ``lstm``, ``srnn`` and
+  ``lstm_minus_srnn_minus_hidden`` keep OpenNMT's uniform biases (their own init is uniform too;
+  the table's ``Variant.bias_init``).
 * ``onmt``: keep OpenNMT's initialisation for everything.
 * ``variant``: :meth:`AblatedRNN.reset_parameters` for the whole recurrent stack (weights
   ``U(±1/√H)``, biases as above); the embeddings and the bridge keep OpenNMT's init.
@@ -88,7 +93,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         f"it into .venv/): {_exc}") from _exc
 
 from ..rnn import AblatedRNN
-from ..variants import KIND_LSTM, KIND_SRNN, VARIANTS, get_variant
+from ..variants import VARIANTS, get_variant
 
 __all__ = [
     "AblatedRNNEncoder", "ENCODER_TYPES", "ENCODER_CLASSES", "INIT_CHOICES", "DEFAULT_INIT",
@@ -129,7 +134,8 @@ class AblatedRNNEncoder(EncoderBase):
     """OpenNMT-py encoder around :class:`rnn_ablations.AblatedRNN`.
 
     Args:
-        variant: a variant name (``lstm``, ``srnn``, ``lstm_minus_srnn``, ``ran``, ``identity_ran``).
+        variant: a variant name of the table (``lstm``, ``srnn``, ``lstm_minus_srnn``, ``ran``,
+            ``identity_ran``, ``lstm_minus_srnn_minus_hidden``; aliases accepted).
         bidirectional: two directions of ``hidden_size // 2`` units each, joined per layer.
         num_layers, hidden_size: ``-enc_layers``, ``-enc_hid_size`` (the *total* size: the
             decoder's hidden size).
@@ -211,7 +217,7 @@ class AblatedRNNEncoder(EncoderBase):
         if mode == "variant":
             self.rnn.reset_parameters()
             return
-        if self.variant.kind in (KIND_LSTM, KIND_SRNN):
+        if self.variant.bias_init == "uniform":
             return  # their own bias init is uniform, like OpenNMT's
         for name, param in self.rnn.named_parameters():
             if name.startswith("bias"):
@@ -346,7 +352,7 @@ def check_model_opts(opt) -> None:
 
 # ---------------------------------------------------------------------- registration
 _INIT_HELP = (
-    "How the rnn_ablations encoders (-encoder_type lstm, srnn, lstm_minus_srnn, ran, identity_ran "
+    "How the rnn_ablations encoders (-encoder_type " + ", ".join(VARIANTS) + " "
     "and their bidirectional b* forms) are initialised after -param_init/-param_init_glorot, for a "
     "new model: 'gate_bias' keeps OpenNMT's init of the weights and resets the gated ablations' "
     "biases to 0 with forget-gate bias 1; 'onmt' keeps OpenNMT's init; 'variant' re-applies "

@@ -85,7 +85,8 @@ def _plot(results: List[Dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     short = {"lstm": "LSTM", "srnn": "−GATES\n(S-RNN)", "lstm_minus_srnn": "−S-RNN",
-             "ran": "−S-RNN−OUT\n(tanh RAN)", "identity_ran": "identity\nRAN"}
+             "ran": "−S-RNN−OUT\n(tanh RAN)", "identity_ran": "identity\nRAN",
+             "lstm_minus_srnn_minus_hidden": "−S-RNN\n−HIDDEN"}
     labels = [short.get(r["variant"], r["variant"]) for r in results]
     xs = list(range(len(results)))
     has_test = any(r["test_ppl"] is not None for r in results)

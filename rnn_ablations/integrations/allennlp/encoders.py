@@ -8,9 +8,10 @@ name                                   takes the keyword arguments of
 =====================================  ==========================================================
 ``ablated_lstm``, ``srnn``,            AllenNLP's ``lstm`` (= ``torch.nn.LSTM``): ``input_size,
 ``lstm_minus_srnn``, ``ran``,          hidden_size, num_layers, bias, dropout, bidirectional``
-``identity_ran``                       (+ ``stateful`` for the ``Seq2SeqEncoder``)
+``identity_ran``,                      (+ ``stateful`` for the ``Seq2SeqEncoder``)
+``lstm_minus_srnn_minus_hidden``
 ``stacked_bidirectional_<variant>``    AllenNLP's ``stacked_bidirectional_lstm``: ``input_size,
-(the five names above)                 hidden_size, num_layers, recurrent_dropout_probability,
+(the six names above)                  hidden_size, num_layers, recurrent_dropout_probability,
                                        layer_dropout_probability, use_highway`` (+ ``stateful``)
 =====================================  ==========================================================
 
@@ -29,7 +30,11 @@ recurrent_dropout=recurrent_dropout_probability, dropout=layer_dropout_probabili
 highway=use_highway)``; its output has ``2·hidden_size`` features, as AllenNLP's.  Differences from
 AllenNLP's ``StackedBidirectionalLstm`` (whose cells are ``AugmentedLstm``): the dropout between
 layers is ordinary dropout rather than a mask shared over time steps, and the recurrent dropout
-masks ``h_{t-1}`` where it enters the recurrence but not the layer's outputs.  Its initialisation
+masks ``h_{t-1}`` where it enters the recurrence but not the layer's outputs.
+``stacked_bidirectional_lstm_minus_srnn_minus_hidden`` reads no ``h_{t-1}``: its
+``recurrent_dropout_probability`` has no effect (accepted so that the parser config, which sets
+0.3, runs unchanged; ``AblatedRNN`` warns) and its highway gate reads the input only,
+``r_t = σ(W_rx x_t + b_r)``.  Its initialisation
 is :meth:`AblatedRNN.reset_parameters`, except for ``stacked_bidirectional_ablated_lstm`` with
 ``use_highway`` (whose 5H gate bias is a single ``bias_l{k}`` that an ``nn.LSTM`` initializer
 cannot reach): its bias is set like ``AugmentedLstm``'s, 0 with the forget gate at 1
