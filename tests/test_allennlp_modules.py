@@ -237,25 +237,27 @@ def test_parser_initializer_gives_each_variant_its_documented_init(name, use_hig
     weight_ih is xavier-uniform, weight_hh orthogonal; the LSTM's nn.LSTM-style biases get
     bias_ih = 0 and bias_hh = lstm_hidden_bias (forget slice 1); every single ``bias_l{k}`` is left
     as the encoder made it: gate biases 0 with the forget gate at 1 (gated cells, the highway LSTM
-    included), uniform ±1/√H for the S-RNN."""
+    included), uniform ±1/√H for the S-RNN and LSTM − S-RNN − HIDDEN (which has no weight_hh)."""
     torch.manual_seed(1)
     model = _parser(name, use_highway)
     rnn = model.encoder.rnn
     H = rnn.hidden_size
     v = rnn.variant
-    rec, inp = v.blocks(use_highway)
+    rec = v.biased_blocks(use_highway)  # the blocks of the bias, in its order
     params = {k: p.detach() for k, p in rnn.named_parameters()}
     for layer in range(rnn.num_layers):
         for sfx in (f"_l{layer}", f"_l{layer}_reverse"):
-            w_ih, w_hh = params["weight_ih" + sfx], params["weight_hh" + sfx]
+            w_ih, w_hh = params["weight_ih" + sfx], params.get("weight_hh" + sfx)
+            assert (w_hh is not None) == v.reads_hidden
             bound = math.sqrt(6.0 / (w_ih.shape[0] + w_ih.shape[1]))
             assert float(w_ih.abs().max()) <= bound + 1e-6
             if layer == 0:  # 100 inputs: the xavier bound is far below nn.LSTM's 1/√H
                 assert bound < 0.7 / math.sqrt(H)
                 assert float(w_ih.abs().max()) > 0.9 * bound
                 assert abs(float(w_ih.var()) / (bound ** 2 / 3) - 1) < 0.25
-            gram = w_hh.t() @ w_hh  # (R·H, H) with orthonormal columns
-            torch.testing.assert_close(gram, torch.eye(H), atol=1e-5, rtol=0)
+            if w_hh is not None:
+                gram = w_hh.t() @ w_hh  # (R·H, H) with orthonormal columns
+                torch.testing.assert_close(gram, torch.eye(H), atol=1e-5, rtol=0)
             if v.uses_lstm_bias_names(use_highway):
                 b_ih, b_hh = params["bias_ih" + sfx], params["bias_hh" + sfx]
                 assert bool((b_ih == 0).all())
@@ -267,12 +269,12 @@ def test_parser_initializer_gives_each_variant_its_documented_init(name, use_hig
                 b = params["bias" + sfx]
                 assert b.shape == (len(rec) * H,)
                 assert not any(k.startswith("bias_ih") or k.startswith("bias_hh") for k in params)
-                if "f" in rec:
+                if v.bias_init == "gate" or v.uses_lstm_bias_names():  # the highway LSTM too
                     expected = torch.zeros(len(rec) * H)
                     f = rec.index("f")
                     expected[f * H:(f + 1) * H] = 1.0
                     assert torch.equal(b, expected)
-                else:  # srnn: nn.RNN's uniform init, untouched
+                else:  # srnn, lstm_minus_srnn_minus_hidden: uniform init, untouched
                     assert float(b.abs().max()) <= 1 / math.sqrt(H) and float(b.abs().max()) > 0
 
 
