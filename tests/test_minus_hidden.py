@@ -283,3 +283,21 @@ def test_weighted_sum_weights_depend_on_inputs_only():
         torch.testing.assert_close(ws.input_gate, i * valid)
         torch.testing.assert_close(ws.forget_gate, f * valid)
         torch.testing.assert_close(ws.content, z.transpose(0, 1)[..., 9:12] * valid)
+
+
+# --------------------------------------------------------------------------- CUDA (lent GPU only)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not scan_kernel_available("cuda"), reason="the CUDA scan kernel is not built")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_scan_half_precision_against_float32(dtype):
+    """The CUDA scan computes in float for float16/bfloat16 inputs: close to the float32 run."""
+    m = AblatedRNN(NAME, 16, 32, num_layers=2, bidirectional=True, highway=True).cuda()
+    x = torch.randn(12, 5, 16, device="cuda")
+    lengths = torch.tensor([12, 3, 7, 12, 1])
+    with use_backend("kernel"):
+        want = m(x, lengths=lengths)
+        low = m.to(dtype)
+        got = low(x.to(dtype), lengths=lengths)
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.float(), w, atol=3e-2, rtol=3e-2)
