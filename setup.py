@@ -46,7 +46,7 @@ if _cpu_kernel or _cuda_kernel:
     if _cpu_kernel:
         ext_modules.append(CppExtension(
             "rnn_ablations._C",
-            ["rnn_ablations/csrc/ablated_rnn.cpp"],
+            ["rnn_ablations/csrc/ablated_rnn.cpp", "rnn_ablations/csrc/scan.cpp"],
             depends=["rnn_ablations/csrc/common.h"],
             extra_compile_args=_cpu_flags(),
             extra_link_args=["-fopenmp"],
@@ -54,7 +54,7 @@ if _cpu_kernel or _cuda_kernel:
     if _cuda_kernel:
         ext_modules.append(CUDAExtension(
             "rnn_ablations._C_cuda",
-            ["rnn_ablations/csrc/ablated_rnn_cuda.cu"],
+            ["rnn_ablations/csrc/ablated_rnn_cuda.cu", "rnn_ablations/csrc/scan_cuda.cu"],
             depends=["rnn_ablations/csrc/common.h"],
             extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
             libraries=["cublas"],
