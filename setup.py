@@ -50,7 +50,7 @@ if _cpu_kernel or _cuda_kernel:
     if _cuda_kernel:
         ext_modules.append(CUDAExtension(
             "rnn_ablations._C_cuda",
-            ["rnn_ablations/csrc/ablated_rnn_cuda.cu"],
+            ["rnn_ablations/csrc/ablated_rnn_cuda.cu", "rnn_ablations/csrc/scan_cuda.cu"],
             depends=["rnn_ablations/csrc/common.h"],
             extra_compile_args={"cxx": ["-O3", "-g0"], "nvcc": ["-O3"]},
             extra_link_args=["-Wl,--strip-debug"],

@@ -3,7 +3,9 @@
 Unrolling ``c_t = i_t∘c̃_t + f_t∘c_{t-1}`` from ``c_0 = 0`` gives
 ``c_t = Σ_{j≤t} w_j^t ∘ c̃_j`` with ``w_j^t = i_j ∘ Π_{k=j+1..t} f_k``: every memory state is an
 element-wise weighted sum of the contents.  For ``lstm_minus_srnn``, ``ran`` and ``identity_ran``
-the content ``c̃_j = W_cx x_j`` depends on the input only.
+the content ``c̃_j = W_cx x_j`` depends on the input only; for ``lstm_minus_srnn_minus_hidden``
+the gates do too (``i_j, f_k = σ(W x + b)``), so the weights ``w_j^t`` themselves are functions
+of the inputs alone.
 """
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ def weighted_sum(rnn, input: torch.Tensor, layer: int = 0, direction: int = 0,
         pos = steps.expand(seq_len, batch)
     H = rnn.hidden_size
     proj = F.linear(layer_input, w_ih, b)
-    rh = w_hh.shape[0]
+    rh = 0 if w_hh is None else w_hh.shape[0]  # no weight_hh: the cell reads no h_{t-1}
     z = x.new_zeros(batch, H)
     _, _, _, res = generic_layer(variant, rnn.highway, proj[..., :rh],
                                  proj[..., rh:] if rnn._num_inp else None, w_hh, z, z,

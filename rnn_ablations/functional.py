@@ -1,13 +1,17 @@
 """The generic (reference) path: one recurrent layer in one direction, written with PyTorch ops.
 
-It runs on every device and dtype and is differentiated by autograd.  The C++ kernel
-(:mod:`rnn_ablations._kernel`) computes exactly the same function faster on CPU; the tests check
-the two against each other.  Both read the block layout from :mod:`rnn_ablations.variants`.
+It runs on every device and dtype and is differentiated by autograd.  The compiled kernels
+(``rnn_ablations._C`` on CPU, ``rnn_ablations._C_cuda`` on CUDA; the element-wise scan of
+:mod:`rnn_ablations.scan` for cells that never read h_{t-1}) compute exactly the same function
+faster; the tests check them against each other.  All read the block layout from
+:mod:`rnn_ablations.variants`.
 
 Conventions of a *layer call* (shared with the kernel):
 
 * time-major tensors: ``xr`` (T, B, R·H) = the recurrent blocks' input projections *plus bias*,
-  ``xo`` (T, B, X·H) = the input-only blocks (content ``c̃``, highway projection), or ``None``;
+  ``xo`` (T, B, X·H) = the input-only blocks (gates of a cell that never reads h_{t-1}, content
+  ``c̃``, highway projection), or ``None``; ``w_hh`` is ``None`` when the cell has no recurrent
+  block (R = 0);
 * the batch is sorted by decreasing length and ``batch_sizes[t]`` rows are active at step t
   (as in a :class:`~torch.nn.utils.rnn.PackedSequence`); an inactive row keeps its state and
   outputs zero, so the final state of every row is the state after its last real token;
@@ -20,7 +24,7 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
-from .variants import KIND_LSTM, KIND_SRNN, Variant
+from .variants import Variant
 
 __all__ = ["StepResult", "pointwise", "generic_layer", "reversal_index", "projection_bias"]
 
@@ -54,16 +58,18 @@ def pointwise(variant: Variant, highway: bool, a: torch.Tensor, xo: Optional[tor
     """The element-wise part of one step, from the pre-activations ``a`` (n, R·H)."""
     hidden = c_prev.shape[-1]
     rec_names, inp_names = variant.blocks(highway)
-    pre = dict(zip(rec_names, a.split(hidden, dim=-1)))
+    pre = dict(zip(rec_names, a.split(hidden, dim=-1))) if rec_names else {}
     if inp_names:
         pre.update(zip(inp_names, xo.split(hidden, dim=-1)))
-    if variant.kind == KIND_SRNN:
+    if not variant.has_memory:  # the S-RNN: its state is h
         h = torch.tanh(pre["h"])
         c, i, f, content = h, None, None, None
     else:
         i = torch.sigmoid(pre["i"])
         f = torch.sigmoid(pre["f"])
-        content = torch.tanh(pre["g"]) if variant.kind == KIND_LSTM else pre["c"]
+        content = pre[variant.content_block]
+        if variant.content_activation == "tanh":
+            content = torch.tanh(content)
         c = i * content + f * c_prev
         if variant.output == "o_tanh":
             h = torch.sigmoid(pre["o"]) * torch.tanh(c)
@@ -74,13 +80,13 @@ def pointwise(variant: Variant, highway: bool, a: torch.Tensor, xo: Optional[tor
     if highway:
         r = torch.sigmoid(pre["r"])
         h = r * h + (1 - r) * pre["hw"]
-        if variant.kind == KIND_SRNN:
+        if not variant.has_memory:
             c = h
     return StepResult(h, c, i, f, content)
 
 
 def generic_layer(variant: Variant, highway: bool, xr: torch.Tensor, xo: Optional[torch.Tensor],
-                  w_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
+                  w_hh: Optional[torch.Tensor], h0: torch.Tensor, c0: torch.Tensor,
                   batch_sizes: Sequence[int], rec_mask: Optional[torch.Tensor] = None,
                   keep_steps: bool = False):
     """Run one layer/direction; returns ``(output (T,B,H), h_n, c_n, steps)``.
@@ -92,11 +98,14 @@ def generic_layer(variant: Variant, highway: bool, xr: torch.Tensor, xo: Optiona
     h, c = h0, c0
     outputs: List[torch.Tensor] = []
     steps: Optional[List[StepResult]] = [] if keep_steps else None
-    w_t = w_hh.t()
+    w_t = None if w_hh is None else w_hh.t()
     for t in range(seq_len):
         n = int(batch_sizes[t])
-        h_prev = h[:n] if rec_mask is None else h[:n] * rec_mask[:n]
-        a = torch.addmm(xr[t, :n], h_prev, w_t)
+        if w_t is None:  # no recurrent block: nothing reads h_{t-1}
+            a = xr[t, :n]
+        else:
+            h_prev = h[:n] if rec_mask is None else h[:n] * rec_mask[:n]
+            a = torch.addmm(xr[t, :n], h_prev, w_t)
         res = pointwise(variant, highway, a, None if xo is None else xo[t, :n], c[:n])
         if keep_steps:
             steps.append(res)

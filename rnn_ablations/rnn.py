@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -11,8 +12,9 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .dispatch import run_layer
+from .scan import run_scan_layer
 from .functional import projection_bias, reversal_index
-from .variants import KIND_LSTM, KIND_SRNN, VARIANTS, Variant, get_variant
+from .variants import KIND_SRNN, VARIANTS, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
 
@@ -51,23 +53,31 @@ class AblatedRNN(nn.Module):
         lstm_minus_srnn i,f,o as above, c̃_t = W_cx x_t (no bias), c_t as above, h_t = o_t ∘ tanh(c_t)
         ran             i,f as above,   c̃_t = W_cx x_t (no bias), c_t as above, h_t = tanh(c_t)
         identity_ran    as ``ran`` with h_t = c_t
+        lstm_minus_srnn_minus_hidden   i,f,o = σ(W_·x x_t + b_·) (no h_{t-1}), c̃_t = W_cx x_t,
+                        c_t as above, h_t = o_t ∘ tanh(c_t)   (LSTM − S-RNN − HIDDEN)
 
     Args:
-        variant: ``"lstm"``, ``"srnn"``, ``"lstm_minus_srnn"``, ``"ran"``, ``"identity_ran"``
-            (aliases: ``lstm_minus_gates``, ``lstm_minus_srnn_minus_out``, ``tanh_ran``).
+        variant: ``"lstm"``, ``"srnn"``, ``"lstm_minus_srnn"``, ``"ran"``, ``"identity_ran"``,
+            ``"lstm_minus_srnn_minus_hidden"`` (aliases: ``lstm_minus_gates``,
+            ``lstm_minus_srnn_minus_out``, ``tanh_ran``, ``minus_hidden``).
         input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional:
             as in :class:`torch.nn.LSTM` (``dropout`` is applied to the outputs of every layer
             but the last, during training).
         recurrent_dropout: variational dropout on ``h_{t-1}`` where it enters the recurrent
             projection: one mask per sequence (per layer and direction), drawn at every forward
             in training mode (Gal & Ghahramani 2016), as AllenNLP 2.10.1's ``AugmentedLstm``
-            (which also leaves the layer's outputs undropped).
+            (which also leaves the layer's outputs undropped).  ``lstm_minus_srnn_minus_hidden``
+            reads no h_{t-1}, so there is nothing to drop: the value is accepted (configs written
+            for the LSTM keep working) and has no effect, with a warning at construction.
         highway: AllenNLP ``AugmentedLstm``'s highway connection in every layer:
-            ``h_t ← r_t ∘ h_t + (1 − r_t) ∘ W_hw x_t``, ``r_t = σ(W_rx x_t + W_rh h_{t-1} + b_r)``.
+            ``h_t ← r_t ∘ h_t + (1 − r_t) ∘ W_hw x_t``, ``r_t = σ(W_rx x_t + W_rh h_{t-1} + b_r)``;
+            for ``lstm_minus_srnn_minus_hidden`` the gate reads the input only, like its other
+            gates: ``r_t = σ(W_rx x_t + b_r)``.
         forget_bias: ``None`` (default): the uniform init below for every bias.  A number sets
             the forget-gate slice of the bias to it after that init, the same way for every
             variant that has a forget gate (``lstm``, ``lstm_minus_srnn``, ``ran``,
-            ``identity_ran``); the other bias entries stay uniform.  ``lstm`` has two biases
+            ``identity_ran``, ``lstm_minus_srnn_minus_hidden``); the other bias entries stay
+            uniform.  ``lstm`` has two biases
             (``nn.LSTM``'s ``bias_ih`` and ``bias_hh``, which are summed): its ``bias_ih``
             forget slice is set to the value and its ``bias_hh`` forget slice to 0, so the
             effective forget bias is the value.  ``srnn`` has no forget gate: the option changes
@@ -81,22 +91,24 @@ class AblatedRNN(nn.Module):
     * ``weight_ih_l{k}`` ``((R + X)·H, d_in)``: recurrent blocks first, in the order
       ``i, f, g, o`` (LSTM, as ``nn.LSTM``), ``h`` (S-RNN), ``i, f, o`` (LSTM − S-RNN), ``i, f``
       (RAN), then ``r`` (highway gate); then the input-only blocks ``c`` and ``hw``.
-    * ``weight_hh_l{k}`` ``(R·H, H)``.
+      ``lstm_minus_srnn_minus_hidden`` (R = 0): ``i, f, o`` (``r``), ``c`` (``hw``).
+    * ``weight_hh_l{k}`` ``(R·H, H)``; ``lstm_minus_srnn_minus_hidden`` has none.
     * plain LSTM: ``bias_ih_l{k}`` and ``bias_hh_l{k}`` ``(4H)`` exactly like ``nn.LSTM``, so its
       ``state_dict`` loads as is.  Every other cell: one bias ``bias_l{k}`` ``(R·H)``; the name
       contains neither ``bias_ih`` nor ``bias_hh`` on purpose, so initializers written for LSTM
       biases (AllenNLP's ``lstm_hidden_bias`` on ``.*bias_hh.*``, which assumes 4H entries) cannot
-      touch it.  An ``nn.RNN`` ``state_dict`` (``bias_ih_l{k}`` + ``bias_hh_l{k}``) is accepted by
+      touch it (``lstm_minus_srnn_minus_hidden``: ``(3H)`` for ``i, f, o``, ``(4H)`` with
+      highway).  An ``nn.RNN`` ``state_dict`` (``bias_ih_l{k}`` + ``bias_hh_l{k}``) is accepted by
       ``srnn``: the two biases are summed on load.
-    * buffer ``variant_state`` (int64 ``[Variant.kind, highway]``): the ``state_dict`` records
+    * buffer ``variant_state`` (int64 ``[Variant.code, highway]``): the ``state_dict`` records
       the variant, and loading one saved from another variant (``ran`` into ``identity_ran``,
       whose shapes match) or highway setting raises an error naming both.  A ``state_dict``
       without it (``nn.LSTM``, ``nn.RNN``) loads as before.
 
     Initialisation (:meth:`reset_parameters`): ``torch.nn.LSTM``'s rule for *every* variant:
     every weight and every bias ``U(−1/√H, 1/√H)`` (gate, content, S-RNN and highway blocks
-    alike), so that wherever a framework's LSTM baseline is ``nn.LSTM`` every ablation starts
-    from the same distribution as the LSTM.
+    alike; ``lstm_minus_srnn_minus_hidden`` included), so that wherever a framework's LSTM
+    baseline is ``nn.LSTM`` every ablation starts from the same distribution as the LSTM.
     A forget-gate bias init is the explicit option ``forget_bias`` (see Args).
 
     Inputs: ``input, hx=None, *, mask=None, lengths=None``
@@ -143,12 +155,17 @@ class AblatedRNN(nn.Module):
         self.batch_first = batch_first
         self.dropout = _check_prob("dropout", dropout)
         self.recurrent_dropout = _check_prob("recurrent_dropout", recurrent_dropout)
+        if self.recurrent_dropout > 0 and not self.variant.reads_hidden:
+            warnings.warn(f"recurrent_dropout={self.recurrent_dropout} has no effect on "
+                          f"{self.variant.name!r}: its gates and content read x_t only, so there "
+                          "is no h_{t-1} to drop", stacklevel=2)
         self.bidirectional = bidirectional
         self.highway = highway
         self.num_directions = 2 if bidirectional else 1
         self.mode = self.variant.name
         rec, inp = self.variant.num_recurrent(highway), self.variant.num_input_only(highway)
         self._num_rec, self._num_inp = rec, inp
+        n_bias = self.variant.num_biased(highway)
         H = self.hidden_size
         factory = {"device": device, "dtype": dtype}
         self._param_names: List[List[Tuple[str, ...]]] = []
@@ -157,9 +174,11 @@ class AblatedRNN(nn.Module):
             per_dir = []
             for direction in range(self.num_directions):
                 sfx = f"_l{layer}" + ("_reverse" if direction else "")
-                names = [f"weight_ih{sfx}", f"weight_hh{sfx}"]
+                # names[1] is None for a cell that reads no h_{t-1} (no weight_hh)
+                names = [f"weight_ih{sfx}", f"weight_hh{sfx}" if rec else None]
                 setattr(self, names[0], nn.Parameter(torch.empty((rec + inp) * H, d_in, **factory)))
-                setattr(self, names[1], nn.Parameter(torch.empty(rec * H, H, **factory)))
+                if rec:
+                    setattr(self, names[1], nn.Parameter(torch.empty(rec * H, H, **factory)))
                 if bias:
                     if self.variant.uses_lstm_bias_names(highway):
                         names += [f"bias_ih{sfx}", f"bias_hh{sfx}"]
@@ -167,16 +186,16 @@ class AblatedRNN(nn.Module):
                             setattr(self, n, nn.Parameter(torch.empty(rec * H, **factory)))
                     else:
                         names.append(f"bias{sfx}")
-                        setattr(self, names[2], nn.Parameter(torch.empty(rec * H, **factory)))
+                        setattr(self, names[2], nn.Parameter(torch.empty(n_bias * H, **factory)))
                 per_dir.append(tuple(names))
             self._param_names.append(per_dir)
-        # The variant (Variant.kind) and highway flag travel with the state_dict, so that a state
+        # The variant (Variant.code) and highway flag travel with the state_dict, so that a state
         # saved from one variant is refused by another with the same shapes (ran / identity_ran).
         # A buffer, not `get_extra_state`: OpenNMT-py's checkpoint loader raises on state_dict
         # keys that are neither parameters nor buffers, and code that maps `.cpu()` over a
         # state_dict needs tensors.  Integer, so `.to(dtype)` / `.half()` leave it alone.
         self.register_buffer("variant_state", torch.tensor(
-            [self.variant.kind, int(highway)], dtype=torch.int64, device=device))
+            [self.variant.code, int(highway)], dtype=torch.int64, device=device))
         self._register_load_state_dict_pre_hook(self._check_variant_state)
         self._register_load_state_dict_pre_hook(self._merge_rnn_biases)
         self.reset_parameters()
@@ -189,7 +208,8 @@ class AblatedRNN(nn.Module):
         for layer in self._param_names:
             for names in layer:
                 for name in names:
-                    nn.init.uniform_(getattr(self, name), -stdv, stdv)
+                    if name is not None:  # no weight_hh in a cell that reads no h_{t-1}
+                        nn.init.uniform_(getattr(self, name), -stdv, stdv)
         if self.forget_bias is not None:
             self.set_forget_bias_(self.forget_bias)
 
@@ -201,7 +221,7 @@ class AblatedRNN(nn.Module):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(f"the forget-gate bias must be a finite number, got {value!r}")
         H = self.hidden_size
-        rec_names, _ = self.variant.blocks(self.highway)
+        rec_names = self.variant.biased_blocks(self.highway)
         if "f" not in rec_names:
             return
         f = rec_names.index("f")
@@ -216,7 +236,7 @@ class AblatedRNN(nn.Module):
 
     @staticmethod
     def _describe(kind: int, highway: bool) -> str:
-        names = {v.kind: v.name for v in map(get_variant, VARIANTS)}
+        names = {v.code: v.name for v in map(get_variant, VARIANTS)}
         name = repr(names[kind]) if kind in names else f"<unknown variant code {kind}>"
         return name + (" with highway" if highway else "")
 
@@ -236,11 +256,11 @@ class AblatedRNN(nn.Module):
                              f"highway] as AblatedRNN saves it, got "
                              f"{getattr(saved, 'shape', type(saved).__name__)}")
         kind, highway = (int(v) for v in saved.reshape(-1).tolist())
-        if (kind, bool(highway)) != (self.variant.kind, self.highway):
+        if (kind, bool(highway)) != (self.variant.code, self.highway):
             raise ValueError(
                 f"cannot load a state_dict saved from an AblatedRNN of variant "
                 f"{self._describe(kind, bool(highway))} into one of variant "
-                f"{self._describe(self.variant.kind, self.highway)} (the shapes may match, the "
+                f"{self._describe(self.variant.code, self.highway)} (the shapes may match, the "
                 f"equations do not); build the module with the saved variant and highway setting")
 
     def _merge_rnn_biases(self, state_dict, prefix, local_metadata, strict, missing_keys,
@@ -259,13 +279,15 @@ class AblatedRNN(nn.Module):
 
     def layer_parameters(self, layer: int, direction: int = 0):
         """``(weight_ih, weight_hh, bias or None)`` of one layer/direction; bias = the sum of
-        ``bias_ih`` and ``bias_hh`` for the plain LSTM."""
+        ``bias_ih`` and ``bias_hh`` for the plain LSTM; ``weight_hh`` is ``None`` for a cell that
+        reads no h_{t-1}."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
         if not 0 <= direction < self.num_directions:
             raise ValueError(f"direction must be in [0, {self.num_directions}), got {direction}")
         names = self._param_names[layer][direction]
-        w_ih, w_hh = getattr(self, names[0]), getattr(self, names[1])
+        w_ih = getattr(self, names[0])
+        w_hh = getattr(self, names[1]) if names[1] is not None else None
         if len(names) == 4:
             b = getattr(self, names[2]) + getattr(self, names[3])
         elif len(names) == 3:
@@ -471,7 +493,19 @@ class AblatedRNN(nn.Module):
         H = self.hidden_size
         for layer in range(self.num_layers if num_layers is None else num_layers):
             outputs = []
-            for direction in range(self.num_directions):
+            if not self.variant.reads_hidden:
+                # No h_{t-1} anywhere: both directions' projections in one GEMM, then one
+                # element-wise scan (direction 1 runs each row backwards within its length).
+                first, dirs = layer * self.num_directions, self.num_directions
+                params = [self.layer_parameters(layer, d) for d in range(dirs)]
+                out, h_n, c_n = run_scan_layer(self.variant, self.highway, layer_input,
+                                               [p[0] for p in params], [p[2] for p in params],
+                                               h0[first:first + dirs], c0[first:first + dirs],
+                                               batch_sizes)
+                outputs.append(out)
+                h_finals.extend(h_n.unbind(0))
+                c_finals.extend(c_n.unbind(0))
+            for direction in range(self.num_directions if self.variant.reads_hidden else 0):
                 w_ih, w_hh, b = self.layer_parameters(layer, direction)
                 inp = layer_input if direction == 0 else reverse(layer_input)
                 idx = layer * self.num_directions + direction

@@ -43,7 +43,7 @@ def test_ablate_writes_csv_json_png_with_one_row_per_variant(tmp_path, capsys):
     # the parameter column is the variants' recurrent parameter count
     params = {r["variant"]: int(r["recurrent_params"]) for r in rows}
     assert params["lstm"] > params["lstm_minus_srnn"] > params["ran"] == params["identity_ran"] \
-        > params["srnn"]
+        > params["lstm_minus_srnn_minus_hidden"] > params["srnn"]
 
     # an existing --out is never overwritten silently
     assert main(["ablate", "--out", str(out)] + SMALL) == 2

@@ -9,10 +9,10 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import rnn_ablations as ra
-from rnn_ablations import (AblatedRNN, VARIANTS, recurrent_param_count, use_backend, use_pipeline,
-                           weighted_sum)
+from rnn_ablations import (AblatedRNN, VARIANTS, get_variant, recurrent_param_count, use_backend,
+                           use_pipeline, weighted_sum)
 
-MEMORY_VARIANTS = [v for v in VARIANTS if v != "srnn"]
+MEMORY_VARIANTS = [v for v in VARIANTS if get_variant(v).has_memory]
 #: the three code paths: the pipelined kernel, the plain kernel, the generic PyTorch path
 BACKENDS = ["pipelined", "plain", "generic"] if ra.kernel_available() else ["generic"]
 KERNELS = ["pipelined", "plain"]

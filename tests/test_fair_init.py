@@ -35,9 +35,12 @@ CONTENT = {"g", "h", "c", "hw"}
 
 
 # --------------------------------------------------------------------------- roles
-def _roles(layers, rec, inp, H):
-    """``layers``: ``[(w_ih, w_hh, [bias, ...]), ...]`` per layer and direction; ``rec`` / ``inp``:
-    the block names of the recurrent and input-only rows.  Returns ``{role: values}``."""
+def _roles(layers, rec, inp, H, biased=None):
+    """``layers``: ``[(w_ih, w_hh, [bias, ...]), ...]`` per layer and direction (``w_hh`` None for
+    a cell that reads no h_{t-1}); ``rec`` / ``inp``: the block names of the recurrent and
+    input-only rows; ``biased``: the blocks of the bias, in its order (default ``rec``).
+    Returns ``{role: values}``."""
+    biased = rec if biased is None else biased
     out = {}
 
     def add(role, t):
@@ -50,7 +53,7 @@ def _roles(layers, rec, inp, H):
             if k < len(rec):
                 add(role, w_hh[k * H:(k + 1) * H])
         for b in biases:
-            for k, name in enumerate(rec):
+            for k, name in enumerate(biased):
                 role = ("forget-gate biases" if name == "f" else
                         "gate biases" if name in GATES else "content biases")
                 add(role, b[k * H:(k + 1) * H])
@@ -66,8 +69,9 @@ def ablated_roles(rnn: AblatedRNN, sum_biases: bool = False):
             biases = [getattr(rnn, n) for n in names[2:]]
             if sum_biases and len(biases) == 2:
                 biases = [biases[0] + biases[1]]
-            layers.append((getattr(rnn, names[0]), getattr(rnn, names[1]), biases))
-    return _roles(layers, rec, inp, rnn.hidden_size)
+            w_hh = getattr(rnn, names[1]) if names[1] is not None else None
+            layers.append((getattr(rnn, names[0]), w_hh, biases))
+    return _roles(layers, rec, inp, rnn.hidden_size, rnn.variant.biased_blocks(rnn.highway))
 
 
 def nn_lstm_roles(lstm: torch.nn.LSTM):
@@ -280,6 +284,8 @@ def test_parser_every_variant_starts_like_augmented_lstm(variant, use_highway):
     for per_dir in rnn._param_names:
         for names in per_dir:
             for name in names[:2]:  # weight_ih, weight_hh: one orthogonal block per gate
+                if name is None:  # no weight_hh: the cell reads no h_{t-1}
+                    continue
                 _assert_block_orthogonal(getattr(rnn, name), H, f"{variant} {name}")
     reference = _parser_model("lstm", use_highway, encoder_type="stacked_bidirectional_lstm")
     stacked = [m for m in reference.modules() if isinstance(m, StackedBidirectionalLstm)]

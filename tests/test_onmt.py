@@ -301,6 +301,17 @@ def test_gate_bias_init_survives_onmt_param_init_for_every_variant_with_a_forget
         for direction in range(2):
             b = rnn.layer_parameters(layer, direction)[2]
             torch.testing.assert_close(b[H:2 * H], torch.ones(H))
+    # LSTM − S-RNN − HIDDEN: its forget gate reads x_t only, its bias (i, f, o) gets the same slice
+    model = _build(_train_opts("-encoder_type", "blstm_minus_srnn_minus_hidden",
+                               "-ablated_init", "gate_bias"))
+    rnn = model.encoder.rnn
+    assert not any(n.startswith("weight_hh") for n, _ in rnn.named_parameters())
+    for layer in range(2):
+        for direction in range(2):
+            b = rnn.layer_parameters(layer, direction)[2]
+            assert b.shape == (3 * H,)
+            torch.testing.assert_close(b[H:2 * H], torch.ones(H))
+            assert b[2 * H:].abs().max() <= 0.1 and b[2 * H:].std() > 0.02  # o: OpenNMT's init
     # srnn has no forget gate: OpenNMT's init stays
     model = _build(_train_opts("-encoder_type", "srnn", "-ablated_init", "gate_bias"))
     for name, p in model.encoder.rnn.named_parameters():

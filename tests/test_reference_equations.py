@@ -75,26 +75,42 @@ def identity_ran_cell(x, h, c, Wx, Wh, b, H):
     return c_new, c_new
 
 
-#: variant -> (cell, number of recurrent blocks, number of input-only blocks)
+def lstm_minus_srnn_minus_hidden_cell(x, h, c, Wx, Wh, b, H):
+    # LSTM − S-RNN − HIDDEN: gates i, f, o read x_t only (blocks 0-2, with bias); content W_cx x_t
+    # (block 3, no bias); h_{t-1} is read nowhere (there is no W_h)
+    def gate(k):
+        return sigmoid(_rows(Wx, k, H) @ x + _rows(b, k, H))
+    i, f, o = gate(0), gate(1), gate(2)
+    c_new = i * (_rows(Wx, 3, H) @ x) + f * c
+    return o * tanh(c_new), c_new
+
+
+#: variant -> (cell, number of blocks that read h_{t-1} (rows of W_h), number of input-only blocks
+#: without bias, number of blocks with a bias (they come first in W_x))
 CELLS = {
-    "lstm": (lstm_cell, 4, 0),
-    "srnn": (srnn_cell, 1, 0),
-    "lstm_minus_srnn": (lstm_minus_srnn_cell, 3, 1),
-    "ran": (ran_cell, 2, 1),
-    "identity_ran": (identity_ran_cell, 2, 1),
+    "lstm": (lstm_cell, 4, 0, 4),
+    "srnn": (srnn_cell, 1, 0, 1),
+    "lstm_minus_srnn": (lstm_minus_srnn_cell, 3, 1, 3),
+    "ran": (ran_cell, 2, 1, 2),
+    "identity_ran": (identity_ran_cell, 2, 1, 2),
+    "lstm_minus_srnn_minus_hidden": (lstm_minus_srnn_minus_hidden_cell, 0, 1, 3),
 }
 
 
-def highway_cell(cell, n_rec, n_inp):
-    """AllenNLP AugmentedLstm's highway around a cell: the gate r is the last recurrent block
+def highway_cell(cell, n_rec, n_inp, n_bias):
+    """AllenNLP AugmentedLstm's highway around a cell: the gate r is the last biased block
     (after the cell's own), the projection W_hw the last input-only block:
-    h_t <- r ∘ h_t + (1 − r) ∘ W_hw x_t, r = σ(W_rx x_t + W_rh h_{t-1} + b_r); c_t unchanged."""
+    h_t <- r ∘ h_t + (1 − r) ∘ W_hw x_t, r = σ(W_rx x_t + W_rh h_{t-1} + b_r); c_t unchanged.
+    In a cell that reads no h_{t-1} (n_rec = 0) the gate reads x_t only: r = σ(W_rx x_t + b_r)."""
     def run(x, h, c, Wx, Wh, b, H):
-        # the cell sees its own rows: recurrent blocks 0..n_rec-1, then its input-only blocks
-        Wx_cell = torch.cat([Wx[:n_rec * H], Wx[(n_rec + 1) * H:(n_rec + 1 + n_inp) * H]])
-        h_cell, c_new = cell(x, h, c, Wx_cell, Wh[:n_rec * H], b[:n_rec * H], H)
-        r = sigmoid(_rows(Wx, n_rec, H) @ x + _rows(Wh, n_rec, H) @ h + _rows(b, n_rec, H))
-        projection = _rows(Wx, n_rec + 1 + n_inp, H) @ x
+        # the cell sees its own rows: biased blocks 0..n_bias-1, then its input-only blocks
+        Wx_cell = torch.cat([Wx[:n_bias * H], Wx[(n_bias + 1) * H:(n_bias + 1 + n_inp) * H]])
+        h_cell, c_new = cell(x, h, c, Wx_cell, Wh[:n_rec * H], b[:n_bias * H], H)
+        pre_r = _rows(Wx, n_bias, H) @ x + _rows(b, n_bias, H)
+        if n_rec:
+            pre_r = pre_r + _rows(Wh, n_rec, H) @ h
+        r = sigmoid(pre_r)
+        projection = _rows(Wx, n_bias + 1 + n_inp, H) @ x
         h_new = r * h_cell + (1 - r) * projection
         if cell is srnn_cell:
             c_new = h_new  # the S-RNN has no memory: its c mirrors h
@@ -109,7 +125,12 @@ def test_every_variant_has_a_hand_written_cell():
 # --------------------------------------------------------------------------- the reference stack
 def _params(m, layer, direction):
     sfx = f"_l{layer}" + ("_reverse" if direction else "")
-    Wx, Wh = getattr(m, "weight_ih" + sfx), getattr(m, "weight_hh" + sfx)
+    Wx = getattr(m, "weight_ih" + sfx)
+    # a cell that reads no h_{t-1} has no weight_hh: an empty W_h (its hand-written cell never
+    # reads it)
+    Wh = getattr(m, "weight_hh" + sfx, None)
+    if Wh is None:
+        Wh = Wx.new_zeros(0, m.hidden_size)
     if hasattr(m, "bias_ih" + sfx):
         b = getattr(m, "bias_ih" + sfx) + getattr(m, "bias_hh" + sfx)
     else:
@@ -119,9 +140,9 @@ def _params(m, layer, direction):
 
 def reference(m, variant, highway, x, lengths):
     """x (T, B, d) -> output (T, B, dirs·H) with zeros past each row's length, h_n, c_n."""
-    cell, n_rec, n_inp = CELLS[variant]
+    cell, n_rec, n_inp, n_bias = CELLS[variant]
     if highway:
-        cell = highway_cell(cell, n_rec, n_inp)
+        cell = highway_cell(cell, n_rec, n_inp, n_bias)
     H, dirs, L = m.hidden_size, m.num_directions, m.num_layers
     T, B = x.shape[0], x.shape[1]
     outputs, h_n, c_n = [], [[None] * (L * dirs) for _ in range(B)], [[None] * (L * dirs) for _ in range(B)]
@@ -193,10 +214,10 @@ def test_the_reference_is_not_vacuous():
     H = 4
     x, h, c = (torch.randn(H, dtype=torch.float64) for _ in range(3))
     outs = {}
-    for v, (cell, n_rec, n_inp) in CELLS.items():
-        Wx = torch.randn((n_rec + n_inp) * H, H, dtype=torch.float64)
+    for v, (cell, n_rec, n_inp, n_bias) in CELLS.items():
+        Wx = torch.randn((n_bias + n_inp) * H, H, dtype=torch.float64)
         Wh = torch.randn(n_rec * H, H, dtype=torch.float64)
-        b = torch.randn(n_rec * H, dtype=torch.float64)
+        b = torch.randn(n_bias * H, dtype=torch.float64)
         outs[v] = cell(x, h, c, Wx, Wh, b, H)[0]
     vals = list(outs.values())
     for i in range(len(vals)):

@@ -90,8 +90,9 @@ def test_empty_batch_behaves_like_nn_lstm(backend, variant, layers, bidirectiona
     assert x.grad is not None and x.grad.shape == x.shape
     for name, p in ours.named_parameters():  # nn.LSTM: zero gradients of the parameter's shape
         assert p.grad is not None and p.grad.shape == p.shape and not p.grad.any(), name
-    if hx is not None:  # (srnn ignores c_0)
-        for s in hx[:1] if variant == "srnn" else hx:
+    if hx is not None:  # (srnn ignores c_0; lstm_minus_srnn_minus_hidden never reads h_0)
+        used = hx[:1] if variant == "srnn" else hx if get_variant(variant).reads_hidden else hx[1:]
+        for s in used:
             assert s.grad is not None and s.grad.shape == s.shape
 
 
@@ -139,13 +140,22 @@ def _plain_args(kind, highway, T, B, H, dtype=torch.float64):
 def test_entry_points_refuse_unknown_variant_codes():
     from rnn_ablations import _C
     e = torch.empty(0, dtype=torch.float64)
-    for kind in (-1, 5, 99):
+    for kind in (-1, 6, 99):
         proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
         with pytest.raises(RuntimeError, match=f"unknown variant code {kind}"):
             _C.forward(kind, False, proj, w_hh, h0, c0, bs, e, True)
         x, w_ih = torch.randn(3, 2, 5, dtype=torch.float64), torch.randn(12, 5, dtype=torch.float64)
         with pytest.raises(RuntimeError, match=f"unknown variant code {kind}"):
             _C.fused_forward(kind, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
+    # LSTM − S-RNN − HIDDEN's code (its variant_state) is known but has no step kernel: the
+    # step entry points send it to the scan
+    code = get_variant("lstm_minus_srnn_minus_hidden").code
+    assert get_variant("lstm_minus_srnn_minus_hidden").kind is None
+    proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
+    with pytest.raises(RuntimeError, match=f"variant code {code} .*has no step kernel.*scan"):
+        _C.forward(code, False, proj, w_hh, h0, c0, bs, e, True)
+    with pytest.raises(RuntimeError, match=f"variant code {code} .*has no step kernel"):
+        _C.fused_forward(code, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
     # a known code whose block layout does not match the tensors (lstm needs 4 blocks, not 2+1)
     proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
     with pytest.raises(RuntimeError, match="needs 4 recurrent and 0 input-only blocks"):
@@ -153,7 +163,8 @@ def test_entry_points_refuse_unknown_variant_codes():
     out, h_n, c_n, gates, cs, hin = _C.forward(3, False, proj.clone(), w_hh, h0, c0, bs, e, True)
     g = torch.ones_like(out)
     for kind in (-1, 5, 0):
-        with pytest.raises(RuntimeError, match="unknown variant code|needs 4 recurrent"):
+        with pytest.raises(RuntimeError, match="unknown variant code|needs 4 recurrent|no step "
+                                               "kernel"):
             _C.backward(kind, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0, bs, e)
 
 
@@ -334,6 +345,28 @@ def test_state_dict_without_variant_still_loads():
     assert AblatedRNN("ran", 3, 4).variant_state.tolist() == [get_variant("ran").kind, 0]
     # integer buffer: dtype conversions leave it alone
     assert AblatedRNN("ran", 3, 4).double().half().variant_state.dtype == torch.int64
+
+
+@pytest.mark.parametrize("highway", [False, True])
+def test_every_variant_records_its_own_code(highway):
+    """variant_state holds Variant.code: the step-kernel code where there is one, and
+    LSTM − S-RNN − HIDDEN (no step kernel, kind None) its own code; no two variants share one."""
+    codes = {}
+    for name in VARIANTS:
+        v = get_variant(name)
+        m = AblatedRNN(name, 3, 4, highway=highway)
+        assert m.variant_state.tolist() == [v.code, int(highway)]
+        assert v.kind is None or v.code == v.kind
+        codes[v.code] = name
+        again = AblatedRNN(name, 3, 4, highway=highway)
+        again.load_state_dict(m.state_dict())  # round trip
+    assert len(codes) == len(VARIANTS)
+    mh = AblatedRNN("lstm_minus_srnn_minus_hidden", 3, 4, highway=highway)
+    sd = mh.state_dict()
+    sd["variant_state"] = torch.tensor([get_variant("lstm_minus_srnn").code, int(highway)])
+    with pytest.raises(ValueError, match="variant 'lstm_minus_srnn'.* into one of variant "
+                                         "'lstm_minus_srnn_minus_hidden'"):
+        mh.load_state_dict(sd)
 
 
 def test_corrupt_variant_state_is_refused():

@@ -28,7 +28,8 @@ def _model(variant="ran", bidirectional=True, layers=2, d=6, hidden=8, seed=0):
     return AblatedRNN(variant, d, hidden, num_layers=layers, bidirectional=bidirectional).eval()
 
 
-@pytest.mark.parametrize("variant", ["ran", "lstm", "lstm_minus_srnn", "identity_ran"])
+@pytest.mark.parametrize("variant", ["ran", "lstm", "lstm_minus_srnn", "identity_ran",
+                                     "lstm_minus_srnn_minus_hidden"])
 def test_plotted_numbers_equal_weighted_sum(variant):
     rnn = _model(variant)
     x = torch.randn(1, len(WORDS), 6)

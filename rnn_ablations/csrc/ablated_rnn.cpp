@@ -536,11 +536,14 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
   return {dx, g_w_ih, g_b, g_w_hh, s.dh, s.dc};
 }
 
+void register_scan(pybind11::module_& m);  // scan.cpp: the element-wise scan (no step GEMM)
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rnn_ablations fused CPU recurrence (forward and hand-written backward)";
 #ifdef RNN_ABLATIONS_TORCH_VERSION
   m.attr("torch_version") = RNN_ABLATIONS_TORCH_VERSION;  // the torch this module was built for
 #endif
+  register_scan(m);
   m.def("forward", &rnn_forward,
         "one layer, one direction: forward from the input projections; with in_place=True the "
         "recurrent blocks of proj become the returned gates (proj must be a scratch tensor)",

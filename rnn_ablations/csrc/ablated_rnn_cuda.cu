@@ -348,8 +348,11 @@ std::vector<at::Tensor> cuda_backward(int64_t kind, bool highway, at::Tensor gra
   return {dproj, dw, dh.to(proj.scalar_type()), dc.to(proj.scalar_type())};
 }
 
+void register_scan(pybind11::module_& m);  // scan_cuda.cu: the element-wise scan (no step GEMM)
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rnn_ablations CUDA recurrence (forward and hand-written backward)";
+  register_scan(m);
   m.def("forward", &cuda_forward, "one layer, one direction: forward from the input projections");
   m.def("backward", &cuda_backward, "one layer, one direction: backward to the input projections");
 }

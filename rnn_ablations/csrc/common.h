@@ -10,12 +10,18 @@
 namespace rnn_ablations {
 
 enum Kind : int64_t { kLstm = 0, kSrnn = 1, kMinusSrnn = 2, kRan = 3, kIdentityRan = 4 };
+// Variant.code of LSTM − S-RNN − HIDDEN (variants.CODE_MINUS_HIDDEN): it reads no h_{t-1}, so the
+// step kernels never run it (scan.cpp / scan_cuda.cu do); the step entry points refuse it.
+constexpr int64_t kMinusHiddenCode = 5;
 
 // The variant code every entry point receives, and the block layout it implies: R recurrent
 // blocks (rows of w_hh) and X input-only blocks of H rows each (Variant.recurrent / .input_only,
 // plus one of each with highway).  An unknown code, or a layout that does not match the code,
 // would leave gradient rows unwritten or index past a row: refuse it.
 inline void check_kind(int64_t kind, bool highway, int64_t R, int64_t X, const char* who) {
+  TORCH_CHECK(kind != kMinusHiddenCode, who, ": variant code ", kind,
+              " (lstm_minus_srnn_minus_hidden) reads no h_{t-1} and has no step kernel; it runs "
+              "through scan_forward / scan_backward (rnn_ablations/scan.py)");
   TORCH_CHECK(kind >= kLstm && kind <= kIdentityRan, who, ": unknown variant code ", kind,
               " (the codes are Variant.kind in rnn_ablations/variants.py: 0 to 4)");
   static const int64_t kRecurrent[] = {4, 1, 3, 2, 2};

@@ -13,9 +13,13 @@ encoder type          variant                      direction
 ``lstm_minus_srnn``   LSTM − S-RNN                 unidirectional
 ``ran``               LSTM − S-RNN − OUT (RAN)     unidirectional
 ``identity_ran``      identity RAN                 unidirectional
+``lstm_minus_srnn_    LSTM − S-RNN − HIDDEN        unidirectional
+minus_hidden``
 ``blstm`` ...         the same cells               bidirectional (``b`` + the variant
                                                    name), like OpenNMT's ``brnn``
 ====================  ===========================  ===================================
+
+(The list is the variant table's: a variant added there gets both encoder types.)
 
 The encoder honours ``-enc_layers``, ``-enc_hid_size`` (``-hidden_size``), ``-dropout`` (between
 layers and on the source embeddings, and ``-dropout_steps`` through ``update_dropout``) and
@@ -134,7 +138,8 @@ class AblatedRNNEncoder(EncoderBase):
     """OpenNMT-py encoder around :class:`rnn_ablations.AblatedRNN`.
 
     Args:
-        variant: a variant name (``lstm``, ``srnn``, ``lstm_minus_srnn``, ``ran``, ``identity_ran``).
+        variant: a variant name of the table (``lstm``, ``srnn``, ``lstm_minus_srnn``, ``ran``,
+            ``identity_ran``, ``lstm_minus_srnn_minus_hidden``; aliases accepted).
         bidirectional: two directions of ``hidden_size // 2`` units each, joined per layer.
         num_layers, hidden_size: ``-enc_layers``, ``-enc_hid_size`` (the *total* size: the
             decoder's hidden size).
@@ -386,7 +391,7 @@ def check_train_from(model_opt, opt, checkpoint) -> None:
 
 # ---------------------------------------------------------------------- registration
 _INIT_HELP = (
-    "How the rnn_ablations encoders (-encoder_type lstm, srnn, lstm_minus_srnn, ran, identity_ran "
+    "How the rnn_ablations encoders (-encoder_type " + ", ".join(VARIANTS) + " "
     "and their bidirectional b* forms) are initialised after -param_init/-param_init_glorot, for a "
     "new model: 'onmt' (default) keeps OpenNMT's init, as for its own brnn encoder; 'gate_bias' "
     "keeps it and sets the forget-gate bias to 1 in every variant with a forget gate (lstm "

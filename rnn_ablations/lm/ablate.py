@@ -85,7 +85,8 @@ def format_table(results: List[Dict], markdown: bool = False) -> str:
 DIVERGED_PPL = 1e5
 
 _SHORT = {"lstm": "LSTM", "srnn": "−GATES\n(S-RNN)", "lstm_minus_srnn": "−S-RNN",
-          "ran": "−S-RNN−OUT\n(tanh RAN)", "identity_ran": "identity\nRAN"}
+          "ran": "−S-RNN−OUT\n(tanh RAN)", "identity_ran": "identity\nRAN",
+          "lstm_minus_srnn_minus_hidden": "−S-RNN\n−HIDDEN"}
 
 
 def diverged(r: Dict) -> bool:

@@ -58,7 +58,7 @@ class LanguageModel(nn.Module):
         with torch.no_grad():
             for p in self.parameters():
                 p.uniform_(-self.init_scale, self.init_scale)
-            rec, _ = self.variant.blocks()
+            rec = self.variant.biased_blocks()  # the bias's blocks, in its order
             H = self.hidden_size
             for layer in self.layers:
                 biases = [p for n, p in layer.named_parameters() if n.startswith("bias")]

@@ -8,9 +8,10 @@ name                                   takes the keyword arguments of
 =====================================  ==========================================================
 ``ablated_lstm``, ``srnn``,            AllenNLP's ``lstm`` (= ``torch.nn.LSTM``): ``input_size,
 ``lstm_minus_srnn``, ``ran``,          hidden_size, num_layers, bias, dropout, bidirectional``
-``identity_ran``                       (+ ``stateful`` for the ``Seq2SeqEncoder``)
+``identity_ran``,                      (+ ``stateful`` for the ``Seq2SeqEncoder``)
+``lstm_minus_srnn_minus_hidden``
 ``stacked_bidirectional_<variant>``    AllenNLP's ``stacked_bidirectional_lstm``: ``input_size,
-(the five names above)                 hidden_size, num_layers, recurrent_dropout_probability,
+(the six names above)                  hidden_size, num_layers, recurrent_dropout_probability,
                                        layer_dropout_probability, use_highway`` (+ ``stateful``)
 =====================================  ==========================================================
 
@@ -44,9 +45,16 @@ gives its own LSTM there):
   ``block_orthogonal``), every bias 0 except the forget gate's, which is 1 (for ``lstm`` without
   highway, whose biases are ``nn.LSTM``'s ``bias_ih`` + ``bias_hh``: ``bias_ih``'s forget slice 1,
   ``bias_hh`` 0).  ``srnn`` has no forget gate: all its biases are 0, like the content block's
-  bias in ``AugmentedLstm``.  ``AugmentedLstm`` in a ``StackedBidirectionalLstm`` has no input
-  projection bias and neither do the ablations' input-only blocks.  Model initializers must
+  bias in ``AugmentedLstm``.  ``lstm_minus_srnn_minus_hidden`` has no ``weight_hh``: its
+  ``weight_ih`` blocks (``i, f, o, c``, + ``r, hw``) are block-orthogonal like the others', its
+  gate biases 0 with the forget gate at 1.  ``AugmentedLstm`` in a ``StackedBidirectionalLstm``
+  has no input projection bias and neither do the ablations' bias-free input-only blocks.  Model initializers must
   leave these encoders alone (the biaffine parser configs say so with ``prevent_regexes``).
+
+``lstm_minus_srnn_minus_hidden`` (LSTM − S-RNN − HIDDEN) reads no ``h_{t-1}``: its
+``recurrent_dropout_probability`` has no effect (accepted so that the parser config, which sets
+0.3, runs unchanged; ``AblatedRNN`` warns) and its highway gate reads the input only,
+``r_t = σ(W_rx x_t + b_r)``.
 """
 from typing import Dict, List, Optional, Tuple, Type
 
@@ -138,15 +146,17 @@ def _stacked_rnn(owner: str, variant: str, input_size, hidden_size, num_layers,
 def augmented_lstm_init_(rnn: AblatedRNN) -> AblatedRNN:
     """Initialise ``rnn`` in place as AllenNLP 2.10.1's ``AugmentedLstm.reset_parameters`` does
     (the cells of ``StackedBidirectionalLstm``): ``block_orthogonal`` over ``H × d_in`` blocks of
-    ``weight_ih`` and ``H × H`` blocks of ``weight_hh``, biases 0, forget-gate bias 1."""
+    ``weight_ih`` and ``H × H`` blocks of ``weight_hh`` (none in a cell that reads no
+    ``h_{t-1}``), biases 0, forget-gate bias 1."""
     H = rnn.hidden_size
     with torch.no_grad():
         for layer in range(rnn.num_layers):
             for direction in range(rnn.num_directions):
                 names = rnn._param_names[layer][direction]
-                w_ih, w_hh = getattr(rnn, names[0]), getattr(rnn, names[1])
+                w_ih = getattr(rnn, names[0])
                 block_orthogonal(w_ih, [H, w_ih.shape[1]])
-                block_orthogonal(w_hh, [H, H])
+                if names[1] is not None:
+                    block_orthogonal(getattr(rnn, names[1]), [H, H])
                 for name in names[2:]:
                     getattr(rnn, name).zero_()
     rnn.set_forget_bias_(1.0)

@@ -1,0 +1,196 @@
+"""The fast path of a cell that never reads h_{t-1} (``Variant.reads_hidden`` False, e.g.
+LSTM − S-RNN − HIDDEN): one input projection for all steps, then an element-wise scan.
+
+Its only recurrence is ``c_t = f_t∘c_{t-1} + i_t∘c̃_t`` with gates that read ``x_t`` only, so
+there is no per-step matrix product: :func:`run_scan_layer` computes the projections of every
+step with one GEMM (:func:`rnn_ablations.dispatch.input_projection`) and hands them to a fused
+element-wise kernel, ``scan_forward`` / ``scan_backward`` (``csrc/scan.cpp`` in the CPU
+extension ``_C``, ``csrc/scan_cuda.cu`` in the CUDA extension ``_C_cuda``), with a hand-written
+backward.  The kernels receive the block layout derived from the variant table
+(:func:`scan_layout`), not a variant id.  Everything else (other dtypes or devices, no compiled
+kernel, the ``generic`` backend) runs the reference :func:`rnn_ablations.functional.generic_layer`,
+which computes the same function.
+
+Padding follows the other variants' layer calls (:mod:`rnn_ablations.functional`): rows sorted by
+decreasing length, ``batch_sizes[t]`` rows active at step t; an inactive row keeps its state and
+outputs zero.  A bidirectional layer is one call: the projections of both directions are one GEMM
+on the input in time order, and the kernels run direction 1 backwards within each row's length
+(the same function as the other variants' reversed copies, without the copies).
+"""
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .dispatch import get_backend, input_projection
+from .functional import generic_layer, projection_bias, reversal_index
+from .variants import Variant
+
+__all__ = ["run_scan_layer", "scan_layout", "scan_kernel_available"]
+
+#: output rules of the scan kernels (``layout[6]``)
+OUTPUT_CODES = {"o_tanh": 0, "tanh": 1, "identity": 2}
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(f"{__package__}.{name}")
+    except ImportError:  # pragma: no cover - depends on the build
+        return None
+
+
+_C = _import("_C")
+_C_cuda = _import("_C_cuda")
+_warned = set()
+
+
+def scan_layout(variant: Variant, highway: bool) -> Optional[List[int]]:
+    """The kernels' view of a variant: ``[i, f, o, c, r, hw, output]``, block offsets in
+    units of H within the projection (-1 = absent) and the output rule (0 ``o∘tanh(c)``,
+    1 ``tanh(c)``, 2 ``c``); ``None`` when the scan kernels do not apply (the cell reads
+    h_{t-1}, has no memory, or its content is not used as is)."""
+    if variant.reads_hidden or not variant.has_memory or variant.content_activation != "identity":
+        return None
+    rec, inp = variant.blocks(highway)
+    order = rec + inp
+
+    def offset(block: str) -> int:
+        return order.index(block) if block in order else -1
+
+    return [offset("i"), offset("f"), offset("o") if variant.output == "o_tanh" else -1,
+            offset(variant.content_block), offset("r"), offset("hw"), OUTPUT_CODES[variant.output]]
+
+
+def _scan_kernel(proj: torch.Tensor):
+    """The compiled module with ``scan_forward``/``scan_backward`` for ``proj``, or ``None``."""
+    backend = get_backend()
+    if backend == "generic":
+        return None
+    if proj.device.type == "cpu" and proj.dtype in (torch.float32, torch.float64):
+        ext, where = _C, "CPU"
+    elif proj.device.type == "cuda" and proj.dtype in (torch.float32, torch.float64,
+                                                       torch.float16, torch.bfloat16):
+        ext, where = _C_cuda, "CUDA"
+    else:
+        if backend == "kernel":
+            raise RuntimeError(f"the rnn_ablations scan kernels handle CPU float32/float64 and CUDA "
+                               f"float16/bfloat16/float32/float64, got {proj.device} {proj.dtype}; "
+                               "use the generic backend")
+        return None
+    if ext is not None and hasattr(ext, "scan_forward"):
+        return ext
+    why = ("the compiled extension is not importable" if ext is None else
+           "the compiled extension predates csrc/scan*.c*: rebuild it "
+           "(`pip install --no-build-isolation -e .`)")
+    if backend == "kernel":
+        raise RuntimeError(f"the rnn_ablations {where} scan kernel is not available: {why}")
+    if where not in _warned:
+        warnings.warn(f"rnn_ablations: {where} scan kernel unavailable ({why}); using the slower "
+                      "generic path")
+        _warned.add(where)
+    return None
+
+
+def scan_kernel_available(device: str = "cpu") -> bool:
+    """True when the compiled scan kernel for ``device`` ("cpu" or "cuda") is importable."""
+    ext = _C if device == "cpu" else _C_cuda
+    return ext is not None and hasattr(ext, "scan_forward")
+
+
+class _ScanLayer(torch.autograd.Function):
+    """Autograd wrapper of the scan kernels: from the projections to the outputs."""
+
+    @staticmethod
+    def forward(ctx, proj, h0, c0, batch_sizes, layout, ext, variant, highway):
+        out, h_n, c_n, cs = ext.scan_forward(proj, h0, c0, batch_sizes, layout, True)
+        ctx.save_for_backward(proj, h0, c0, cs, batch_sizes)
+        ctx.layout, ctx.ext, ctx.variant, ctx.highway = layout, ext, variant, highway
+        return out, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, g_out, g_hn, g_cn):
+        proj, h0, c0, cs, batch_sizes = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: the kernel's hand-written backward is not differentiable; the
+            # layer is recomputed on the differentiable generic path from the saved inputs and
+            # differentiated by autograd, so second derivatives are exact.
+            with torch.enable_grad():
+                outs = _generic_directions(ctx.variant, ctx.highway, proj, h0, c0, batch_sizes)
+            wrt = [t for t in (proj, c0) if t.requires_grad]
+            got = iter(torch.autograd.grad(outs, wrt, (g_out, g_hn, g_cn), create_graph=True,
+                                           allow_unused=True)) if wrt else iter(())
+            dproj, dc0 = (next(got) if t.requires_grad else None for t in (proj, c0))
+            dproj = dproj if dproj is not None or not proj.requires_grad else torch.zeros_like(proj)
+            dc0 = dc0 if dc0 is not None or not c0.requires_grad else torch.zeros_like(c0)
+            return dproj, None, dc0, None, None, None, None, None
+        dproj, dc0 = ctx.ext.scan_backward(g_out.contiguous(), g_hn.contiguous(),
+                                           g_cn.contiguous(), proj, c0, cs, batch_sizes,
+                                           ctx.layout)
+        return dproj, None, dc0, None, None, None, None, None
+
+
+def _generic_directions(variant, highway, proj, h0, c0, batch_sizes):
+    """The reference path for D directions side by side in ``proj``; direction 1 reverses every
+    row within its length, runs :func:`generic_layer` and reverses the outputs back."""
+    dirs, seq_len = h0.shape[0], proj.shape[0]
+    width = proj.shape[-1] // dirs
+    sizes = batch_sizes.tolist()
+    outs, hs, cs = [], [], []
+    rev = None
+    for d in range(dirs):
+        p = proj[..., d * width:(d + 1) * width]
+        if d == 1:
+            lengths = (batch_sizes.unsqueeze(0) > torch.arange(proj.shape[1]).unsqueeze(1)).sum(1)
+            rev = reversal_index(lengths, seq_len).to(proj.device).unsqueeze(-1)
+            p = p.gather(0, rev.expand_as(p))
+        out, h_n, c_n, _ = generic_layer(variant, highway, p[..., :0], p, None, h0[d], c0[d], sizes)
+        if d == 1:
+            out = out.gather(0, rev.expand_as(out))
+        outs.append(out)
+        hs.append(h_n)
+        cs.append(c_n)
+    return torch.cat(outs, -1) if dirs > 1 else outs[0], torch.stack(hs), torch.stack(cs)
+
+
+def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
+                   weights: Sequence[torch.Tensor], biases: Sequence[Optional[torch.Tensor]],
+                   h0: torch.Tensor, c0: torch.Tensor,
+                   batch_sizes: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer (D = ``len(weights)`` directions, 1 or 2) of a cell that reads no h_{t-1};
+    returns ``(output (T, B, D·H), h_n (D, B, H), c_n (D, B, H))``, the directions side by side as
+    in a bidirectional layer's output.
+
+    ``x`` (T, B, d_in) is the layer input in time order for both directions (direction 1 runs each
+    row backwards within its length), ``weights[d]`` (G·H, d_in) the input weights of direction
+    d in the table's block order, ``biases[d]`` the biased blocks' bias or ``None``; ``h0``/``c0``
+    (D, B, H); ``batch_sizes`` a CPU int64 tensor of length T (rows sorted by decreasing length).
+    The projections of both directions are one GEMM.  ``h0`` is read only for a row with no step
+    (h_n = h_0); nothing else reads it, so it receives no gradient.
+    """
+    if variant.reads_hidden:
+        raise ValueError(f"variant {variant.name!r} reads h_{{t-1}}: it runs through "
+                         "rnn_ablations.dispatch.run_layer, not the scan")
+    dirs = len(weights)
+    if dirs not in (1, 2) or len(biases) != dirs or h0.shape[0] != dirs or c0.shape[0] != dirs:
+        raise ValueError(f"run_scan_layer takes 1 or 2 directions, with one weight, bias, h0 and "
+                         f"c0 each; got {dirs} weights, {len(biases)} biases, h0 {tuple(h0.shape)}")
+    width = weights[0].shape[0]
+    if biases[0] is None:
+        bias = None
+    else:
+        bias = torch.cat([projection_bias(b, width) for b in biases]) if dirs > 1 \
+            else projection_bias(biases[0], width)
+    weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
+    proj = input_projection(x, weight, bias)
+    layout = scan_layout(variant, highway)
+    ext = _scan_kernel(proj) if layout is not None else None
+    if ext is None:
+        return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
+    proj, h0, c0 = proj.contiguous(), h0.contiguous(), c0.contiguous()
+    if torch.is_grad_enabled() and (proj.requires_grad or c0.requires_grad):
+        return _ScanLayer.apply(proj, h0, c0, batch_sizes, layout, ext, variant, highway)
+    out, h_n, c_n, _ = ext.scan_forward(proj, h0, c0, batch_sizes, layout, False)
+    return out, h_n, c_n

@@ -1,0 +1,303 @@
+"""LSTM − S-RNN − HIDDEN (``lstm_minus_srnn_minus_hidden``): the table's facts, the equations
+written out by hand (float64, outputs and gradients, multi-layer, bidirectional, padded, highway),
+gradcheck through the element-wise scan kernel, and the kernel against the generic path."""
+import math
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from rnn_ablations import (AblatedRNN, VARIANTS, get_variant, recurrent_param_count, use_backend,
+                           weighted_sum)
+from rnn_ablations.scan import run_scan_layer, scan_kernel_available, scan_layout
+
+NAME = "lstm_minus_srnn_minus_hidden"
+HAS_KERNEL = scan_kernel_available("cpu")
+BACKENDS = ["kernel", "generic"] if HAS_KERNEL else ["generic"]
+
+
+def test_scan_kernel_is_built():
+    assert HAS_KERNEL, "the CPU scan kernel was not built: rebuild the extension (scripts/setup.sh)"
+
+
+# --------------------------------------------------------------------------- the table
+def test_table_row_and_alias():
+    v = get_variant("minus_hidden")
+    assert v.name == NAME and NAME in VARIANTS and get_variant("LSTM-minus-SRNN-minus-HIDDEN") is v
+    assert v.paper_name == "LSTM − S-RNN − HIDDEN"
+    assert not v.reads_hidden and v.kind is None and v.has_memory
+    assert v.blocks() == ((), ("i", "f", "o", "c")) and v.biased_blocks() == ("i", "f", "o")
+    assert v.blocks(True) == ((), ("i", "f", "o", "r", "c", "hw"))
+    assert v.biased_blocks(True) == ("i", "f", "o", "r")
+    # the kernels' view is derived from the table
+    assert scan_layout(v, False) == [0, 1, 2, 3, -1, -1, 0]
+    assert scan_layout(v, True) == [0, 1, 2, 4, 3, 5, 0]
+    # every other variant reads h_{t-1} and keeps its step kernel
+    for other in VARIANTS:
+        if other != NAME:
+            assert get_variant(other).reads_hidden and scan_layout(get_variant(other), False) is None
+
+
+def test_variant_is_built_with_keywords():
+    from rnn_ablations.variants import Variant
+    with pytest.raises(TypeError):
+        Variant("x", "X", None, (), ("c",), True, "identity", True, "")  # noqa
+
+
+@pytest.mark.parametrize("bidirectional,highway", [(False, False), (True, False), (True, True)])
+def test_parameters_and_count(bidirectional, highway):
+    d_in, H, layers = 7, 5, 2
+    m = AblatedRNN(NAME, d_in, H, num_layers=layers, bidirectional=bidirectional, highway=highway)
+    dirs = 2 if bidirectional else 1
+    G, nb = (6, 4) if highway else (4, 3)
+    expected = {}
+    for k in range(layers):
+        for sfx in [""] + (["_reverse"] if bidirectional else []):
+            expected[f"weight_ih_l{k}{sfx}"] = (G * H, d_in if k == 0 else H * dirs)
+            expected[f"bias_l{k}{sfx}"] = (nb * H,)
+    assert {n: tuple(p.shape) for n, p in m.named_parameters()} == expected
+    n_params = sum(p.numel() for p in m.parameters())
+    assert recurrent_param_count(NAME, d_in, H, layers, bidirectional=bidirectional,
+                                 highway=highway) == n_params
+    if not highway:
+        assert n_params == dirs * (4 * H * d_in + 3 * H) + dirs * (4 * H * H * dirs + 3 * H)
+
+
+def test_default_init_is_torch_lstm_rule():
+    H = 64
+    m = AblatedRNN(NAME, 32, H)
+    bound = 1 / math.sqrt(H)
+    for name, p in m.named_parameters():
+        assert p.abs().max() <= bound, name
+        assert p.abs().max() > 0.9 * bound and p.std() > 0.5 * bound / math.sqrt(3), name
+
+
+def test_recurrent_dropout_has_no_effect_and_warns():
+    with pytest.warns(UserWarning, match="no h_{t-1} to drop"):
+        m = AblatedRNN(NAME, 4, 3, recurrent_dropout=0.3).double()
+    x = torch.randn(6, 2, 4, dtype=torch.float64)
+    m.train()
+    out_train = m(x)[0]
+    m.eval()
+    assert torch.equal(out_train, m(x)[0])
+
+
+# --------------------------------------------------------------------------- by hand
+def _cell_by_hand(x_seq, w, b, c, highway):
+    """The issue's equations, one row, one direction: x_seq (L, d) -> (outputs (L, H), h, c)."""
+    H = c.shape[0]
+    outs = []
+    h = None
+    for x_t in x_seq:
+        z = w @ x_t
+        i = torch.sigmoid(z[0:H] + b[0:H])
+        f = torch.sigmoid(z[H:2 * H] + b[H:2 * H])
+        o = torch.sigmoid(z[2 * H:3 * H] + b[2 * H:3 * H])
+        if highway:
+            r = torch.sigmoid(z[3 * H:4 * H] + b[3 * H:4 * H])
+            content, hw = z[4 * H:5 * H], z[5 * H:6 * H]
+        else:
+            content = z[3 * H:4 * H]
+        c = i * content + f * c
+        h = o * torch.tanh(c)
+        if highway:
+            h = r * h + (1 - r) * hw
+        outs.append(h)
+    return torch.stack(outs), h, c
+
+
+def _model_by_hand(m, x, lengths, c0):
+    """(T, B, d) time-major input -> output, h_n, c_n, computed row by row from the parameters."""
+    T, B = x.shape[0], x.shape[1]
+    dirs = m.num_directions
+    layer_in = x
+    h_n, c_n = [], []
+    for k in range(m.num_layers):
+        outs = []
+        for d in range(dirs):
+            sfx = f"_l{k}" + ("_reverse" if d else "")
+            w, b = getattr(m, "weight_ih" + sfx), getattr(m, "bias" + sfx)
+            out = x.new_zeros(T, B, m.hidden_size)
+            hs, cs = [], []
+            for row in range(B):
+                L = int(lengths[row])
+                seq = layer_in[:L, row]
+                if d:
+                    seq = seq.flip(0)
+                o, h, c = _cell_by_hand(seq, w, b, c0[k * dirs + d, row], m.highway)
+                out[:L, row] = o.flip(0) if d else o
+                hs.append(h)
+                cs.append(c)
+            outs.append(out)
+            h_n.append(torch.stack(hs))
+            c_n.append(torch.stack(cs))
+        layer_in = torch.cat(outs, -1)
+    return layer_in, torch.stack(h_n), torch.stack(c_n)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layers,bidirectional,highway,padded", [
+    (1, False, False, False), (2, True, False, True), (3, True, True, True), (2, False, True, True)])
+def test_matches_equations_by_hand(backend, layers, bidirectional, highway, padded, one_thread):
+    d_in, H, T, B = 5, 4, 6, 3
+    m = AblatedRNN(NAME, d_in, H, num_layers=layers, bidirectional=bidirectional,
+                   highway=highway).double()
+    x = torch.randn(T, B, d_in, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([6, 2, 4]) if padded else torch.full((B,), T)
+    shape = (layers * m.num_directions, B, H)
+    h0 = torch.randn(shape, dtype=torch.float64)
+    c0 = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    with use_backend(backend):
+        out, (h_n, c_n) = m(x, (h0, c0), lengths=lengths if padded else None)
+    ref_out, ref_h, ref_c = _model_by_hand(m, x, lengths, c0)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(h_n, ref_h)
+    torch.testing.assert_close(c_n, ref_c)
+    # gradients of a loss that reads every output
+    g_out, g_h, g_c = (torch.randn_like(t) for t in (out, h_n, c_n))
+    inputs = [x, c0] + list(m.parameters())
+    got = torch.autograd.grad((out * g_out).sum() + (h_n * g_h).sum() + (c_n * g_c).sum(), inputs)
+    want = torch.autograd.grad((ref_out * g_out).sum() + (ref_h * g_h).sum()
+                               + (ref_c * g_c).sum(), inputs)
+    for name, a, b in zip(["x", "c0"] + [n for n, _ in m.named_parameters()], got, want):
+        torch.testing.assert_close(a, b, msg=lambda s, n=name: f"gradient of {n}: {s}")
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+@pytest.mark.parametrize("highway,dirs", [(False, 1), (True, 1), (False, 2), (True, 2)])
+def test_gradcheck_through_the_scan_kernel(highway, dirs, one_thread):
+    v = get_variant(NAME)
+    T, B, d_in, H = 5, 3, 3, 2
+    G = v.num_input_only(highway)
+    nb = v.num_biased(highway)
+    x = torch.randn(T, B, d_in, dtype=torch.float64, requires_grad=True)
+    ws = [(0.5 * torch.randn(G * H, d_in, dtype=torch.float64)).requires_grad_() for _ in range(dirs)]
+    bs = [torch.randn(nb * H, dtype=torch.float64, requires_grad=True) for _ in range(dirs)]
+    h0 = torch.randn(dirs, B, H, dtype=torch.float64)
+    c0 = torch.randn(dirs, B, H, dtype=torch.float64, requires_grad=True)
+    batch_sizes = torch.tensor([3, 3, 2, 2, 1])  # padded rows of lengths 5, 4, 2
+
+    def f(x, c0, *params):
+        return run_scan_layer(v, highway, x, params[:dirs], params[dirs:], h0, c0, batch_sizes)
+
+    with use_backend("kernel"):
+        assert torch.autograd.gradcheck(f, (x, c0, *ws, *bs))
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+@pytest.mark.parametrize("highway,bidirectional", [(False, True), (True, True), (False, False)])
+def test_kernel_matches_generic_float32(highway, bidirectional):
+    m = AblatedRNN(NAME, 24, 33, num_layers=2, bidirectional=bidirectional, highway=highway,
+                   dropout=0.0)
+    x = torch.randn(9, 5, 24)
+    lengths = torch.tensor([9, 3, 7, 9, 1])
+    results = {}
+    for backend in ("kernel", "generic"):
+        with use_backend(backend):
+            xb = x.clone().requires_grad_()
+            out, (h, c) = m(xb, lengths=lengths)
+            (out.sin().sum() + h.sum() + c.cos().sum()).backward()
+            grads = [xb.grad] + [p.grad.clone() for p in m.parameters()]
+            m.zero_grad()
+            with torch.no_grad():
+                infer = m(x, lengths=lengths)[0]
+        results[backend] = (out.detach(), h.detach(), c.detach(), infer, *grads)
+    for a, b in zip(results["kernel"], results["generic"]):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+def test_kernel_runs_rows_in_parallel(one_thread):
+    """Enough work to split over threads: the same numbers with one and two threads."""
+    m = AblatedRNN(NAME, 16, 64, bidirectional=True)
+    x = torch.randn(40, 24, 16)
+    lengths = torch.randint(1, 41, (24,))
+    with use_backend("kernel"):
+        one = m(x, lengths=lengths)
+        torch.set_num_threads(2)
+        two = m(x, lengths=lengths)
+    torch.testing.assert_close(one[0], two[0], atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+def test_kernel_rejects_a_bad_layout():
+    from rnn_ablations import _C
+    proj = torch.randn(3, 2, 8)
+    z = torch.zeros(1, 2, 2)  # (D, B, H)
+    bs = torch.tensor([2, 2, 1])
+    with pytest.raises(RuntimeError, match="two blocks share offset"):
+        _C.scan_forward(proj, z, z, bs, [0, 0, 2, 3, -1, -1, 0], False)
+    with pytest.raises(RuntimeError, match="outside the 4 blocks"):
+        _C.scan_forward(proj, z, z, bs, [0, 1, 2, 4, -1, -1, 0], False)
+    with pytest.raises(RuntimeError, match="output gate block is given iff"):
+        _C.scan_forward(proj, z, z, bs, [0, 1, 2, 3, -1, -1, 1], False)
+    with pytest.raises(RuntimeError, match=r"\(D, B, H\) with D = 1 or 2"):
+        _C.scan_forward(proj, z[0], z[0], bs, [0, 1, 2, 3, -1, -1, 0], False)
+    with pytest.raises(RuntimeError, match="multiple of D\\*H"):
+        _C.scan_forward(torch.randn(3, 2, 6), z.expand(2, 2, 2).contiguous(),
+                        z.expand(2, 2, 2).contiguous(), bs, [0, 1, 2, 3, -1, -1, 0], False)
+    with pytest.raises(RuntimeError, match="non-increasing"):
+        _C.scan_forward(proj, z, z, torch.tensor([1, 2, 2]), [0, 1, 2, 3, -1, -1, 0], False)
+
+
+# --------------------------------------------------------------------------- the nn.LSTM API
+def test_packed_sequence_and_batch_first(one_thread):
+    m = AblatedRNN(NAME, 4, 3, num_layers=2, bidirectional=True, batch_first=True)
+    x = torch.randn(3, 5, 4)
+    lengths = torch.tensor([2, 5, 3])
+    out, (h, c) = m(x, lengths=lengths)
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    p_out, (p_h, p_c) = m(packed)
+    p_out, _ = pad_packed_sequence(p_out, batch_first=True)
+    torch.testing.assert_close(p_out, out)
+    torch.testing.assert_close(p_h, h)
+    torch.testing.assert_close(p_c, c)
+    assert out[0, 2:].abs().sum() == 0  # padded positions are zero
+    # a row's result does not depend on the padding after it
+    alone = m(x[:1, :2])[0]
+    torch.testing.assert_close(alone[0], out[0, :2])
+
+
+def test_single_h0_is_refused():
+    m = AblatedRNN(NAME, 4, 3)
+    with pytest.raises(ValueError, match="tuple"):
+        m(torch.randn(2, 1, 4), torch.zeros(1, 1, 3))
+
+
+# --------------------------------------------------------------------------- weighted sum
+def test_weighted_sum_weights_depend_on_inputs_only():
+    m = AblatedRNN(NAME, 4, 3, bidirectional=True).double()
+    x = torch.randn(2, 6, 4, dtype=torch.float64)
+    lengths = torch.tensor([6, 4])
+    for direction in (0, 1):
+        ws = weighted_sum(m, x.transpose(0, 1), direction=direction, lengths=lengths)
+        # memory = Σ_j w_j^t ∘ c̃_j
+        torch.testing.assert_close(torch.einsum("btjh,bjh->bth", ws.weights, ws.content), ws.memory)
+        # the gates, hence the weights, are σ(W x + b) of each position alone
+        sfx = "_l0" + ("_reverse" if direction else "")
+        w, b = getattr(m, "weight_ih" + sfx), getattr(m, "bias" + sfx)
+        z = x.transpose(0, 1) @ w.t()  # (T, B, 4H)... positions of the input
+        i = torch.sigmoid(z[..., 0:3] + b[0:3]).transpose(0, 1)
+        f = torch.sigmoid(z[..., 3:6] + b[3:6]).transpose(0, 1)
+        valid = (torch.arange(6).unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(-1)
+        torch.testing.assert_close(ws.input_gate, i * valid)
+        torch.testing.assert_close(ws.forget_gate, f * valid)
+        torch.testing.assert_close(ws.content, z.transpose(0, 1)[..., 9:12] * valid)
+
+
+# --------------------------------------------------------------------------- CUDA (lent GPU only)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not scan_kernel_available("cuda"), reason="the CUDA scan kernel is not built")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_scan_half_precision_against_float32(dtype):
+    """The CUDA scan computes in float for float16/bfloat16 inputs: close to the float32 run."""
+    m = AblatedRNN(NAME, 16, 32, num_layers=2, bidirectional=True, highway=True).cuda()
+    x = torch.randn(12, 5, 16, device="cuda")
+    lengths = torch.tensor([12, 3, 7, 12, 1])
+    with use_backend("kernel"):
+        want = m(x, lengths=lengths)
+        low = m.to(dtype)
+        got = low(x.to(dtype), lengths=lengths)
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.float(), w, atol=3e-2, rtol=3e-2)
