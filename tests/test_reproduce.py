@@ -118,6 +118,40 @@ def test_static_step_update_is_sgd_with_clipping():
     assert float(st.partial()[1]) == 24.0
 
 
+def test_replay_check_compares_the_replayed_values_not_the_restored_ones():
+    """The check that a captured step equals the eager one (run on CUDA before a graph is used)
+    with a stand-in graph whose replay is the eager step: it must pass, and a replay that does
+    nothing must be refused.  (The first version compared the live tensors after restoring the
+    snapshot into them, so on the H200 every capture was refused as "graph moved 0".)"""
+    from rnn_ablations.lm.graph_step import _Snapshot
+
+    torch.manual_seed(0)
+    model = LanguageModel("ran", 30, 16, 2, dropout=0.3, init_scale=0.5)
+    gen = torch.Generator().manual_seed(3)
+    st = StaticTrainStep(model, 6, 4, max_grad_norm=5.0, gen=gen, rows=(0, 4, 4))
+    st.begin(None, torch.zeros(2, dtype=torch.float64), 0.5)
+    with torch.no_grad():
+        st.x.copy_(torch.randint(0, 30, (6, 4)))
+        st.y.copy_(torch.randint(0, 30, (6, 4)))
+    model.train()
+    before = [p.detach().clone() for p in model.parameters()]
+
+    class EagerReplay:
+        def replay(self):
+            st._step()
+
+    class NoOp:
+        def replay(self):
+            pass
+
+    snap = _Snapshot(st)
+    st._check(EagerReplay(), snap)   # same dropout masks (generator restored): agrees
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p.detach(), b)   # and everything is restored afterwards
+    with pytest.raises(RuntimeError, match="disagrees with the eager step"):
+        st._check(NoOp(), _Snapshot(st))
+
+
 def test_static_evaluator_equals_evaluate(corpus):
     torch.manual_seed(0)
     model = LanguageModel("lstm", len(corpus.vocab), 24, 2, dropout=0.3)

@@ -245,8 +245,11 @@ class StaticTrainStep:
         eager = [p.detach().clone() for p in self.params] + [self.h.clone(), self.loss_sum.clone()]
         snap.restore()
         graph.replay()
-        torch.cuda.synchronize(self.device)
-        replayed = list(self.params) + [self.h, self.loss_sum]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        # copies: the live tensors are about to be restored to the snapshot
+        replayed = ([p.detach().clone() for p in self.params]
+                    + [self.h.clone(), self.loss_sum.clone()])
         snap.restore()
         names = [n for n, _ in self.model.named_parameters()] + ["h", "loss_sum"]
         worst, report = 0.0, []
