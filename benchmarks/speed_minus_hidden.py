@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -26,20 +24,12 @@ from pathlib import Path
 import torch
 
 from rnn_ablations import AblatedRNN, get_variant
+from rnn_ablations.commands import speed as speed_cmd
 from rnn_ablations.scan import scan_kernel_available
 
-#: (name, layers, d_in, H, bidirectional, batch, seq_len): issue 11's experiment shapes
-EXPERIMENT_SHAPES = [
-    ("single layer 256", 1, 256, 256, False, 32, 64),
-    ("single layer 650", 1, 650, 650, False, 32, 64),
-    ("PTB small LM", 2, 200, 200, False, 20, 20),
-    ("PTB medium LM", 2, 650, 650, False, 20, 35),
-    ("BiDAF phrase", 1, 200, 100, True, 40, 200),
-    ("BiDAF modeling", 2, 800, 100, True, 40, 200),
-    ("parser", 3, 200, 400, True, 32, 25),
-    ("NMT encoder", 2, 500, 250, True, 64, 30),
-    ("DrQA", 3, 400, 128, True, 32, 200),
-]
+#: (name, layers, d_in, H, bidirectional, batch, seq_len): issue 11's experiment shapes, the same
+#: table as ``rnn-ablations speed --shapes experiments``
+EXPERIMENT_SHAPES = list(speed_cmd.EXPERIMENT_SHAPES)
 #: issue 18's GPU target shapes (B = 32, T = 64, H = 256/650)
 GPU_SHAPES = [
     ("single layer 256", 1, 256, 256, False, 32, 64),
@@ -52,15 +42,7 @@ SHAPES = {"experiments": EXPERIMENT_SHAPES, "gpu": GPU_SHAPES, "tiny": TINY_SHAP
 def _machine(device: str) -> str:
     if device == "cuda":
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}")
+    return speed_cmd._machine()
 
 
 def _sync(device: str) -> None:

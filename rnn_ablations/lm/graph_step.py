@@ -59,6 +59,21 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+def _capture_whole(owner) -> None:
+    """Run ``owner._capture_locked()`` (which records the whole step or evaluation window as one
+    CUDA graph) with the kernel's own per-layer graphs (:mod:`rnn_ablations.cuda_graphs`) off:
+    inside one graph they would only add copies into their static buffers, and a layer graph
+    recorded during the warm-up must not be replayed around this capture.  When the capture is
+    given up (``owner.graph`` stays ``None``) the eager steps that follow get them back."""
+    from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
+    before = get_cuda_graphs()
+    set_cuda_graphs(False)
+    with _CAPTURE_LOCK:
+        owner._capture_locked()
+    if owner.graph is None:
+        set_cuda_graphs(before)
+
+
 class _Snapshot:
     """Parameters, carried state, accumulators and generator state, to undo warm-up steps."""
 
@@ -192,16 +207,7 @@ class StaticTrainStep:
 
     # ----------------------------------------------------------------- capture
     def _capture(self) -> None:
-        # The whole step becomes one graph: the kernel's own per-layer graphs
-        # (rnn_ablations.cuda_graphs) would only add copies into their static buffers, and a
-        # layer graph recorded during the warm-up must not be replayed around this capture.
-        from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
-        before = get_cuda_graphs()
-        set_cuda_graphs(False)
-        with _CAPTURE_LOCK:
-            self._capture_locked()
-        if self.graph is None:   # eager steps from here on: the per-layer graphs help them
-            set_cuda_graphs(before)
+        _capture_whole(self)
 
     def _capture_locked(self) -> None:
         model = self.model
@@ -317,16 +323,7 @@ class StaticEvaluator:
         self.c.copy_(c)
 
     def _capture(self) -> None:
-        # The whole step becomes one graph: the kernel's own per-layer graphs
-        # (rnn_ablations.cuda_graphs) would only add copies into their static buffers, and a
-        # layer graph recorded during the warm-up must not be replayed around this capture.
-        from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
-        before = get_cuda_graphs()
-        set_cuda_graphs(False)
-        with _CAPTURE_LOCK:
-            self._capture_locked()
-        if self.graph is None:   # eager steps from here on: the per-layer graphs help them
-            set_cuda_graphs(before)
+        _capture_whole(self)
 
     def _capture_locked(self) -> None:
         saved = [self.h.clone(), self.c.clone(), self.total.clone()]
