@@ -44,7 +44,11 @@ enum ScanOutput : int64_t { kOTanh = 0, kTanh = 1, kIdentity = 2 };
 // inside the loops over H; double: libm (gradcheck and float64 users).
 inline float scan_exp(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);
-  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  // k = floor(x log2(e) + 0.5), written as a truncation of a positive number (x log2(e) + 0.5
+  // lies in [-125, 128)): a conversion SSE2 vectorises, where std::floor needs SSE4.1 and, in
+  // this portable build, became a libm call per element that kept the whole loop scalar.
+  const int32_t ki = static_cast<int32_t>(x * 1.44269504088896341f + 128.5f) - 128;
+  const float k = static_cast<float>(ki);
   const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -53,7 +57,7 @@ inline float scan_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  int32_t bits = (ki + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
@@ -170,6 +174,9 @@ void backward_rows(const Layout& L, const Dims& n, int64_t k0, int64_t k1, const
                    const T* g_out, const T* g_hn, const T* proj, const T* c0, const T* cs,
                    T* dproj, T* dc0) {
   const int64_t H = n.H;
+  // dL/dh_n enters at each row's last step only: elsewhere the loop reads this row of zeros
+  // (a conditional load inside the loop kept GCC from vectorising it)
+  const std::vector<T> zero_row(static_cast<size_t>(H), T(0));
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t d = k / n.B, b = k % n.B;
     T* __restrict__ dc = dc0 + k * H;  // dL/dc, carried backwards; ends as dL/dc_0
@@ -193,13 +200,13 @@ void backward_rows(const Layout& L, const Dims& n, int64_t k0, int64_t k1, const
       T* __restrict__ dhw = dq + (HW ? L.hw : 0) * H;
       const int64_t o = (t * n.B + b) * n.out_row() + d * H;
       const T* __restrict__ go = g_out + o;
-      const T* __restrict__ gh = s == steps - 1 ? g_hn + k * H : nullptr;
+      const T* __restrict__ gh = s == steps - 1 ? g_hn + k * H : zero_row.data();
       const T* __restrict__ ct = cs + o;
       const T* __restrict__ cp =
           s > 0 ? cs + (position(d, s - 1, steps) * n.B + b) * n.out_row() + d * H : c0 + k * H;
 #pragma omp simd
       for (int64_t j = 0; j < H; ++j) {
-        T dh = go[j] + (gh != nullptr ? gh[j] : T(0));
+        T dh = go[j] + gh[j];
         const T cn = ct[j];
         T tc = T(0), og = T(0), cell = cn;
         if (OUT == kOTanh) {
