@@ -59,6 +59,17 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+def _window_buffers(model, T: int, B: int):
+    """The static inputs of one window, on the model's device: tokens ``x`` and targets ``y``
+    (T, B) int64, carried state ``h`` and ``c`` (layers, B, H) in the parameters' dtype."""
+    p0 = model.decoder.weight
+    L, H = model.num_layers, model.hidden_size
+    tokens = dict(dtype=torch.int64, device=p0.device)
+    state = dict(dtype=p0.dtype, device=p0.device)
+    return (torch.zeros(T, B, **tokens), torch.zeros(T, B, **tokens),
+            torch.zeros(L, B, H, **state), torch.zeros(L, B, H, **state))
+
+
 def _capture_whole(owner) -> None:
     """Run ``owner._capture_locked()`` (which records the whole step or evaluation window as one
     CUDA graph) with the kernel's own per-layer graphs (:mod:`rnn_ablations.cuda_graphs`) off:
@@ -115,12 +126,8 @@ class StaticTrainStep:
         self.T, self.B = int(num_steps), int(batch_rows)
         self.max_grad_norm = float(max_grad_norm)
         self.params = [p for p in model.parameters()]
-        L, H = model.num_layers, model.hidden_size
         dev = self.device
-        self.x = torch.zeros(self.T, self.B, dtype=torch.int64, device=dev)
-        self.y = torch.zeros(self.T, self.B, dtype=torch.int64, device=dev)
-        self.h = torch.zeros(L, self.B, H, dtype=p0.dtype, device=dev)
-        self.c = torch.zeros(L, self.B, H, dtype=p0.dtype, device=dev)
+        self.x, self.y, self.h, self.c = _window_buffers(model, self.T, self.B)
         self.lr = torch.zeros((), dtype=p0.dtype, device=dev)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         self.tok_loss = torch.zeros((), dtype=torch.float64, device=dev)
@@ -302,12 +309,8 @@ class StaticEvaluator:
         p0 = model.decoder.weight
         self.model, self.device = model, p0.device
         self.T, self.B = int(num_steps), int(batch_rows)
-        L, H = model.num_layers, model.hidden_size
         dev = self.device
-        self.x = torch.zeros(self.T, self.B, dtype=torch.int64, device=dev)
-        self.y = torch.zeros(self.T, self.B, dtype=torch.int64, device=dev)
-        self.h = torch.zeros(L, self.B, H, dtype=p0.dtype, device=dev)
-        self.c = torch.zeros(L, self.B, H, dtype=p0.dtype, device=dev)
+        self.x, self.y, self.h, self.c = _window_buffers(model, self.T, self.B)
         self.total = torch.zeros((), dtype=torch.float64, device=dev)
         self.want_graph, self.log = use_graph and dev.type == "cuda", log
         self.graph = None
