@@ -15,6 +15,11 @@
 #               BUDGET_SECONDS (default 450; runs cut short are reported as incomplete).
 #   FULL=1      with STEPS > 0: the timing, then the full run in the same command, with what is
 #               left of BUDGET_SECONDS (one machine start and one kernel build for both).
+#   CHECKS=1    with STEPS = 0: the CUDA checks of the graphed step first (as in timing mode).
+#   RESUME=1    continue the full run in WORK/run (`reproduce ptb --resume`) instead of starting
+#               it afresh: a second command on a machine that is still warm (WORK must then be an
+#               ignored folder inside the repo, e.g. WORK=runs/gpu_work, which survives between
+#               commands while the machine is held; /tmp does not).
 #
 # Environment: RNN_ABLATIONS_PTB (default .data/ptb: a folder with ptb.train.txt, ptb.valid.txt,
 # ptb.test.txt; copy it into the repo's ignored .data/ and carry it), CONFIG (medium), VARIANTS
@@ -92,8 +97,11 @@ timing() {   # timing NAME TITLE [extra reproduce args]: appends its table to OU
     { echo "## $config, $steps steps per run, all runs at once: $title"; echo;
       cat "$work/$name/timing.md" 2>/dev/null || echo "(failed: see gpu_reproduce.log)"; echo; } >> "$out/timing.md"
 }
-if [ "$steps" -gt 0 ]; then
+if [ "$steps" -gt 0 ] || [ "${CHECKS:-0}" = 1 ]; then
     say "CUDA checks of the graphed step"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_reproduce.py -k cuda 2>&1 | tail -15
+fi
+if [ "$steps" -gt 0 ]; then
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_reproduce.py -k cuda 2>&1 | tail -15
     : > "$out/timing.md"
     timing timing_procs "one process per run (RUNS_PER_PROCESS=1)"
@@ -140,10 +148,16 @@ EOF
     fi
     [ "${MPS:-0}" = 1 ] && mps_start
     say "full run: reproduce ptb --config $config, time budget ${left}s, $rpp run(s) per process"
-    rm -rf "$work/run"
+    resume=
+    if [ "${RESUME:-0}" = 1 ] && [ -d "$work/run" ]; then
+        resume=--resume
+        say "continuing the runs in $work/run"
+    else
+        rm -rf "$work/run"
+    fi
     python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
         --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
-        --out "$work/run" --time-budget "$left" --runs-per-process "$rpp" \
+        --out "$work/run" --time-budget "$left" --runs-per-process "$rpp" $resume \
         ${MAX_PARALLEL:+--max-parallel $MAX_PARALLEL} || status=$?
     [ "${MPS:-0}" = 1 ] && mps_stop
     for f in results.json results.md results.csv results.png; do

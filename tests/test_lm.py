@@ -216,6 +216,31 @@ def test_resume_continues_bit_identically(small_corpus, tmp_path):
     assert again["valid_ppl"] == full["valid_ppl"]
 
 
+def test_a_diverged_run_stops_at_the_epoch_end_and_is_not_retrained(small_corpus, tmp_path):
+    cfg = get_config("tiny", epochs=3)
+    lines = []
+    # any real perplexity is above 1.5: the run counts as diverged after its first epoch
+    assert train_lm("ran", cfg, small_corpus, tmp_path / "d", seed=0, log=lines.append,
+                    stop_above_ppl=1.5) is None
+    ck = load_checkpoint(tmp_path / "d")
+    assert ck["epoch"] == 1 and ck["step"] == 0 and len(ck["history"]) == 1
+    assert any("diverged, training stopped" in line for line in lines)
+    res = json.loads((tmp_path / "d" / "result.json").read_text())
+    assert res["stopped_by"] == "diverged" and res["epochs_completed"] == 1
+    # resumed, it does not train again; without the threshold it goes on to the end
+    assert train_lm("ran", cfg, small_corpus, tmp_path / "d", seed=0, log=None, resume=True,
+                    stop_above_ppl=1.5) is None
+    assert load_checkpoint(tmp_path / "d")["global_step"] == ck["global_step"]
+    done = train_lm("ran", cfg, small_corpus, tmp_path / "d", seed=0, log=None, resume=True)
+    assert done is not None and load_checkpoint(tmp_path / "d")["epoch"] == 3
+    # a normal run never trips a threshold it stays under
+    ok = train_lm("ran", cfg.replace(epochs=1), small_corpus, tmp_path / "n", seed=0, log=None,
+                  stop_above_ppl=1e9)
+    assert ok is not None and ok["complete"] is not False
+    with pytest.raises(ValueError, match="stop_above_ppl must be a perplexity > 1"):
+        train_lm("ran", cfg, small_corpus, tmp_path / "x", log=None, stop_above_ppl=0.5)
+
+
 def test_resume_refuses_another_variant_config_or_seed(small_corpus, tmp_path):
     cfg = get_config("tiny", epochs=1)
     train_lm("ran", cfg, small_corpus, tmp_path / "r", seed=0, log=None, max_steps=3)

@@ -496,7 +496,8 @@ def _child_train(spec: Dict) -> int:
                       ctx=DistContext(device=dev), resume=spec["resume"],
                       overwrite=spec["overwrite"], checkpoint_every=spec["checkpoint_every"],
                       max_steps=spec.get("max_steps"), progress=False,
-                      cuda_graph=spec["cuda_graph"], deadline=spec.get("deadline"), log=log)
+                      cuda_graph=spec["cuda_graph"], deadline=spec.get("deadline"), log=log,
+                      stop_above_ppl=float(len(corpus.vocab)))
     ckpt = load_checkpoint(out)
     vocab = len(corpus.vocab)
     from .data import batchify

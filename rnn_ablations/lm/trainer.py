@@ -462,7 +462,8 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
              max_steps: Optional[int] = None, progress: bool = False,
              log: Optional[Callable[[str], None]] = _default_log, record_losses: bool = False,
              evaluate_test: bool = True, cuda_graph: str = "auto",
-             deadline: Optional[float] = None) -> Optional[Dict]:
+             deadline: Optional[float] = None,
+             stop_above_ppl: Optional[float] = None) -> Optional[Dict]:
     """Train one model; returns its result dict (``None`` when stopped by ``max_steps``, and on
     processes other than rank 0).  ``config`` is used as given (apply
     :meth:`LMConfig.for_variant` beforehand for the papers' per-variant learning rates).
@@ -474,10 +475,19 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
     nothing).  Ctrl-C in a single process with ``out_dir`` raises :class:`TrainingInterrupted`
     after checkpointing.  ``cuda_graph``: ``auto``/``on``/``off``, see
     :mod:`rnn_ablations.lm.graph_step`; ``deadline``: a ``time.time()`` after which training
-    stops with a checkpoint, as ``max_steps`` does."""
+    stops with a checkpoint, as ``max_steps`` does.  ``stop_above_ppl``: stop (checkpointed,
+    ``"stopped_by": "diverged"``) at the end of an epoch whose validation perplexity is not
+    finite or above this value (``reproduce`` passes the vocabulary size: worse than a uniform
+    guess), and do not train a resumed run that stopped so; SGD on exploded weights does not
+    come back, and the device time goes to the runs that train."""
     v = get_variant(variant)
     cfg = config
     ctx = ctx or DistContext()
+    if stop_above_ppl is not None and (isinstance(stop_above_ppl, bool)
+                                       or not isinstance(stop_above_ppl, (int, float))
+                                       or not stop_above_ppl > 1):
+        raise ValueError(f"stop_above_ppl must be a perplexity > 1 (e.g. the vocabulary size), "
+                         f"got {stop_above_ppl!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     for name, val in (("checkpoint_every", checkpoint_every),):
@@ -628,7 +638,13 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
                    disable=None, file=sys.stderr, dynamic_ncols=True,
                    desc=f"{v.name} epoch {epoch + 1}/{cfg.epochs}")
 
-    stopped = False
+    def diverged(ppl) -> bool:
+        return (stop_above_ppl is not None and ppl is not None
+                and not (math.isfinite(ppl) and ppl <= stop_above_ppl))
+
+    stopped = diverged_at = False
+    if history and epoch < cfg.epochs and diverged(history[-1].get("valid_ppl")):
+        stopped = diverged_at = True   # a resumed run that stopped diverged: nothing to train
     with interrupt:
         while epoch < cfg.epochs and not stopped:
             lr = cfg.lr_at_epoch(epoch + 1)
@@ -713,7 +729,15 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
                            f"{rec['train_words_per_sec']:,.0f} words/s")
             state = None
             checkpoint()
-            if epoch < cfg.epochs and ((max_steps is not None and global_step >= max_steps)
+            flag = torch.tensor([1.0 if (ctx.is_main and diverged(rec["valid_ppl"])) else 0.0],
+                                dtype=torch.float64)
+            if epoch < cfg.epochs and float(ctx.all_sum(flag)[0]) > 0:
+                stopped = diverged_at = True
+                if ctx.is_main:
+                    append_log(f"{v.name}: validation perplexity {rec['valid_ppl']:.4g} after "
+                               f"epoch {epoch} is not finite or above {stop_above_ppl:g}: "
+                               "diverged, training stopped")
+            elif epoch < cfg.epochs and ((max_steps is not None and global_step >= max_steps)
                                        or (deadline is not None and time.time() >= deadline)):
                 stopped = True
             elif epoch < cfg.epochs:
@@ -723,7 +747,8 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
         bar = None
 
     if stopped:
-        why = "max_steps" if max_steps is not None and global_step >= max_steps else "deadline"
+        why = ("diverged" if diverged_at else
+               "max_steps" if max_steps is not None and global_step >= max_steps else "deadline")
         partial_result = None
         tot = ctx.all_sum(partial) if step > 0 else None
         if ctx.is_main:
@@ -745,7 +770,8 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
             }
             append_log(f"{v.name}: stopped after {global_step} windows ({why}; epoch "
                        f"{epoch + 1 if step else epoch}, window {step or epoch_size}/{epoch_size}), "
-                       f"valid ppl now {valid['ppl']:.2f}; continue with --resume")
+                       f"valid ppl now {valid['ppl']:.2f}"
+                       + ("" if why == "diverged" else "; continue with --resume"))
             if out is not None:
                 _write_json(partial_result, out / RESULT)
         ctx.barrier()
