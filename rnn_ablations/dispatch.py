@@ -345,13 +345,13 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _plain_forward(ext, kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
+def _plain_forward(ext, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
     """``ext.forward``.  ``proj`` is always a scratch tensor here (fresh from
     :func:`input_projection`, which saves no output for its backward), so the CPU kernel may turn
     its recurrent blocks into the gate activations in place instead of copying them."""
     if ext is _C:
-        return ext.forward(kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True)
-    return ext.forward(kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
+        return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True)
+    return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
 
 
 def _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask):
@@ -400,7 +400,7 @@ class _KernelLayer(torch.autograd.Function):
     def forward(ctx, proj, w_hh, h0, c0, x, w_ih, pbias, variant, highway, batch_sizes,
                 rec_mask, ext):
         mask_ = _or_empty(rec_mask, proj)
-        out, h_n, c_n, gates, cs, hin = _plain_forward(ext, variant.kind, highway, proj, w_hh,
+        out, h_n, c_n, gates, cs, hin = _plain_forward(ext, variant.kernel_spec, highway, proj, w_hh,
                                                        h0, c0, batch_sizes, mask_, True)
         ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_, x,
                               w_ih, pbias)
@@ -420,7 +420,7 @@ class _KernelLayer(torch.autograd.Function):
                 [w_hh if need[1] else None, h0 if need[2] else None, c0 if need[3] else None])
             return (dproj if need[0] else None, dw, dh0, dc0) + (None,) * 8
         g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
-        dproj, dw, dh0, dc0 = ctx.ext.backward(ctx.variant.kind, ctx.highway, g_out, g_hn, g_cn,
+        dproj, dw, dh0, dc0 = ctx.ext.backward(ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn,
                                                gates, cs, hin, out, proj, w_hh, h0, c0,
                                                batch_sizes, mask)
         return (dproj, dw, dh0, dc0) + (None,) * 8
@@ -436,7 +436,7 @@ class _PipelinedLayer(torch.autograd.Function):
     def forward(ctx, x, w_ih, bias, w_hh, h0, c0, variant, highway, batch_sizes, rec_mask):
         mask_ = _or_empty(rec_mask, x)
         out, h_n, c_n, gates, cs, hin, xo = _C.fused_forward(
-            variant.kind, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
+            variant.kernel_spec, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
             mask_, True, PIPELINE_CHUNK)
         ctx.save_for_backward(gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask_,
                               bias)
@@ -461,7 +461,7 @@ class _PipelinedLayer(torch.autograd.Function):
         need_dw = need[1] or need[3]
         need_bias = ctx.has_bias and need[2]
         dx, dw_ih, db, dw_hh, dh0, dc0 = _C.fused_backward(
-            ctx.variant.kind, ctx.highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih,
+            ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih,
             w_hh, h0, c0, batch_sizes, mask, need[0], need_dw, need_bias, PIPELINE_CHUNK)
         return (dx if need[0] else None, dw_ih if need[1] else None, db if need_bias else None,
                 dw_hh if need[3] else None, dh0, dc0, None, None, None, None)
@@ -496,7 +496,7 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
             return _PipelinedLayer.apply(x, w_ih, bias, w_hh, h0, c0, variant, highway,
                                          batch_sizes, rec_mask)
         out, h_n, c_n = _C.fused_forward(
-            variant.kind, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
+            variant.kernel_spec, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
             _or_empty(rec_mask, x), False, PIPELINE_CHUNK)[:3]
         return out, h_n, c_n
     proj = input_projection(x, w_ih, pbias)
@@ -514,7 +514,7 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
         if _needs_grad(proj, w_hh, h0, c0):
             return _KernelLayer.apply(proj, w_hh, h0, c0, x, w_ih, pbias, variant, highway,
                                       batch_sizes, rec_mask, ext)
-        out, h_n, c_n, _, _, _ = _plain_forward(ext, variant.kind, highway, proj, w_hh, h0, c0,
+        out, h_n, c_n, _, _, _ = _plain_forward(ext, variant.kernel_spec, highway, proj, w_hh, h0, c0,
                                                 batch_sizes, _or_empty(rec_mask, proj), False)
         return out, h_n, c_n
     return _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask)

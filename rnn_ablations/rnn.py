@@ -14,7 +14,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .dispatch import run_layer
 from .scan import run_scan_layer
 from .functional import projection_bias, reversal_index
-from .variants import KIND_SRNN, VARIANTS, Variant, get_variant
+from .variants import VARIANTS, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
 
@@ -385,9 +385,11 @@ class AblatedRNN(nn.Module):
             z = ref.new_zeros(shape)
             return z, z
         if isinstance(hx, torch.Tensor):
-            if self.variant.kind != KIND_SRNN:
+            if not self.variant.accepts_single_h0:
+                single = [v for v in VARIANTS if get_variant(v).accepts_single_h0]
                 raise ValueError(f"hx for {self.variant.name!r} must be a tuple (h_0, c_0); only "
-                                 "'srnn' accepts a single h_0 tensor")
+                                 f"{', '.join(repr(v) for v in single)} accept a single h_0 "
+                                 "tensor")
             h0, c0 = hx, hx
         elif isinstance(hx, (tuple, list)) and len(hx) == 2:
             h0, c0 = hx

@@ -86,15 +86,15 @@ class _FakeGraphs:
         return outs
 
     class Ext:
-        def forward(self, kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
+        def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
             outs = [torch.empty_like(proj) for _ in range(6)]
 
             def compute():
                 for i, o in enumerate(outs):
-                    o.copy_(proj * (i + 1) + w_hh.sum() + h0.sum() - c0.sum() + kind)
+                    o.copy_(proj * (i + 1) + w_hh.sum() + h0.sum() - c0.sum() + spec)
             return _FakeGraphs.op(outs, compute)
 
-        def backward(self, kind, highway, *tensors):
+        def backward(self, spec, highway, *tensors):
             g_out, gates, proj, w_hh = tensors[0], tensors[3], tensors[7], tensors[8]
             outs = [torch.empty_like(g_out) for _ in range(4)]
 

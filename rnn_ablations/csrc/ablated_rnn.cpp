@@ -34,7 +34,7 @@
 
 namespace {
 
-using namespace rnn_ablations;  // Kind codes, input checks, final_states, previous_hidden,
+using namespace rnn_ablations;  // KernelSpec, input checks, final_states, previous_hidden,
                                 // Dims, the element-wise pass and the packed GEMM (vec_kernels.h)
 
 // Rows per task of the element-wise pass: one task when the step is small (a parallel region
@@ -48,22 +48,21 @@ inline int64_t grain_rows(int64_t rows, int64_t hidden) {
 // ---------------------------------------------------------------------------------------------
 // One step of the recurrence, shared by the plain and the pipelined entry points.
 struct StepState {
-  int64_t kind;
-  bool highway;
+  KernelSpec ks;  // the variant's element-wise rules and block layout (kernel_spec.h)
   Dims d;
   const int64_t* bs;
   bool has_mask;
   at::Tensor gates, out, cs, hin, h0, c0, w_hh, w_t, rec_mask, hp_buf;  // forward
   at::Tensor grad_out, dproj, dh, dc;                                     // backward
   PackedB packed;  // w_hh packed for the step GEMM (float32, on a path with a packed kernel)
-  // The forward's buffers and inputs (the caller sets d, kind, highway, has_mask and gates), with
+  // The forward's buffers and inputs (the caller sets ks, d, has_mask and gates), with
   // w_hh packed for the step GEMM.
   void init_forward(const at::Tensor& h0_, const at::Tensor& c0_, const at::Tensor& w_hh_,
                     const at::Tensor& rec_mask_, bool keep_hin) {
     const auto opt = h0_.options();
     out = at::zeros({d.T, d.B, d.H}, opt);
     cs = at::empty({d.T, d.B, d.H}, opt);
-    hin = (highway && keep_hin) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
+    hin = (ks.highway && keep_hin) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
     hp_buf = has_mask ? at::empty({d.B, d.H}, opt) : at::Tensor();
     h0 = h0_; c0 = c0_; w_hh = w_hh_; w_t = w_hh_.t(); rec_mask = rec_mask_;
     pack(false);
@@ -107,7 +106,7 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
     h_prev = hp;
   }
   scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
-  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.GS,
+  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.gates_stride,
                                  parallel)) {
     s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
   }
@@ -116,7 +115,7 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
   scalar_t* hp = s.out[t].data_ptr<scalar_t>();
   scalar_t* hinp = s.hin.defined() ? s.hin[t].data_ptr<scalar_t>() : nullptr;
   auto body = [&](int64_t r0, int64_t r1) {
-    pointwise_forward(s.kind, s.highway, s.d, gp, xo_t, cpp, cp, hp, hinp, r0, r1);
+    pointwise_forward(s.ks, s.d, gp, xo_t, cpp, cp, hp, hinp, r0, r1);
   };
   if (parallel) at::parallel_for(0, n, grain_rows(n, s.d.H), body);
   else body(0, n);
@@ -131,22 +130,21 @@ void backward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel)
   if (n == 0) return;
   s.dh.narrow(0, 0, n).add_(s.grad_out[t].narrow(0, 0, n));
   const scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
-  const bool srnn = s.kind == kSrnn;
-  const scalar_t* ccur = srnn ? nullptr : s.cs[t].data_ptr<scalar_t>();
-  const scalar_t* cprev = srnn ? nullptr : (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
-  const scalar_t* hinp = s.highway ? s.hin[t].data_ptr<scalar_t>() : nullptr;
+  const bool memory = s.ks.memory;
+  const scalar_t* ccur = memory ? s.cs[t].data_ptr<scalar_t>() : nullptr;
+  const scalar_t* cprev = memory ? (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>() : nullptr;
+  const scalar_t* hinp = s.ks.highway ? s.hin[t].data_ptr<scalar_t>() : nullptr;
   scalar_t* dhp = s.dh.data_ptr<scalar_t>();
   scalar_t* dcp = s.dc.data_ptr<scalar_t>();
   scalar_t* dap = s.dproj[t].data_ptr<scalar_t>();
   scalar_t* dxop = X > 0 ? dap + R * H : nullptr;
   auto body = [&](int64_t r0, int64_t r1) {
-    pointwise_backward(s.kind, s.highway, s.d, gp, xo_t, ccur, cprev, hinp, dhp, dcp,
-                                 dap, dxop, r0, r1);
+    pointwise_backward(s.ks, s.d, gp, xo_t, ccur, cprev, hinp, dhp, dcp, dap, dxop, r0, r1);
   };
   if (parallel) at::parallel_for(0, n, grain_rows(n, H), body);
   else body(0, n);
   at::Tensor dh_n = s.dh.narrow(0, 0, n);
-  if (!step_gemm<scalar_t, false>(s, n, dap, s.d.P, dhp, H, parallel)) {
+  if (!step_gemm<scalar_t, false>(s, n, dap, s.d.proj_stride, dhp, H, parallel)) {
     at::mm_out(dh_n, s.dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), s.w_hh);
   }
   if (s.has_mask) dh_n.mul_(s.rec_mask.narrow(0, 0, n));
@@ -250,7 +248,7 @@ at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in) {
 // Entry points taking the input projections (the caller computed them for all steps at once).
 
 // Returns {out (T,B,H), h_n (B,H), c_n (B,H), gates (T,B,R*H) activations, cs (T,B,H), hin}.
-std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj, at::Tensor w_hh,
+std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh,
                                     at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
                                     at::Tensor rec_mask, bool keep_hin, bool in_place) {
   check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, at::kCPU, "rnn_ablations kernel");
@@ -262,11 +260,11 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
   const int64_t R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2);
   const int64_t X = P / H - R;
-  check_kind(kind, highway, R, X, "rnn_ablations kernel");
+  const KernelSpec ks = check_kernel_spec(spec, highway, R, X, "rnn_ablations kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations kernel");
   StepState s;
-  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P, in_place ? P : R * H};
+  s.ks = ks; s.d = Dims{T, B, H, R, X, P, P, in_place ? P : R * H};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   // Pre-activations of the recurrent blocks, turned into activations in place: in proj itself
   // when the caller allows it (its input-only blocks stay as they are), else in a copy.
@@ -280,21 +278,22 @@ std::vector<at::Tensor> rnn_forward(int64_t kind, bool highway, at::Tensor proj,
       forward_step<scalar_t>(s, t, xop, true);
     }
   });
-  auto fin = final_states(kind, s.out, s.cs, h0, c0, s.bs);
+  auto fin = final_states(ks.memory, s.out, s.cs, h0, c0, s.bs);
   return {s.out, fin.first, fin.second, s.gates, s.cs,
           s.hin.defined() ? s.hin : at::empty({0}, proj.options())};
 }
 
 // Returns {d_proj (T,B,(R+X)*H), d_w_hh, d_h0, d_c0}.
-std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad_out,
+std::vector<at::Tensor> rnn_backward(int64_t spec, bool highway, at::Tensor grad_out,
                                      at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
                                      at::Tensor cs, at::Tensor hin, at::Tensor out, at::Tensor proj,
                                      at::Tensor w_hh, at::Tensor h0, at::Tensor c0,
                                      at::Tensor batch_sizes, at::Tensor rec_mask) {
   const char* who = "rnn_ablations kernel (backward)";
   TORCH_CHECK(proj.dim() == 3, who, ": proj must be (T, B, (R+X)*H)");
-  check_backward_inputs(kind, highway, grad_out, grad_hn, grad_cn, cs, hin, out, w_hh, h0, c0,
-                        batch_sizes, rec_mask, proj.size(2), at::kCPU, who);
+  const KernelSpec ks = check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
+                                              out, w_hh, h0, c0, batch_sizes, rec_mask,
+                                              proj.size(2), at::kCPU, who);
   check_like(proj, {out.size(0), out.size(1), proj.size(2)}, out, "proj", who);
   const int64_t H = w_hh.size(1);
   const int64_t R = w_hh.size(0) / H;
@@ -307,7 +306,7 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
                   gates.stride(1) >= R * H && (B == 0 || gates.stride(0) == B * gates.stride(1)) &&
                   gates.scalar_type() == proj.scalar_type() && gates.device().is_cpu(),
               who, ": gates must be the forward's (T, B, R*H) activations");
-  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, P, gates.stride(1)};
+  s.ks = ks; s.d = Dims{T, B, H, R, X, P, P, gates.stride(1)};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
   s.rec_mask = rec_mask; s.grad_out = grad_out.contiguous();
@@ -317,7 +316,7 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
   s.dproj = at::empty_like(proj);
   s.dh = grad_hn.clone().contiguous();
   s.dc = grad_cn.clone().contiguous();
-  if (kind == kSrnn) s.dh.add_(s.dc);  // c_n is a copy of h_n for the S-RNN
+  if (!ks.memory) s.dh.add_(s.dc);  // c_n is a copy of h_n for a cell without memory
 
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_backward", [&] {
     for (int64_t t = T - 1; t >= 0; --t) {
@@ -328,7 +327,7 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
   // Weight gradient: one GEMM over all steps, against h_{t-1} (masked) of every row.
   at::Tensor h_prev = previous_hidden(out, h0, rec_mask, has_mask, 0, T);
   at::Tensor dw = weight_grad(s.dproj.view({T * B, P}).narrow(1, 0, R * H), h_prev);
-  if (kind == kSrnn) s.dc.zero_();
+  if (!ks.memory) s.dc.zero_();
   return {s.dproj, dw, s.dh, s.dc};
 }
 
@@ -339,7 +338,7 @@ std::vector<at::Tensor> rnn_backward(int64_t kind, bool highway, at::Tensor grad
 // empty (the input-only blocks have no bias).
 
 // Returns {out, h_n, c_n, gates (activations), cs, hin, xo (T,B,X*H) input-only projections}.
-std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, at::Tensor w_ih,
+std::vector<at::Tensor> fused_forward(int64_t spec, bool highway, at::Tensor x, at::Tensor w_ih,
                                       at::Tensor bias, at::Tensor w_hh, at::Tensor h0,
                                       at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask,
                                       bool keep_hin, int64_t chunk) {
@@ -348,11 +347,11 @@ std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, 
   const int64_t R = w_hh.size(0) / H;
   const int64_t T = x.size(0), B = x.size(1), D = x.size(2), P = w_ih.size(0);
   const int64_t X = P / H - R, RH = R * H, XH = X * H;
-  check_kind(kind, highway, R, X, "rnn_ablations kernel");
+  const KernelSpec ks = check_kernel_spec(spec, highway, R, X, "rnn_ablations kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations kernel");
   StepState s;
-  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, XH, RH};
+  s.ks = ks; s.d = Dims{T, B, H, R, X, P, XH, RH};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = at::empty({T, B, RH}, x.options());
   at::Tensor xo = X > 0 ? at::empty({T, B, XH}, x.options()) : at::empty({0}, x.options());
@@ -406,13 +405,13 @@ std::vector<at::Tensor> fused_forward(int64_t kind, bool highway, at::Tensor x, 
     };
     pipe.run(recurrence, projector);
   });
-  auto fin = final_states(kind, s.out, s.cs, h0, c0, s.bs);
+  auto fin = final_states(ks.memory, s.out, s.cs, h0, c0, s.bs);
   return {s.out, fin.first, fin.second, s.gates, s.cs,
           s.hin.defined() ? s.hin : at::empty({0}, x.options()), xo};
 }
 
 // Returns {dx (T,B,D) or empty, d_w_ih, d_bias (R*H) or empty, d_w_hh, d_h0, d_c0}.
-std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor grad_out,
+std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor grad_out,
                                        at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
                                        at::Tensor cs, at::Tensor hin, at::Tensor xo, at::Tensor out,
                                        at::Tensor x, at::Tensor w_ih, at::Tensor w_hh,
@@ -421,8 +420,9 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
                                        bool need_bias, int64_t chunk) {
   const char* who = "rnn_ablations kernel (pipelined backward)";
   TORCH_CHECK(w_ih.dim() == 2, who, ": w_ih must be ((R+X)*H, D)");
-  check_backward_inputs(kind, highway, grad_out, grad_hn, grad_cn, cs, hin, out, w_hh, h0, c0,
-                        batch_sizes, rec_mask, w_ih.size(0), at::kCPU, who);
+  const KernelSpec ks = check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
+                                              out, w_hh, h0, c0, batch_sizes, rec_mask,
+                                              w_ih.size(0), at::kCPU, who);
   {
     const int64_t T_ = out.size(0), B_ = out.size(1), H_ = w_hh.size(1);
     const int64_t RH_ = w_hh.size(0), XH_ = w_ih.size(0) - RH_;
@@ -439,7 +439,7 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
   const int64_t X = P / H - R, RH = R * H;
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   StepState s;
-  s.kind = kind; s.highway = highway; s.d = Dims{T, B, H, R, X, P, X * H, RH};
+  s.ks = ks; s.d = Dims{T, B, H, R, X, P, X * H, RH};
   s.bs = batch_sizes.data_ptr<int64_t>(); s.has_mask = has_mask;
   s.gates = gates; s.cs = cs; s.hin = hin; s.out = out; s.c0 = c0; s.w_hh = w_hh;
   s.rec_mask = rec_mask; s.grad_out = grad_out.contiguous();
@@ -447,21 +447,21 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
   s.dproj = at::empty({T, B, P}, x.options());
   s.dh = grad_hn.clone().contiguous();
   s.dc = grad_cn.clone().contiguous();
-  if (kind == kSrnn) s.dh.add_(s.dc);  // c_n is a copy of h_n for the S-RNN
+  if (!ks.memory) s.dh.add_(s.dc);  // c_n is a copy of h_n for a cell without memory
   at::Tensor dx = need_dx ? at::empty({T, B, D}, x.options()) : at::empty({0}, x.options());
 
   // Tasks per chunk, taken in the order the recurrence finishes chunks (last chunk first).  When
   // the input gradient is needed, it is the pipelined task (its cost is close to the recurrence's)
   // and the weight gradients are two GEMMs over all steps on both threads afterwards; otherwise
   // the weight gradients are pipelined, each role accumulating into its own buffers.
-  std::vector<int> kinds;  // 0: dx, 1: d_w_ih, 2: d_w_hh
+  std::vector<int> task_types;  // 0: dx, 1: d_w_ih, 2: d_w_hh
   // (Pipelining the weight gradients too when the input gradient is needed was measured slower:
   // 0.74 vs 0.80x nn.LSTM for lstm at H = 650, and the per-role accumulators make the sum order
   // depend on timing.)
   const bool pipe_dw = need_dw && !need_dx;
-  if (need_dx) kinds.push_back(0);
-  if (pipe_dw) { kinds.push_back(1); kinds.push_back(2); }
-  const int64_t per = static_cast<int64_t>(kinds.size());
+  if (need_dx) task_types.push_back(0);
+  if (pipe_dw) { task_types.push_back(1); task_types.push_back(2); }
+  const int64_t per = static_cast<int64_t>(task_types.size());
   const int64_t C = auto_chunk(T, B, chunk);
   const int64_t chunks = (T + C - 1) / C;
   const int64_t tasks = chunks * per;
@@ -470,7 +470,7 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
     const int64_t k = chunks - 1 - q / per;
     const int64_t t0 = k * C, len = std::min(C, T - t0), rows = len * B;
     at::Tensor dp = s.dproj.narrow(0, t0, len).view({rows, P});
-    switch (kinds[q % per]) {
+    switch (task_types[q % per]) {
       case 0: {
         at::Tensor dx2 = dx.narrow(0, t0, len).view({rows, D});
         at::mm_out(dx2, dp, w_ih);
@@ -528,12 +528,26 @@ std::vector<at::Tensor> fused_backward(int64_t kind, bool highway, at::Tensor gr
   }
   at::Tensor g_b = need_bias ? s.dproj.view({T * B, P}).narrow(1, 0, RH).sum(0)
                              : at::empty({0}, x.options());
-  if (kind == kSrnn) s.dc.zero_();
+  if (!ks.memory) s.dc.zero_();
   if (!need_dw) {
     g_w_ih = at::empty({0}, x.options());
     g_w_hh = at::empty({0}, x.options());
   }
   return {dx, g_w_ih, g_b, g_w_hh, s.dh, s.dc};
+}
+
+// The decoded spec as the table test reads it (tests/test_variant_table.py).
+py::dict describe_kernel_spec(int64_t spec, bool highway) {
+  const KernelSpec ks = decode_kernel_spec(spec, highway, "describe_kernel_spec");
+  const auto blocks = kernel_spec_blocks(ks);
+  py::dict d;
+  d["output"] = output_rule_name(ks.output);
+  d["memory"] = ks.memory;
+  d["content_recurrent"] = ks.content_recurrent;
+  d["content_activation"] = ks.content_tanh ? "tanh" : "identity";
+  d["recurrent"] = blocks[0];
+  d["input_only"] = blocks[1];
+  return d;
 }
 
 void register_scan(pybind11::module_& m);  // scan.cpp: the element-wise scan (no step GEMM)
@@ -547,7 +561,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &rnn_forward,
         "one layer, one direction: forward from the input projections; with in_place=True the "
         "recurrent blocks of proj become the returned gates (proj must be a scratch tensor)",
-        py::arg("kind"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
+        py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
         py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
         py::arg("in_place") = false);
   m.def("backward", &rnn_backward, "one layer, one direction: backward to the input projections");
@@ -564,5 +578,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("name"));
   m.def("supported_isas", &supported_isas,
         "the vector paths this CPU and build can run, best first");
+  m.def("describe_kernel_spec", &describe_kernel_spec,
+        "the step kernels' view of a kernel spec (Variant.kernel_spec): a dict with the output "
+        "rule, memory, content form and the recurrent / input-only block roles they index; "
+        "raises for a spec they refuse", py::arg("spec"), py::arg("highway"));
   m.def("weight_grad", &weight_grad, "g^T in for g (rows, M), in (rows, K): a weight gradient");
 }
