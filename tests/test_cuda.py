@@ -350,7 +350,7 @@ def test_half_kernel_matches_float64_generic(dtype, variant, highway, use_mask, 
         batch_sizes = torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 2, 1])
     else:
         batch_sizes = torch.full((T,), B, dtype=torch.int64)
-    if variant == "srnn":  # the S-RNN has no cell: c0 is h0
+    if not v.has_memory:  # the S-RNN has no cell: c0 is h0
         t["c0"] = t["h0"]
     with use_backend("kernel"):
         got = _layer_run(v, highway, t, batch_sizes, use_mask)

@@ -91,7 +91,8 @@ def test_empty_batch_behaves_like_nn_lstm(backend, variant, layers, bidirectiona
     for name, p in ours.named_parameters():  # nn.LSTM: zero gradients of the parameter's shape
         assert p.grad is not None and p.grad.shape == p.shape and not p.grad.any(), name
     if hx is not None:  # (srnn ignores c_0; lstm_minus_srnn_minus_hidden never reads h_0)
-        used = hx[:1] if variant == "srnn" else hx if get_variant(variant).reads_hidden else hx[1:]
+        v = get_variant(variant)
+        used = hx[:1] if not v.has_memory else hx if v.reads_hidden else hx[1:]
         for s in used:
             assert s.grad is not None and s.grad.shape == s.shape
 
@@ -268,7 +269,7 @@ def test_gradgradcheck_kernel_path(kernel, variant, highway):
             out, (h, c) = m(x, (h0, c0), lengths=lengths)
         return out, h, c
 
-    if variant == "srnn":  # no memory cell: c_0 is ignored (and c_n is a copy of h_n)
+    if not get_variant(variant).has_memory:  # c_0 is ignored (and c_n is a copy of h_n)
         g, inputs = (lambda x, h0, *ps: f(x, h0, h0, *ps)[:2]), (x, h0, *params)
     else:
         g, inputs = f, (x, h0, c0, *params)

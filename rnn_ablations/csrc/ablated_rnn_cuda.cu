@@ -245,35 +245,37 @@ std::vector<at::Tensor> cuda_forward(int64_t spec, bool highway, at::Tensor proj
   at::Tensor hin = (highway && keep_hin) ? at::empty({T, B, H}, acc_opts) : at::Tensor();
   at::Tensor hp_buf = has_mask ? at::empty({B, H}, proj.options()) : at::Tensor();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // Raw pointers of the step loop (suffix _p): the tensors of the same name (common.h).
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, proj.scalar_type(),
                                   "rnn_ablations_cuda_forward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    acc_t* G = gates.data_ptr<acc_t>();
-    const scalar_t* PJ = proj.data_ptr<scalar_t>();
-    scalar_t* O = out.data_ptr<scalar_t>();
-    acc_t* CS = cs.data_ptr<acc_t>();
-    acc_t* HIN = hin.defined() ? hin.data_ptr<acc_t>() : nullptr;
-    const scalar_t* W = w_hh.data_ptr<scalar_t>();
-    const scalar_t* H0 = h0.data_ptr<scalar_t>();
-    const acc_t* C0 = c0a.data_ptr<acc_t>();
-    const scalar_t* M = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
-    scalar_t* HP = has_mask ? hp_buf.data_ptr<scalar_t>() : nullptr;
+    acc_t* gates_p = gates.data_ptr<acc_t>();
+    const scalar_t* proj_p = proj.data_ptr<scalar_t>();
+    scalar_t* out_p = out.data_ptr<scalar_t>();
+    acc_t* cs_p = cs.data_ptr<acc_t>();
+    acc_t* hin_p = hin.defined() ? hin.data_ptr<acc_t>() : nullptr;
+    const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
+    const scalar_t* h0_p = h0.data_ptr<scalar_t>();
+    const acc_t* c0_p = c0a.data_ptr<acc_t>();
+    const scalar_t* mask_p = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
+    scalar_t* h_prev_buf_p = has_mask ? hp_buf.data_ptr<scalar_t>() : nullptr;
     for (int64_t t = 0; t < T && bs[t] > 0; ++t) {
       const int64_t n = bs[t];
-      const scalar_t* h_prev = t == 0 ? H0 : O + (t - 1) * B * H;
+      const scalar_t* h_prev = t == 0 ? h0_p : out_p + (t - 1) * B * H;
       if (has_mask) {
         mul_kernel<scalar_t, scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
-            n * H, h_prev, M, HP);
+            n * H, h_prev, mask_p, h_prev_buf_p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-        h_prev = HP;
+        h_prev = h_prev_buf_p;
       }
       // column-major: gates_t^T (R*H x n) += W_hh (R*H x H, stored as its transpose) h_prev^T
-      acc_t* g = G + t * B * R * H;
-      gemm(CUBLAS_OP_T, CUBLAS_OP_N, R * H, n, H, W, H, h_prev, H, acc_t(1), g, R * H);
+      acc_t* g = gates_p + t * B * R * H;
+      gemm(CUBLAS_OP_T, CUBLAS_OP_N, R * H, n, H, w_hh_p, H, h_prev, H, acc_t(1), g, R * H);
       forward_kernel<scalar_t, acc_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
           ks, n, H, P, g,
-          X > 0 ? PJ + t * B * P + R * H : nullptr, t == 0 ? C0 : CS + (t - 1) * B * H,
-          CS + t * B * H, O + t * B * H, HIN ? HIN + t * B * H : nullptr);
+          X > 0 ? proj_p + t * B * P + R * H : nullptr,
+          t == 0 ? c0_p : cs_p + (t - 1) * B * H,
+          cs_p + t * B * H, out_p + t * B * H, hin_p ? hin_p + t * B * H : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
@@ -324,31 +326,32 @@ std::vector<at::Tensor> cuda_backward(int64_t spec, bool highway, at::Tensor gra
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, proj.scalar_type(),
                                   "rnn_ablations_cuda_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const acc_t* G = gates.data_ptr<acc_t>();
-    const scalar_t* PJ = proj.data_ptr<scalar_t>();
-    const acc_t* CS = ks.memory ? cs.data_ptr<acc_t>() : nullptr;
-    const acc_t* C0 = c0a.data_ptr<acc_t>();
-    const acc_t* HIN = highway ? hin.data_ptr<acc_t>() : nullptr;
-    const scalar_t* GO = grad_out.data_ptr<scalar_t>();
-    const scalar_t* W = w_hh.data_ptr<scalar_t>();
-    const scalar_t* M = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
-    scalar_t* DP = dproj.data_ptr<scalar_t>();
-    acc_t* DH = dh.data_ptr<acc_t>();
-    acc_t* DC = dc.data_ptr<acc_t>();
+    const acc_t* gates_p = gates.data_ptr<acc_t>();
+    const scalar_t* proj_p = proj.data_ptr<scalar_t>();
+    const acc_t* cs_p = ks.memory ? cs.data_ptr<acc_t>() : nullptr;
+    const acc_t* c0_p = c0a.data_ptr<acc_t>();
+    const acc_t* hin_p = highway ? hin.data_ptr<acc_t>() : nullptr;
+    const scalar_t* grad_out_p = grad_out.data_ptr<scalar_t>();
+    const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
+    const scalar_t* mask_p = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
+    scalar_t* dproj_p = dproj.data_ptr<scalar_t>();
+    acc_t* dh_p = dh.data_ptr<acc_t>();
+    acc_t* dc_p = dc.data_ptr<acc_t>();
     for (int64_t t = T - 1; t >= 0; --t) {
       const int64_t n = bs[t];
       if (n == 0) continue;
-      scalar_t* dp = DP + t * B * P;
+      scalar_t* dp = dproj_p + t * B * P;
       backward_kernel<scalar_t, acc_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
-          ks, n, H, P, G + t * B * R * H,
-          X > 0 ? PJ + t * B * P + R * H : nullptr, CS ? CS + t * B * H : nullptr,
-          CS ? (t == 0 ? C0 : CS + (t - 1) * B * H) : nullptr,
-          HIN ? HIN + t * B * H : nullptr, DH, GO + t * B * H, DC, dp);
+          ks, n, H, P, gates_p + t * B * R * H,
+          X > 0 ? proj_p + t * B * P + R * H : nullptr, cs_p ? cs_p + t * B * H : nullptr,
+          cs_p ? (t == 0 ? c0_p : cs_p + (t - 1) * B * H) : nullptr,
+          hin_p ? hin_p + t * B * H : nullptr, dh_p, grad_out_p + t * B * H, dc_p, dp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       // column-major: dh^T (H x n) = W_hh^T (H x R*H, stored row-major as R*H x H) dproj_t^T
-      gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, n, R * H, W, H, dp, P, acc_t(0), DH, H);
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, n, R * H, w_hh_p, H, dp, P, acc_t(0), dh_p, H);
       if (has_mask) {
-        mul_kernel<acc_t, scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(n * H, DH, M, DH);
+        mul_kernel<acc_t, scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(n * H, dh_p,
+                                                                                mask_p, dh_p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     }

@@ -166,9 +166,9 @@ void memory_row_backward_out(const KernelSpec& ks, int64_t H, const T* g, const 
   }
 }
 
-// Element-wise backward of one step for rows [r0, r1); `scratch` holds H values.  dh holds dL/dh_t (total), dc holds the
-// carried dL/dc_t; on return da holds dL/d(pre-activations), dxo dL/d(input-only blocks) and dc
-// dL/dc_{t-1}.
+// Element-wise backward of one step for rows [r0, r1); `scratch` holds H values.  dh holds
+// dL/dh_t (total), dc holds the carried dL/dc_t; on return da holds dL/d(pre-activations), dxo
+// dL/d(input-only blocks) and dc dL/dc_{t-1}.
 template <typename T>
 void pointwise_backward(const KernelSpec& ks, const Dims& d, const T* gates, const T* xo,
                         const T* c_cur, const T* c_prev, const T* h_pre, T* dh, T* dc, T* da,
@@ -201,10 +201,14 @@ void pointwise_backward(const KernelSpec& ks, const Dims& d, const T* gates, con
       T* __restrict__ d_content = dab + ks.content_block * H;
       if (ks.content_tanh) {
 #pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) d_content[j] = content_output_grad<true, T>(dhb[j], content[j]);
+        for (int64_t j = 0; j < H; ++j) {
+          d_content[j] = content_output_grad<true, T>(dhb[j], content[j]);
+        }
       } else {
 #pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) d_content[j] = content_output_grad<false, T>(dhb[j], content[j]);
+        for (int64_t j = 0; j < H; ++j) {
+          d_content[j] = content_output_grad<false, T>(dhb[j], content[j]);
+        }
       }
       continue;
     }
