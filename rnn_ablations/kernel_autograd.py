@@ -11,6 +11,7 @@ import torch
 from . import backend
 from .functional import generic_layer, projection_bias
 
+
 def _or_empty(t: Optional[torch.Tensor], ref: torch.Tensor) -> torch.Tensor:
     """The kernels take an empty tensor for an absent optional one."""
     return t if t is not None else ref.new_empty(0)
@@ -37,6 +38,7 @@ def _plain_forward(ext, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, ke
 
 
 def _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask):
+    """The generic path from the input projections (recurrent blocks first)."""
     rh = w_hh.shape[0]
     xo = proj[..., rh:] if proj.shape[-1] > rh else None
     out, h_n, c_n, _ = generic_layer(variant, highway, proj[..., :rh], xo, w_hh, h0, c0,
