@@ -57,30 +57,16 @@ def weighted_sum(rnn, input: torch.Tensor, layer: int = 0, direction: int = 0,
     if not isinstance(input, torch.Tensor) or input.dim() not in (2, 3):
         raise ValueError("input must be a 2-D (unbatched) or 3-D tensor")
     x = input.unsqueeze(1) if input.dim() == 2 else (input.transpose(0, 1) if rnn.batch_first else input)
-    if x.shape[-1] != rnn.input_size:
-        raise ValueError(f"input.size(-1) must be equal to input_size. Expected {rnn.input_size}, "
-                         f"got {x.shape[-1]}")
-    if not x.is_floating_point():
-        raise ValueError(f"input must be a floating-point tensor (e.g. embeddings), got {x.dtype}")
-    weight = rnn.weight_ih_l0
-    if x.dtype != weight.dtype or x.device != weight.device:
-        raise ValueError(f"input dtype ({x.dtype}) does not match the module's parameter dtype "
-                         f"({weight.dtype}) or its device ({x.device} vs {weight.device}); "
-                         f"convert the input: input.to({weight.dtype}), or the module: "
-                         f"rnn.to({x.dtype})")
+    rnn.check_input(x)
     seq_len, batch = x.shape[0], x.shape[1]
-    if seq_len == 0:
-        raise ValueError("input has seq_len 0: there is no memory to decompose; give at least one "
-                         "token")
-    lengths = rnn._lengths_from(mask, lengths, batch, seq_len, x.device)
+    lengths = rnn.normalize_lengths(batch, seq_len, mask=mask, lengths=lengths)
     if lengths is None:
         lengths = torch.full((batch,), seq_len, dtype=torch.int64)
     w_ih, w_hh, b = rnn.projection_parameters(layer, direction)  # validates layer and direction
     was_training = rnn.training
     rnn.eval()
     try:
-        zeros = x.new_zeros(rnn.num_layers * rnn.num_directions, batch, rnn.hidden_size)
-        layer_input = x if layer == 0 else rnn._run(x, lengths, zeros, zeros, num_layers=layer)[0]
+        layer_input = rnn.layer_input(x, layer, lengths)
     finally:
         rnn.train(was_training)
     steps = torch.arange(seq_len).unsqueeze(1)
@@ -95,7 +81,7 @@ def weighted_sum(rnn, input: torch.Tensor, layer: int = 0, direction: int = 0,
     rh = 0 if w_hh is None else w_hh.shape[0]  # no weight_hh: the cell reads no h_{t-1}
     z = x.new_zeros(batch, H)
     _, _, _, res = generic_layer(variant, rnn.highway, proj[..., :rh],
-                                 proj[..., rh:] if rnn._num_inp else None, w_hh, z, z,
+                                 proj[..., rh:] if proj.shape[-1] > rh else None, w_hh, z, z,
                                  [batch] * seq_len, keep_steps=True)
     i = torch.stack([r.input_gate for r in res])                 # (T, B, H) processing order
     f = torch.stack([r.forget_gate for r in res])

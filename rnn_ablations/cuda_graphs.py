@@ -167,27 +167,27 @@ class GraphedKernel:
     def __init__(self, ext):
         self.ext = ext
 
-    # forward(kind, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin)
-    def forward(self, kind, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
+    # forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin)
+    def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
         tensors = (proj, w_hh, h0, c0, rec_mask)
-        head = ("forward", int(kind), bool(highway), bool(keep_hin))
+        head = ("forward", int(spec), bool(highway), bool(keep_hin))
 
         def call(p, w, h, c, m):
-            return self.ext.forward(kind, highway, p, w, h, c, batch_sizes, m, keep_hin)
+            return self.ext.forward(spec, highway, p, w, h, c, batch_sizes, m, keep_hin)
 
         # keep_hin=False is the inference call (nothing saved for a backward): only out, h_n,
         # c_n are copied out of a replayed graph; gates, cs, hin come back empty
         return _run(head, tensors, batch_sizes, call, None if keep_hin else 3)
 
-    # backward(kind, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
+    # backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
     #          batch_sizes, rec_mask)
-    def backward(self, kind, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
+    def backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
                  batch_sizes, rec_mask):
         tensors = (g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0, rec_mask)
-        head = ("backward", int(kind), bool(highway))
+        head = ("backward", int(spec), bool(highway))
 
         def call(go, gh, gc, ga, cs_, hi, o, p, w, h, c, m):
-            return self.ext.backward(kind, highway, go, gh, gc, ga, cs_, hi, o, p, w, h, c,
+            return self.ext.backward(spec, highway, go, gh, gc, ga, cs_, hi, o, p, w, h, c,
                                      batch_sizes, m)
 
         return _run(head, tensors, batch_sizes, call)

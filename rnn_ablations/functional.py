@@ -61,15 +61,15 @@ def pointwise(variant: Variant, highway: bool, a: torch.Tensor, xo: Optional[tor
     pre = dict(zip(rec_names, a.split(hidden, dim=-1))) if rec_names else {}
     if inp_names:
         pre.update(zip(inp_names, xo.split(hidden, dim=-1)))
-    if not variant.has_memory:  # the S-RNN: its state is h
-        h = torch.tanh(pre["h"])
+    content = pre[variant.content_block]
+    if variant.content_activation == "tanh":
+        content = torch.tanh(content)
+    if not variant.has_memory:  # output rule "content" (the S-RNN): h_t = c̃_t, its state is h
+        h = content
         c, i, f, content = h, None, None, None
     else:
         i = torch.sigmoid(pre["i"])
         f = torch.sigmoid(pre["f"])
-        content = pre[variant.content_block]
-        if variant.content_activation == "tanh":
-            content = torch.tanh(content)
         c = i * content + f * c_prev
         if variant.output == "o_tanh":
             h = torch.sigmoid(pre["o"]) * torch.tanh(c)

@@ -14,7 +14,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .dispatch import run_layer
 from .scan import run_scan_layer
 from .functional import projection_bias, reversal_index
-from .variants import KIND_SRNN, VARIANTS, Variant, get_variant
+from .validation import check_positive_int, check_prob
+from .variants import VARIANTS, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
 
@@ -27,18 +28,6 @@ def _autocast_on(device_type: str) -> bool:
 
 
 HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
-
-
-def _check_prob(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Number) or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-    return float(value)
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 class AblatedRNN(nn.Module):
@@ -131,9 +120,9 @@ class AblatedRNN(nn.Module):
                  forget_bias: Optional[float] = None, device=None, dtype=None) -> None:
         super().__init__()
         self.variant = get_variant(variant)
-        self.input_size = _check_positive_int("input_size", input_size)
-        self.hidden_size = _check_positive_int("hidden_size", hidden_size)
-        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self.input_size = check_positive_int("input_size", input_size)
+        self.hidden_size = check_positive_int("hidden_size", hidden_size)
+        self.num_layers = check_positive_int("num_layers", num_layers)
         for name, flag in (("bias", bias), ("batch_first", batch_first),
                            ("bidirectional", bidirectional), ("highway", highway)):
             if not isinstance(flag, bool):
@@ -153,8 +142,8 @@ class AblatedRNN(nn.Module):
             forget_bias = float(forget_bias)
         self.forget_bias = forget_bias
         self.batch_first = batch_first
-        self.dropout = _check_prob("dropout", dropout)
-        self.recurrent_dropout = _check_prob("recurrent_dropout", recurrent_dropout)
+        self.dropout = check_prob("dropout", dropout)
+        self.recurrent_dropout = check_prob("recurrent_dropout", recurrent_dropout)
         if self.recurrent_dropout > 0 and not self.variant.reads_hidden:
             warnings.warn(f"recurrent_dropout={self.recurrent_dropout} has no effect on "
                           f"{self.variant.name!r}: its gates and content read x_t only, so there "
@@ -164,7 +153,6 @@ class AblatedRNN(nn.Module):
         self.num_directions = 2 if bidirectional else 1
         self.mode = self.variant.name
         rec, inp = self.variant.num_recurrent(highway), self.variant.num_input_only(highway)
-        self._num_rec, self._num_inp = rec, inp
         n_bias = self.variant.num_biased(highway)
         H = self.hidden_size
         factory = {"device": device, "dtype": dtype}
@@ -235,9 +223,9 @@ class AblatedRNN(nn.Module):
                         getattr(self, names[3])[f * H:(f + 1) * H] = 0.0
 
     @staticmethod
-    def _describe(kind: int, highway: bool) -> str:
+    def _describe(code: int, highway: bool) -> str:
         names = {v.code: v.name for v in map(get_variant, VARIANTS)}
-        name = repr(names[kind]) if kind in names else f"<unknown variant code {kind}>"
+        name = repr(names[code]) if code in names else f"<unknown variant code {code}>"
         return name + (" with highway" if highway else "")
 
     def _check_variant_state(self, state_dict, prefix, local_metadata, strict, missing_keys,
@@ -255,11 +243,11 @@ class AblatedRNN(nn.Module):
             raise ValueError(f"{key} in the state_dict must be an integer tensor [variant code, "
                              f"highway] as AblatedRNN saves it, got "
                              f"{getattr(saved, 'shape', type(saved).__name__)}")
-        kind, highway = (int(v) for v in saved.reshape(-1).tolist())
-        if (kind, bool(highway)) != (self.variant.code, self.highway):
+        code, highway = (int(v) for v in saved.reshape(-1).tolist())
+        if (code, bool(highway)) != (self.variant.code, self.highway):
             raise ValueError(
                 f"cannot load a state_dict saved from an AblatedRNN of variant "
-                f"{self._describe(kind, bool(highway))} into one of variant "
+                f"{self._describe(code, bool(highway))} into one of variant "
                 f"{self._describe(self.variant.code, self.highway)} (the shapes may match, the "
                 f"equations do not); build the module with the saved variant and highway setting")
 
@@ -277,15 +265,21 @@ class AblatedRNN(nn.Module):
                 if k_b not in state_dict and k_ih in state_dict and k_hh in state_dict:
                     state_dict[k_b] = state_dict.pop(k_ih) + state_dict.pop(k_hh)
 
-    def layer_parameters(self, layer: int, direction: int = 0):
-        """``(weight_ih, weight_hh, bias or None)`` of one layer/direction; bias = the sum of
-        ``bias_ih`` and ``bias_hh`` for the plain LSTM; ``weight_hh`` is ``None`` for a cell that
-        reads no h_{t-1}."""
+    def parameter_names(self, layer: int, direction: int = 0) -> Tuple[Optional[str], ...]:
+        """The parameter names of one layer/direction: ``(weight_ih, weight_hh or None, *biases)``
+        (no bias with ``bias=False``; ``bias_ih``, ``bias_hh`` for the plain LSTM, else one
+        ``bias``); ``weight_hh`` is ``None`` for a cell that reads no h_{t-1}."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
         if not 0 <= direction < self.num_directions:
             raise ValueError(f"direction must be in [0, {self.num_directions}), got {direction}")
-        names = self._param_names[layer][direction]
+        return self._param_names[layer][direction]
+
+    def layer_parameters(self, layer: int, direction: int = 0):
+        """``(weight_ih, weight_hh, bias or None)`` of one layer/direction; bias = the sum of
+        ``bias_ih`` and ``bias_hh`` for the plain LSTM; ``weight_hh`` is ``None`` for a cell that
+        reads no h_{t-1}."""
+        names = self.parameter_names(layer, direction)
         w_ih = getattr(self, names[0])
         w_hh = getattr(self, names[1]) if names[1] is not None else None
         if len(names) == 4:
@@ -341,7 +335,33 @@ class AblatedRNN(nn.Module):
         return s
 
     # ------------------------------------------------------------------ input checking
-    def _lengths_from(self, mask, lengths, batch: int, seq_len: int, device) -> Optional[torch.Tensor]:
+    def check_input(self, x: torch.Tensor) -> None:
+        """Check a time-major (T, B, input_size) input against the module: its feature size,
+        a floating-point dtype equal to the parameters', their device, and at least one step.
+        Raises ``ValueError`` saying what to change (used by :meth:`forward` and
+        :func:`rnn_ablations.weighted_sum`)."""
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"input.size(-1) must be equal to input_size. Expected "
+                             f"{self.input_size}, got {x.shape[-1]}")
+        if not x.is_floating_point():
+            raise ValueError(f"input must be a floating-point tensor, got {x.dtype}")
+        weight = self.weight_ih_l0
+        if x.dtype != weight.dtype:
+            raise ValueError(f"input dtype ({x.dtype}) does not match the module's parameter dtype "
+                             f"({weight.dtype}). Convert the input: input.to({weight.dtype}), or "
+                             f"the module: model.to({x.dtype})")
+        if x.device != weight.device:
+            raise ValueError(f"input is on {x.device} but the module's parameters are on "
+                             f"{weight.device}; move one of them: input.to({str(weight.device)!r}) "
+                             f"or model.to({str(x.device)!r})")
+        if x.shape[0] == 0:
+            raise ValueError("input has seq_len 0; every sequence needs at least one token")
+
+    def normalize_lengths(self, batch: int, seq_len: int, mask=None,
+                          lengths=None) -> Optional[torch.Tensor]:
+        """The sequence lengths of a batch as a CPU int64 tensor (B,), from either a (B, T)
+        left-aligned boolean ``mask`` or ``lengths`` (any integer sequence), checked against the
+        input's ``batch`` and ``seq_len``; ``None`` when neither is given (every row is full)."""
         if mask is not None and lengths is not None:
             raise ValueError("give either mask or lengths, not both")
         if mask is not None:
@@ -385,9 +405,11 @@ class AblatedRNN(nn.Module):
             z = ref.new_zeros(shape)
             return z, z
         if isinstance(hx, torch.Tensor):
-            if self.variant.kind != KIND_SRNN:
+            if not self.variant.accepts_single_h0:
+                single = [v for v in VARIANTS if get_variant(v).accepts_single_h0]
                 raise ValueError(f"hx for {self.variant.name!r} must be a tuple (h_0, c_0); only "
-                                 "'srnn' accepts a single h_0 tensor")
+                                 f"{', '.join(repr(v) for v in single)} accept a single h_0 "
+                                 "tensor")
             h0, c0 = hx, hx
         elif isinstance(hx, (tuple, list)) and len(hx) == 2:
             h0, c0 = hx
@@ -413,9 +435,8 @@ class AblatedRNN(nn.Module):
         if packed:
             if mask is not None or lengths is not None:
                 raise ValueError("a PackedSequence carries its own lengths: do not pass mask or lengths")
+            # nn.LSTM takes hx in the original batch order, as we do
             x, lengths = pad_packed_sequence(input, batch_first=False)
-            if hx is not None:  # nn.LSTM takes hx in the original batch order, as we do
-                pass
         else:
             if not isinstance(input, torch.Tensor):
                 raise ValueError(f"input must be a tensor or a PackedSequence, got {type(input).__name__}")
@@ -432,24 +453,9 @@ class AblatedRNN(nn.Module):
             else:
                 raise ValueError(f"input must be 2-D (unbatched) or 3-D, got {input.dim()}-D "
                                  f"with shape {tuple(input.shape)}")
-        if x.shape[-1] != self.input_size:
-            raise ValueError(f"input.size(-1) must be equal to input_size. Expected "
-                             f"{self.input_size}, got {x.shape[-1]}")
-        if not x.is_floating_point():
-            raise ValueError(f"input must be a floating-point tensor, got {x.dtype}")
-        weight = self.weight_ih_l0
-        if x.dtype != weight.dtype:
-            raise ValueError(f"input dtype ({x.dtype}) does not match the module's parameter dtype "
-                             f"({weight.dtype}). Convert the input: input.to({weight.dtype}), or "
-                             f"the module: model.to({x.dtype})")
-        if x.device != weight.device:
-            raise ValueError(f"input is on {x.device} but the module's parameters are on "
-                             f"{weight.device}; move one of them: input.to({str(weight.device)!r}) "
-                             f"or model.to({str(x.device)!r})")
+        self.check_input(x)
         seq_len, batch = x.shape[0], x.shape[1]
-        if seq_len == 0:
-            raise ValueError("input has seq_len 0; every sequence needs at least one token")
-        lengths = self._lengths_from(mask, lengths, batch, seq_len, x.device)
+        lengths = self.normalize_lengths(batch, seq_len, mask=mask, lengths=lengths)
         h0, c0 = self._initial_state(hx, batch, x)
         output, h_n, c_n = self._run(x, lengths, h0, c0)
         if packed:
@@ -460,9 +466,22 @@ class AblatedRNN(nn.Module):
             output = output.transpose(0, 1)
         return output, (h_n, c_n)
 
+    def layer_input(self, x: torch.Tensor, layer: int,
+                    lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The input of layer ``layer`` (time-major (T, B, ·)) for the time-major input ``x``:
+        ``x`` itself for layer 0, else the output of the layers below from a zero state, in the
+        module's current mode (dropout in training).  ``lengths``: as from
+        :meth:`normalize_lengths`."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer!r}")
+        if layer == 0:
+            return x
+        zeros = x.new_zeros(self.num_layers * self.num_directions, x.shape[1], self.hidden_size)
+        return self._run(x, lengths, zeros, zeros, num_layers=layer)[0]
+
     def _run(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
         """Time-major core: x (T, B, d_in), original batch order; ``num_layers`` stops early
-        (used by :func:`rnn_ablations.weighted_sum` to get a layer's input)."""
+        (:meth:`layer_input`)."""
         seq_len, batch = x.shape[0], x.shape[1]
         order = None
         if lengths is None or bool((lengths == seq_len).all()):

@@ -1,6 +1,6 @@
 """The variant table: the one place where the equations of the ablations live.
 
-Notation (``../shared/DESIGN.md`` §1): inputs ``x_t``, outputs ``h_t``, memory ``c_t``,
+Notation: inputs ``x_t``, outputs ``h_t``, memory ``c_t``,
 ``σ`` the logistic sigmoid, ``∘`` the element-wise product.
 
 =====================  ==============================  =============================================
@@ -30,6 +30,13 @@ layout of the pre-activations from :class:`Variant`:
 * ``input_only``: the blocks that read only ``x_t`` and have no bias (the ablations' content
   ``c̃_t = W_cx x_t``).  ``weight_ih`` stacks ``recurrent``, ``input_only_biased``, ``input_only``.
 
+The element-wise rules are fields too: ``content_block`` and ``content_activation`` (c̃_t),
+``has_memory`` (gates ``i``, ``f`` and c_t = i∘c̃ + f∘c_{t-1}), ``output`` (h_t from c_t, or
+h_t = c̃_t without memory).  The compiled step kernels receive them as
+:attr:`Variant.kernel_spec`, an integer of orthogonal fields (``csrc/kernel_spec.h``), never a
+variant id; ``Variant.code`` is only the stable number saved in state dicts.  Adding a variant
+is a new row here (``CONTRIBUTING.md``).
+
 A variant with no recurrent block (``reads_hidden`` False) has no ``weight_hh`` and no per-step
 matrix product: its memory is an element-wise linear recurrence, run as one input projection
 plus an element-wise scan (:mod:`rnn_ablations.scan`).
@@ -46,13 +53,21 @@ from typing import Dict, Optional, Tuple
 
 __all__ = ["Variant", "VARIANTS", "ALIASES", "get_variant", "recurrent_param_count"]
 
-# Integer codes shared with the step kernels (rnn_ablations/csrc/common.h); a variant that never
-# reads h_{t-1} has none (``Variant.kind`` is None) and runs through rnn_ablations/scan.py.
-KIND_LSTM, KIND_SRNN, KIND_MINUS_SRNN, KIND_RAN, KIND_IDENTITY_RAN = range(5)
-# Every variant's code in AblatedRNN's ``variant_state`` buffer (``Variant.code``): the step-kernel
-# code where there is one, then codes the step kernels refuse (csrc/common.h ``check_kind`` names
-# CODE_MINUS_HIDDEN as the scan kernel's).
-CODE_MINUS_HIDDEN = 5
+#: Every variant's code in :class:`~rnn_ablations.AblatedRNN`'s ``variant_state`` buffer
+#: (``Variant.code``; saved in state dicts, so a code never changes meaning).  The kernels do not
+#: read it: they receive :attr:`Variant.kernel_spec`.
+CODE_LSTM, CODE_SRNN, CODE_MINUS_SRNN, CODE_RAN, CODE_IDENTITY_RAN, CODE_MINUS_HIDDEN = range(6)
+
+#: Output rules (``Variant.output``): how h_t follows from the step.
+OUTPUT_RULES = ("o_tanh", "tanh", "identity", "content")
+
+# The step kernels' spec (csrc/kernel_spec.h, decode_kernel_spec): one int64 of orthogonal fields.
+_SPEC_OUTPUT = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
+_SPEC_CONTENT_INPUT_ONLY = 1 << 2
+_SPEC_CONTENT_TANH = 1 << 3
+_SPEC_MEMORY = 1 << 4
+_SPEC_READS_HIDDEN = 1 << 5
+_SPEC_TAG = 0xA5 << 8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,64 +77,124 @@ class Variant:
 
     name: str
     paper_name: str
-    #: code of the step kernels (``KIND_*``, shared with ``csrc/common.h``), or ``None`` for a
-    #: variant the step kernels do not run (one that never reads h_{t-1}: it runs through the
-    #: element-wise scan of :mod:`rnn_ablations.scan`).
-    kind: Optional[int]
+    #: the variant's code in :class:`~rnn_ablations.AblatedRNN`'s ``variant_state`` buffer
+    #: (unique, stable: state dicts hold it).
+    code: int
     #: blocks (in weight order) that read x_t and h_{t-1} and have a bias; activation σ except
-    #: the content block (``content_block``) and the S-RNN's "h" (tanh).
+    #: the content block (``content_block``, activation ``content_activation``).
     recurrent: Tuple[str, ...]
     #: blocks that read x_t only and have no bias.
-    input_only: Tuple[str, ...]
-    #: True when the cell has a memory c_t that is a weighted sum of contents.
+    input_only: Tuple[str, ...] = ()
+    #: blocks that read x_t only but have a bias (the gates of a cell that never reads h_{t-1});
+    #: in ``weight_ih`` they follow the recurrent blocks and precede ``input_only``.
+    input_only_biased: Tuple[str, ...] = ()
+    #: the block that holds the content c̃_t, and its activation ("tanh" or "identity").
+    content_block: str
+    content_activation: str = "identity"
+    #: True when the cell has a memory c_t = i∘c̃_t + f∘c_{t-1} (gates ``i`` and ``f``), a
+    #: weighted sum of contents; False: no gates, h_t = c̃_t and the state c is h.
     has_memory: bool
-    #: how h_t is computed from c_t: "o_tanh", "tanh", "identity" ("srnn" for the S-RNN).
+    #: how h_t is computed: "o_tanh" (o∘tanh(c_t), gate ``o``), "tanh" (tanh(c_t)), "identity"
+    #: (c_t), or "content" (h_t = c̃_t: a cell without memory, the S-RNN).
     output: str
     #: True when the content c̃_t depends on x_t only (the state is then a weighted sum of
     #: linear functions of the inputs).
     context_independent_content: bool
+    #: the parameter names and bias layout of ``torch.nn.LSTM`` (two biases ``bias_ih``/
+    #: ``bias_hh``): only the plain LSTM (see :meth:`uses_lstm_bias_names`).
+    lstm_parameter_names: bool = False
+    #: True when ``hx`` may be a single h_0 tensor (as for ``torch.nn.RNN``): a cell whose state
+    #: is h alone.  Default: a cell without memory.
+    accepts_single_h0: Optional[bool] = None
     equations: str
-    #: blocks that read x_t only but have a bias (the gates of a cell that never reads h_{t-1});
-    #: in ``weight_ih`` they follow the recurrent blocks and precede ``input_only``.
-    input_only_biased: Tuple[str, ...] = ()
-    #: the block that holds the content c̃_t (``None``: no memory) and its activation.
-    content_block: Optional[str] = None
-    content_activation: str = "identity"
-    #: the variant's code in :class:`~rnn_ablations.AblatedRNN`'s ``variant_state`` buffer
-    #: (unique; equal to ``kind`` when the step kernels run the variant).  ``None``: ``kind``.
-    code: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.output not in ("o_tanh", "tanh", "identity", "srnn"):
-            raise ValueError(f"variant {self.name!r}: unknown output rule {self.output!r}")
+        if self.output not in OUTPUT_RULES:
+            raise ValueError(f"variant {self.name!r}: unknown output rule {self.output!r}; "
+                             f"choose one of {', '.join(OUTPUT_RULES)}")
         if self.content_activation not in ("tanh", "identity"):
             raise ValueError(f"variant {self.name!r}: content_activation must be 'tanh' or "
                              f"'identity', got {self.content_activation!r}")
-        if self.code is None:
-            if self.kind is None:
-                raise ValueError(f"variant {self.name!r}: a variant without a step-kernel kind "
-                                 "needs its own state code")
-            object.__setattr__(self, "code", self.kind)
-        elif self.kind is not None and self.code != self.kind:
-            raise ValueError(f"variant {self.name!r}: code {self.code} must equal kind {self.kind}")
+        if self.accepts_single_h0 is None:
+            object.__setattr__(self, "accepts_single_h0", not self.has_memory)
         names = self.recurrent + self.input_only_biased + self.input_only
         if len(set(names)) != len(names) or {"r", "hw"} & set(names):
             raise ValueError(f"variant {self.name!r}: block names must be unique and not 'r'/'hw' "
                              f"(the highway blocks), got {names}")
-        if self.has_memory != (self.content_block is not None):
-            raise ValueError(f"variant {self.name!r}: a cell has a memory iff it has a content block")
-        if self.content_block is not None and self.content_block not in names:
+        if self.content_block not in names:
             raise ValueError(f"variant {self.name!r}: content block {self.content_block!r} is not "
                              f"one of its blocks {names}")
-        if (self.kind is None) == self.reads_hidden:
-            raise ValueError(f"variant {self.name!r}: the step kernels (kind) run exactly the "
-                             "variants that read h_{t-1}")
+        if self.has_memory != (self.output != "content"):
+            raise ValueError(f"variant {self.name!r}: output rule 'content' (h_t = c̃_t) is the "
+                             "rule of a cell without memory, and only of one")
+        gates = {"i", "f"} | ({"o"} if self.output == "o_tanh" else set())
+        wanted = (gates | {self.content_block}) if self.has_memory else {self.content_block}
+        if set(names) != wanted:
+            raise ValueError(f"variant {self.name!r}: blocks {names} do not match its rules "
+                             f"(memory {self.has_memory}, output {self.output!r}): it needs "
+                             f"exactly {sorted(wanted)}")
+        if self.content_block in self.input_only_biased:
+            raise ValueError(f"variant {self.name!r}: the content block has no bias; list it in "
+                             "recurrent or input_only")
+        object.__setattr__(self, "_kernel_spec", self._derive_kernel_spec())
 
     @property
     def reads_hidden(self) -> bool:
         """True when some block reads h_{t-1} (the cell then has ``weight_hh`` and a per-step
         matrix product); False for a cell whose only recurrence is the element-wise memory."""
         return bool(self.recurrent)
+
+    @property
+    def kernel_spec(self) -> int:
+        """The step kernels' view of the variant (see :meth:`_derive_kernel_spec`)."""
+        return self._kernel_spec  # type: ignore[attr-defined]
+
+    def _derive_kernel_spec(self) -> int:
+        """The step kernels' view of the variant (``csrc/kernel_spec.h``): one integer of
+        orthogonal fields (output rule, content source and activation, memory, whether the gates
+        read h_{t-1}), passed to every kernel entry point instead of a variant id.
+
+        The kernels index the blocks in a fixed order, which this checks the table follows:
+        recurrent ``i, f, [content], [o]``, input-only ``[content]`` (then the highway blocks).
+        A variant that reads h_{t-1} in a form the step kernels have no rule for raises
+        ``ValueError`` when the table is built (add the rule: ``CONTRIBUTING.md``)."""
+        spec = _SPEC_TAG | _SPEC_OUTPUT[self.output]
+        content_recurrent = self.content_block in self.recurrent
+        if not content_recurrent:
+            spec |= _SPEC_CONTENT_INPUT_ONLY
+        if self.content_activation == "tanh":
+            spec |= _SPEC_CONTENT_TANH
+        if self.has_memory:
+            spec |= _SPEC_MEMORY
+        if self.reads_hidden:
+            spec |= _SPEC_READS_HIDDEN
+        if self.has_memory:
+            expected_rec = ("i", "f") + ((self.content_block,) if content_recurrent else ()) \
+                + (("o",) if self.output == "o_tanh" else ())
+        else:
+            expected_rec = (self.content_block,) if content_recurrent else ()
+        expected_inp = () if content_recurrent else (self.content_block,)
+        if self.reads_hidden and (self.recurrent, self.input_only_biased + self.input_only) != (
+                expected_rec, expected_inp):
+            raise ValueError(
+                f"variant {self.name!r}: the step kernels read the blocks in the order "
+                f"recurrent={expected_rec}, input_only={expected_inp}; the table has "
+                f"recurrent={self.recurrent}, input_only={self.input_only_biased + self.input_only}"
+                " (reorder the blocks in the table)")
+        if self.reads_hidden and not content_recurrent and self.content_activation == "tanh":
+            raise ValueError(
+                f"variant {self.name!r}: the step kernels have no rule for a tanh of an "
+                "input-only content; add one to each kernel family (CONTRIBUTING.md)")
+        if self.reads_hidden and not self.has_memory and not content_recurrent:
+            raise ValueError(f"variant {self.name!r}: a cell without memory whose content reads "
+                             "x_t only has no recurrence")
+        return spec
+
+    @property
+    def has_step_kernel(self) -> bool:
+        """True when the step kernels (``_C.forward`` / ``_C_cuda.forward`` …) run the variant:
+        it reads h_{t-1}.  (A cell that does not runs through :mod:`rnn_ablations.scan`.)"""
+        return self.reads_hidden
 
     def _layout(self, highway: bool) -> Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[str, ...]]:
         """(recurrent, input-only with bias, input-only without bias).  The highway gate ``r``
@@ -155,14 +230,6 @@ class Variant:
     def num_biased(self, highway: bool = False) -> int:
         return len(self.biased_blocks(highway))
 
-    def block_index(self, block: str, highway: bool = False) -> int:
-        """Index of ``block`` among the rows of ``weight_ih`` (in units of H)."""
-        rec, inp = self.blocks(highway)
-        order = rec + inp
-        if block not in order:
-            raise KeyError(f"variant {self.name!r} has no block {block!r}; it has {order}")
-        return order.index(block)
-
     def uses_lstm_bias_names(self, highway: bool = False) -> bool:
         """Only the plain LSTM keeps ``torch.nn.LSTM``'s two 4H biases (``bias_ih``/``bias_hh``).
 
@@ -170,7 +237,7 @@ class Variant:
         ``nn.LSTM`` names (AllenNLP's ``lstm_hidden_bias`` on ``.*bias_hh.*`` assumes a 4H vector
         and sets its second quarter to 1) therefore never touches a 1H, 2H, 3H or 5H bias.
         """
-        return self.kind == KIND_LSTM and not highway
+        return self.lstm_parameter_names and not highway
 
 
 _IFO = "i,f,o = σ(W·h h_{t-1} + W·x x_t + b·); "
@@ -178,35 +245,34 @@ _MEMORY = "c_t = i∘c̃ + f∘c_{t-1}; "
 VARIANTS_TABLE: Dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant(name="lstm", paper_name="LSTM", kind=KIND_LSTM,
-                recurrent=("i", "f", "g", "o"), input_only=(), has_memory=True, output="o_tanh",
-                content_block="g", content_activation="tanh",
-                context_independent_content=False,
+        Variant(name="lstm", paper_name="LSTM", code=CODE_LSTM,
+                recurrent=("i", "f", "g", "o"), content_block="g", content_activation="tanh",
+                has_memory=True, output="o_tanh", context_independent_content=False,
+                lstm_parameter_names=True,
                 equations=_IFO + "c̃ = tanh(W_ch h_{t-1} + W_cx x_t + b_c); " + _MEMORY
                 + "h_t = o∘tanh(c_t)"),
-        Variant(name="srnn", paper_name="LSTM − GATES (S-RNN)", kind=KIND_SRNN,
-                recurrent=("h",), input_only=(), has_memory=False, output="srnn",
-                context_independent_content=False,
+        Variant(name="srnn", paper_name="LSTM − GATES (S-RNN)", code=CODE_SRNN,
+                recurrent=("h",), content_block="h", content_activation="tanh",
+                has_memory=False, output="content", context_independent_content=False,
                 equations="h_t = tanh(W_hh h_{t-1} + W_hx x_t + b_h)"),
-        Variant(name="lstm_minus_srnn", paper_name="LSTM − S-RNN", kind=KIND_MINUS_SRNN,
-                recurrent=("i", "f", "o"), input_only=("c",), has_memory=True, output="o_tanh",
-                content_block="c", context_independent_content=True,
+        Variant(name="lstm_minus_srnn", paper_name="LSTM − S-RNN", code=CODE_MINUS_SRNN,
+                recurrent=("i", "f", "o"), input_only=("c",), content_block="c",
+                has_memory=True, output="o_tanh", context_independent_content=True,
                 equations=_IFO + "c̃ = W_cx x_t; " + _MEMORY + "h_t = o∘tanh(c_t)"),
-        Variant(name="ran", paper_name="LSTM − S-RNN − OUT (tanh RAN)", kind=KIND_RAN,
-                recurrent=("i", "f"), input_only=("c",), has_memory=True, output="tanh",
-                content_block="c", context_independent_content=True,
+        Variant(name="ran", paper_name="LSTM − S-RNN − OUT (tanh RAN)", code=CODE_RAN,
+                recurrent=("i", "f"), input_only=("c",), content_block="c",
+                has_memory=True, output="tanh", context_independent_content=True,
                 equations="i,f = σ(W·h h_{t-1} + W·x x_t + b·); c̃ = W_cx x_t; " + _MEMORY
                 + "h_t = tanh(c_t)"),
-        Variant(name="identity_ran", paper_name="identity RAN", kind=KIND_IDENTITY_RAN,
-                recurrent=("i", "f"), input_only=("c",), has_memory=True, output="identity",
-                content_block="c", context_independent_content=True,
+        Variant(name="identity_ran", paper_name="identity RAN", code=CODE_IDENTITY_RAN,
+                recurrent=("i", "f"), input_only=("c",), content_block="c",
+                has_memory=True, output="identity", context_independent_content=True,
                 equations="i,f = σ(W·h h_{t-1} + W·x x_t + b·); c̃ = W_cx x_t; " + _MEMORY
                 + "h_t = c_t"),
         Variant(name="lstm_minus_srnn_minus_hidden", paper_name="LSTM − S-RNN − HIDDEN",
-                kind=None, code=CODE_MINUS_HIDDEN, recurrent=(), input_only_biased=("i", "f", "o"),
-                input_only=("c",),
-                has_memory=True, output="o_tanh", content_block="c",
-                context_independent_content=True,
+                code=CODE_MINUS_HIDDEN, recurrent=(), input_only_biased=("i", "f", "o"),
+                input_only=("c",), content_block="c",
+                has_memory=True, output="o_tanh", context_independent_content=True,
                 equations="i,f,o = σ(W·x x_t + b·); c̃ = W_cx x_t; " + _MEMORY
                 + "h_t = o∘tanh(c_t)"),
     )

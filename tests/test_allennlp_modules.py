@@ -30,13 +30,14 @@ import allennlp_models.structured_prediction  # noqa: E402,F401
 import rnn_ablations.integrations.allennlp as integration  # noqa: E402
 from rnn_ablations import VARIANTS, get_variant  # noqa: E402
 from rnn_ablations.integrations.allennlp.drqa import best_span_within  # noqa: E402
+from rnn_ablations.integrations.allennlp.encoders import encoder_name  # noqa: E402
 from rnn_ablations.integrations.allennlp.drqa_reader import passage_features  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "allennlp"
 CONFIGS = REPO / "allennlp_configs"
 #: the registered names, read from the table: AllenNLP owns ``lstm``, so ours is ``ablated_lstm``
-NAMES = ["ablated_lstm" if v == "lstm" else v for v in VARIANTS]
+NAMES = [encoder_name(v) for v in VARIANTS]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread

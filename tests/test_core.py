@@ -416,7 +416,7 @@ def test_param_counts_match_ran_paper_table1(variant, hidden, expected):
 def test_parameter_names_protect_ablated_biases():
     for v in VARIANTS:
         names = [n for n, _ in AblatedRNN(v, 3, 4, bidirectional=True).named_parameters()]
-        if v == "lstm":
+        if get_variant(v).lstm_parameter_names:
             assert "bias_hh_l0" in names and "bias_ih_l0_reverse" in names
         else:
             assert not any("bias_hh" in n or "bias_ih" in n for n in names), names
@@ -433,7 +433,7 @@ def test_documented_init_forget_bias(variant):
     assert torch.equal(m.bias_l0.detach()[H:2 * H], torch.ones(H))  # blocks i, f, (o), r
     others = torch.cat([m.bias_l0.detach()[:H], m.bias_l0.detach()[2 * H:]])
     assert others.abs().max() <= 0.5 and others.std() > 0.1
-    assert m.weight_ih_l0.abs().max() <= 0.5 and m.weight_hh_l0.shape == (m._num_rec * H, H)
+    assert m.weight_ih_l0.abs().max() <= 0.5 and m.weight_hh_l0.shape == (m.variant.num_recurrent(m.highway) * H, H)
 
 
 # --------------------------------------------------------------------------- bad input

@@ -86,15 +86,15 @@ class _FakeGraphs:
         return outs
 
     class Ext:
-        def forward(self, kind, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
+        def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
             outs = [torch.empty_like(proj) for _ in range(6)]
 
             def compute():
                 for i, o in enumerate(outs):
-                    o.copy_(proj * (i + 1) + w_hh.sum() + h0.sum() - c0.sum() + kind)
+                    o.copy_(proj * (i + 1) + w_hh.sum() + h0.sum() - c0.sum() + spec)
             return _FakeGraphs.op(outs, compute)
 
-        def backward(self, kind, highway, *tensors):
+        def backward(self, spec, highway, *tensors):
             g_out, gates, proj, w_hh = tensors[0], tensors[3], tensors[7], tensors[8]
             outs = [torch.empty_like(g_out) for _ in range(4)]
 
@@ -350,7 +350,7 @@ def test_half_kernel_matches_float64_generic(dtype, variant, highway, use_mask, 
         batch_sizes = torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 2, 1])
     else:
         batch_sizes = torch.full((T,), B, dtype=torch.int64)
-    if variant == "srnn":  # the S-RNN has no cell: c0 is h0
+    if not v.has_memory:  # the S-RNN has no cell: c0 is h0
         t["c0"] = t["h0"]
     with use_backend("kernel"):
         got = _layer_run(v, highway, t, batch_sizes, use_mask)
@@ -399,7 +399,8 @@ def test_autocast_runs_the_kernel(monkeypatch, dtype, variant):
     x = torch.randn(9, 4, 12, device="cuda")
     ref = _run_and_grads(m, x.clone().requires_grad_())
     m.zero_grad()
-    monkeypatch.setattr(dispatch, "generic_layer", no_generic)
+    from rnn_ablations import kernel_autograd
+    monkeypatch.setattr(kernel_autograd, "generic_layer", no_generic)
     xg = x.clone().requires_grad_()
     with torch.autocast("cuda", dtype=dtype):
         out, (h, c) = m(xg)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rnn_ablations import VARIANTS, AblatedRNN
+from rnn_ablations import VARIANTS, AblatedRNN, get_variant
 
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy is needed for the KS tests")
 
@@ -135,7 +135,7 @@ def test_forget_bias_option_is_applied_alike_to_every_variant(variant):
     H = 6
     rnn = AblatedRNN(variant, 5, H, num_layers=2, bidirectional=True, forget_bias=1.5)
     roles = ablated_roles(rnn)
-    if variant == "srnn":
+    if not get_variant(variant).has_memory:
         assert "forget-gate biases" not in roles  # no forget gate: nothing to set
     else:
         for layer in range(2):
@@ -150,7 +150,7 @@ def test_forget_bias_option_is_applied_alike_to_every_variant(variant):
         for p in rnn.parameters():
             p.zero_()
     rnn.reset_parameters()
-    if variant != "srnn":
+    if get_variant(variant).has_memory:
         assert torch.equal(rnn.layer_parameters(0, 1)[2][H:2 * H].detach(), torch.full((H,), 1.5))
     assert "forget_bias=1.5" in repr(rnn)
 
@@ -296,7 +296,7 @@ def test_parser_every_variant_starts_like_augmented_lstm(variant, use_highway):
             _assert_block_orthogonal(cell.state_linearity.weight, H, "AugmentedLstm state")
     roles, baseline = ablated_roles(rnn, sum_biases=True), augmented_lstm_roles(stacked[0])
     assert_same_distribution(roles, baseline, f"parser {variant}")
-    if variant != "srnn":
+    if get_variant(variant).has_memory:  # a memory cell has a forget gate
         assert torch.all(roles["forget-gate biases"] == 1)
     for role in ("gate biases", "content biases"):
         if role in roles:

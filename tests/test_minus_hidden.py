@@ -29,7 +29,7 @@ def test_table_row_and_alias():
     v = get_variant("minus_hidden")
     assert v.name == NAME and NAME in VARIANTS and get_variant("LSTM-minus-SRNN-minus-HIDDEN") is v
     assert v.paper_name == "LSTM − S-RNN − HIDDEN"
-    assert not v.reads_hidden and v.kind is None and v.has_memory
+    assert not v.reads_hidden and not v.has_step_kernel and v.has_memory
     assert v.blocks() == ((), ("i", "f", "o", "c")) and v.biased_blocks() == ("i", "f", "o")
     assert v.blocks(True) == ((), ("i", "f", "o", "r", "c", "hw"))
     assert v.biased_blocks(True) == ("i", "f", "o", "r")

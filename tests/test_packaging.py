@@ -87,7 +87,10 @@ def test_wheel_contents(pure_wheel):
         meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
         meta = z.read(meta_name).decode()
     assert "rnn_ablations_hooks.pth" in names and "rnn_ablations_hooks.py" in names
-    for f in ("ablated_rnn.cpp", "vec_kernels.cpp", "vec_impl.h", "vec_kernels.h", "common.h"):
+    csrc = sorted(p.name for p in (ROOT / "rnn_ablations" / "csrc").iterdir()
+                  if p.suffix in (".cpp", ".cu", ".h"))
+    assert {"bindings.cpp", "kernel_spec.h", "elementwise.h", "vec_impl.h", "common.h"} <= set(csrc)
+    for f in csrc:  # every kernel source, so that the kernel can be compiled on first use
         assert f"rnn_ablations/csrc/{f}" in names, f
     assert "rnn_ablations/_build.py" in names and "rnn_ablations/_kernel_loader.py" in names
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("rnn_ablations/configs/")}

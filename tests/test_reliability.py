@@ -91,7 +91,8 @@ def test_empty_batch_behaves_like_nn_lstm(backend, variant, layers, bidirectiona
     for name, p in ours.named_parameters():  # nn.LSTM: zero gradients of the parameter's shape
         assert p.grad is not None and p.grad.shape == p.shape and not p.grad.any(), name
     if hx is not None:  # (srnn ignores c_0; lstm_minus_srnn_minus_hidden never reads h_0)
-        used = hx[:1] if variant == "srnn" else hx if get_variant(variant).reads_hidden else hx[1:]
+        v = get_variant(variant)
+        used = hx[:1] if not v.has_memory else hx if v.reads_hidden else hx[1:]
         for s in used:
             assert s.grad is not None and s.grad.shape == s.shape
 
@@ -127,8 +128,11 @@ def test_pipelined_short_sequences_forward_and_backward(seq_len, variant, highwa
 
 
 # --------------------------------------------------------------------------- compiled entry points
-def _plain_args(kind, highway, T, B, H, dtype=torch.float64):
-    v = get_variant(VARIANTS[kind]) if 0 <= kind < len(VARIANTS) else get_variant("ran")
+RAN = get_variant("ran").kernel_spec  # the step kernels' spec of a variant (csrc/kernel_spec.h)
+
+
+def _plain_args(name, highway, T, B, H, dtype=torch.float64):
+    v = get_variant(name)
     R, X = v.num_recurrent(highway), v.num_input_only(highway)
     proj = torch.randn(T, B, (R + X) * H, dtype=dtype)
     w_hh = torch.randn(R * H, H, dtype=dtype)
@@ -137,52 +141,60 @@ def _plain_args(kind, highway, T, B, H, dtype=torch.float64):
 
 
 @needs_kernel
-def test_entry_points_refuse_unknown_variant_codes():
+def test_entry_points_refuse_unknown_kernel_specs():
     from rnn_ablations import _C
     e = torch.empty(0, dtype=torch.float64)
-    for kind in (-1, 6, 99):
-        proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
-        with pytest.raises(RuntimeError, match=f"unknown variant code {kind}"):
-            _C.forward(kind, False, proj, w_hh, h0, c0, bs, e, True)
+    # not a spec at all: small integers (variant codes), a missing tag, unknown bits
+    for spec in (-1, 0, 3, 6, 99, RAN & 0xFF, RAN | (1 << 20), RAN | (1 << 6)):
+        proj, w_hh, h0, c0, bs = _plain_args("ran", False, 3, 2, 4)
+        with pytest.raises(RuntimeError, match=f"unknown kernel spec {spec} .*Variant.kernel_spec"):
+            _C.forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
         x, w_ih = torch.randn(3, 2, 5, dtype=torch.float64), torch.randn(12, 5, dtype=torch.float64)
-        with pytest.raises(RuntimeError, match=f"unknown variant code {kind}"):
-            _C.fused_forward(kind, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
-    # LSTM − S-RNN − HIDDEN's code (its variant_state) is known but has no step kernel: the
-    # step entry points send it to the scan
-    code = get_variant("lstm_minus_srnn_minus_hidden").code
-    assert get_variant("lstm_minus_srnn_minus_hidden").kind is None
-    proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
-    with pytest.raises(RuntimeError, match=f"variant code {code} .*has no step kernel.*scan"):
-        _C.forward(code, False, proj, w_hh, h0, c0, bs, e, True)
-    with pytest.raises(RuntimeError, match=f"variant code {code} .*has no step kernel"):
-        _C.fused_forward(code, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
-    # a known code whose block layout does not match the tensors (lstm needs 4 blocks, not 2+1)
-    proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
+        with pytest.raises(RuntimeError, match=f"unknown kernel spec {spec}"):
+            _C.fused_forward(spec, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
+    # LSTM − S-RNN − HIDDEN's spec is a valid one, but its gates read no h_{t-1}: the step entry
+    # points send it to the scan
+    mh = get_variant("lstm_minus_srnn_minus_hidden")
+    assert not mh.has_step_kernel
+    proj, w_hh, h0, c0, bs = _plain_args("ran", False, 3, 2, 4)
+    with pytest.raises(RuntimeError, match=f"kernel spec {mh.kernel_spec} .*has no step kernel.*scan"):
+        _C.forward(mh.kernel_spec, False, proj, w_hh, h0, c0, bs, e, True)
+    with pytest.raises(RuntimeError, match=f"kernel spec {mh.kernel_spec} .*has no step kernel"):
+        _C.fused_forward(mh.kernel_spec, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
+    # combinations the kernels do not implement are refused with what to do
+    srnn, lstm = get_variant("srnn").kernel_spec, get_variant("lstm").kernel_spec
+    for spec, message in ((srnn | 0x10, "output rule 'content' needs a cell without memory"),
+                          (lstm & ~0x10, "needs a memory cell"),
+                          (srnn | 0x4, "no recurrence at all"),
+                          (RAN | 0x8, "input-only content with tanh")):
+        with pytest.raises(RuntimeError, match=message):
+            _C.forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
+    # a valid spec whose block layout does not match the tensors (lstm needs 4 blocks, not 2+1)
     with pytest.raises(RuntimeError, match="needs 4 recurrent and 0 input-only blocks"):
-        _C.forward(0, False, proj, w_hh, h0, c0, bs, e, True)
-    out, h_n, c_n, gates, cs, hin = _C.forward(3, False, proj.clone(), w_hh, h0, c0, bs, e, True)
+        _C.forward(lstm, False, proj, w_hh, h0, c0, bs, e, True)
+    out, h_n, c_n, gates, cs, hin = _C.forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
     g = torch.ones_like(out)
-    for kind in (-1, 5, 0):
-        with pytest.raises(RuntimeError, match="unknown variant code|needs 4 recurrent|no step "
+    for spec in (-1, 5, mh.kernel_spec, lstm):
+        with pytest.raises(RuntimeError, match="unknown kernel spec|needs 4 recurrent|no step "
                                                "kernel"):
-            _C.backward(kind, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0, bs, e)
+            _C.backward(spec, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0, bs, e)
 
 
 @needs_kernel
 def test_entry_points_check_sizes():
     from rnn_ablations import _C
     e = torch.empty(0, dtype=torch.float64)
-    proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
+    proj, w_hh, h0, c0, bs = _plain_args("ran", False, 3, 2, 4)
     # H = 0 was a division by zero (w_hh.size(0) % w_hh.size(1))
     with pytest.raises(RuntimeError, match="H > 0"):
-        _C.forward(3, False, torch.randn(3, 2, 0, dtype=torch.float64),
+        _C.forward(RAN, False, torch.randn(3, 2, 0, dtype=torch.float64),
                    torch.empty(0, 0, dtype=torch.float64), h0[:, :0], c0[:, :0], bs, e, True)
     x = torch.randn(3, 2, 5, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="H > 0"):
-        _C.fused_forward(3, False, x, torch.empty(0, 5, dtype=torch.float64), e,
+        _C.fused_forward(RAN, False, x, torch.empty(0, 5, dtype=torch.float64), e,
                          torch.empty(0, 0, dtype=torch.float64), h0[:, :0], c0[:, :0], bs, e,
                          True, 0)
-    out, h_n, c_n, gates, cs, hin = _C.forward(3, False, proj.clone(), w_hh, h0, c0, bs, e, True)
+    out, h_n, c_n, gates, cs, hin = _C.forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
     g = torch.ones_like(out)
     bad = {"grad_out": (torch.ones(3, 1, 4, dtype=torch.float64), "grad_out must have shape"),
            "grad_hn": (torch.ones(1, 4, dtype=torch.float64), "grad_hn must have shape"),
@@ -192,15 +204,15 @@ def test_entry_points_check_sizes():
         args = dict(grad_out=g, grad_hn=h_n, grad_cn=c_n, gates=gates, cs=cs)
         args[name] = value
         with pytest.raises(RuntimeError, match=message):
-            _C.backward(3, False, args["grad_out"], args["grad_hn"], h_n, args["gates"],
+            _C.backward(RAN, False, args["grad_out"], args["grad_hn"], h_n, args["gates"],
                         args["cs"], hin, out, proj, w_hh, h0, c0, bs, e)
     with pytest.raises(RuntimeError, match="batch_sizes"):
-        _C.backward(3, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0,
+        _C.backward(RAN, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0,
                     torch.tensor([2, 3, 1]), e)
     with pytest.raises(RuntimeError, match="hin \\(highway inputs\\)"):  # highway without hin
-        p2, w2, _, _, _ = _plain_args(3, True, 3, 2, 4)
-        o2, hn2, cn2, g2, cs2, hin2 = _C.forward(3, True, p2.clone(), w2, h0, c0, bs, e, False)
-        _C.backward(3, True, torch.ones_like(o2), hn2, cn2, g2, cs2, hin2, o2, p2, w2, h0, c0,
+        p2, w2, _, _, _ = _plain_args("ran", True, 3, 2, 4)
+        o2, hn2, cn2, g2, cs2, hin2 = _C.forward(RAN, True, p2.clone(), w2, h0, c0, bs, e, False)
+        _C.backward(RAN, True, torch.ones_like(o2), hn2, cn2, g2, cs2, hin2, o2, p2, w2, h0, c0,
                     bs, e)
 
 
@@ -212,21 +224,21 @@ def test_entry_points_on_empty_sizes(T, B):
     from rnn_ablations import _C
     e = torch.empty(0, dtype=torch.float64)
     H, D = 3, 5
-    proj, w_hh, h0, c0, bs = _plain_args(3, False, T, B, H)
-    out, h_n, c_n, gates, cs, hin = _C.forward(3, False, proj.clone(), w_hh, h0, c0, bs, e, True)
+    proj, w_hh, h0, c0, bs = _plain_args("ran", False, T, B, H)
+    out, h_n, c_n, gates, cs, hin = _C.forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
     assert out.shape == (T, B, H) and h_n.shape == (B, H)
-    dproj, dw, dh0, dc0 = _C.backward(3, False, torch.ones_like(out), h_n, c_n, gates, cs, hin,
+    dproj, dw, dh0, dc0 = _C.backward(RAN, False, torch.ones_like(out), h_n, c_n, gates, cs, hin,
                                       out, proj, w_hh, h0, c0, bs, e)
     assert dproj.shape == proj.shape and dw.shape == w_hh.shape and not dw.any()
     x, w_ih = torch.randn(T, B, D, dtype=torch.float64), torch.randn(3 * H, D, dtype=torch.float64)
     b = torch.randn(2 * H, dtype=torch.float64)
     for chunk in (0, 1):
-        out, h_n, c_n, gates, cs, hin, xo = _C.fused_forward(3, False, x, w_ih, b, w_hh, h0, c0,
+        out, h_n, c_n, gates, cs, hin, xo = _C.fused_forward(RAN, False, x, w_ih, b, w_hh, h0, c0,
                                                              bs, e, True, chunk)
         assert out.shape == (T, B, H)
         for need_dx in (True, False):
             dx, dw_ih, db, dw_hh, dh0, dc0 = _C.fused_backward(
-                3, False, torch.ones_like(out), h_n, c_n, gates, cs, hin, xo, out, x, w_ih, w_hh,
+                RAN, False, torch.ones_like(out), h_n, c_n, gates, cs, hin, xo, out, x, w_ih, w_hh,
                 h0, c0, bs, e, need_dx, True, True, chunk)
             assert dw_ih.shape == w_ih.shape and dw_hh.shape == w_hh.shape and db.shape == b.shape
             assert not dw_ih.any() and not dw_hh.any() and not db.any()
@@ -257,7 +269,7 @@ def test_gradgradcheck_kernel_path(kernel, variant, highway):
             out, (h, c) = m(x, (h0, c0), lengths=lengths)
         return out, h, c
 
-    if variant == "srnn":  # no memory cell: c_0 is ignored (and c_n is a copy of h_n)
+    if not get_variant(variant).has_memory:  # c_0 is ignored (and c_n is a copy of h_n)
         g, inputs = (lambda x, h0, *ps: f(x, h0, h0, *ps)[:2]), (x, h0, *params)
     else:
         g, inputs = f, (x, h0, c0, *params)
@@ -342,21 +354,20 @@ def test_state_dict_without_variant_still_loads():
     srnn.load_state_dict(torch.nn.RNN(3, 4).state_dict())
     old = {k: v for k, v in AblatedRNN("ran", 3, 4).state_dict().items() if k != "variant_state"}
     AblatedRNN("ran", 3, 4).load_state_dict(old)
-    assert AblatedRNN("ran", 3, 4).variant_state.tolist() == [get_variant("ran").kind, 0]
+    assert AblatedRNN("ran", 3, 4).variant_state.tolist() == [get_variant("ran").code, 0]
     # integer buffer: dtype conversions leave it alone
     assert AblatedRNN("ran", 3, 4).double().half().variant_state.dtype == torch.int64
 
 
 @pytest.mark.parametrize("highway", [False, True])
 def test_every_variant_records_its_own_code(highway):
-    """variant_state holds Variant.code: the step-kernel code where there is one, and
-    LSTM − S-RNN − HIDDEN (no step kernel, kind None) its own code; no two variants share one."""
+    """variant_state holds Variant.code (not the kernels' spec, which may change with the
+    kernels); no two variants share one."""
     codes = {}
     for name in VARIANTS:
         v = get_variant(name)
         m = AblatedRNN(name, 3, 4, highway=highway)
         assert m.variant_state.tolist() == [v.code, int(highway)]
-        assert v.kind is None or v.code == v.kind
         codes[v.code] = name
         again = AblatedRNN(name, 3, 4, highway=highway)
         again.load_state_dict(m.state_dict())  # round trip
@@ -406,11 +417,11 @@ def test_weighted_sum_refuses_degenerate_input():
 def test_entry_points_check_the_recurrent_dropout_mask():
     from rnn_ablations import _C
     e = torch.empty(0, dtype=torch.float64)
-    proj, w_hh, h0, c0, bs = _plain_args(3, False, 3, 2, 4)
+    proj, w_hh, h0, c0, bs = _plain_args("ran", False, 3, 2, 4)
     for mask, message in ((torch.ones(2, 4), "rec_mask must have dtype"),
                           (torch.ones(2, 3, dtype=torch.float64), "rec_mask must be contiguous")):
         with pytest.raises(RuntimeError, match=message):
-            _C.forward(3, False, proj.clone(), w_hh, h0, c0, bs, mask, True)
+            _C.forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, mask, True)
         x, w_ih = torch.randn(3, 2, 5, dtype=torch.float64), torch.randn(12, 5, dtype=torch.float64)
         with pytest.raises(RuntimeError, match=message):
-            _C.fused_forward(3, False, x, w_ih, e, w_hh, h0, c0, bs, mask, True, 0)
+            _C.fused_forward(RAN, False, x, w_ih, e, w_hh, h0, c0, bs, mask, True, 0)

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.image  # noqa: E402
 import matplotlib.pyplot  # noqa: E402
 
-from rnn_ablations import AblatedRNN, weighted_sum  # noqa: E402
+from rnn_ablations import AblatedRNN, get_variant, weighted_sum  # noqa: E402
 from rnn_ablations.cli import main  # noqa: E402
 from rnn_ablations.visualize import (heatmap_matrix, plot_arrows, plot_heatmap,  # noqa: E402
                                      plot_weight_map, select_encoder, weight_map)
@@ -126,7 +126,7 @@ def _hand_built(variant, key, T, bidirectional):
             w_hh.zero_()
             i, f = blocks.index("i"), blocks.index("f")
             w_ih[i * H:(i + 1) * H, 0] = 20.0             # marker opens the input gate
-            content = blocks.index("g" if variant == "lstm" else "c")
+            content = blocks.index(get_variant(variant).content_block)
             w_ih[content * H:(content + 1) * H, 1] = 1.0  # some content from the constant feature
             biases = [getattr(rnn, n) for n in ("bias" + sfx, "bias_ih" + sfx, "bias_hh" + sfx)
                       if hasattr(rnn, n)]

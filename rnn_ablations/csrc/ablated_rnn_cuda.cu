@@ -39,60 +39,64 @@
 
 namespace {
 
-using namespace rnn_ablations;  // Kind codes, input checks, final_states, previous_hidden
+using namespace rnn_ablations;  // KernelSpec, input checks, final_states, previous_hidden
+
+#include "elementwise.h"  // the per-element maths shared with the CPU kernel (vec_impl.h)
 
 template <typename T> __device__ __forceinline__ T sigm(T x) { return T(1) / (T(1) + exp(-x)); }
 
 // Forward of element (b, j) of one step; gates (acc_t) hold the pre-activations of the R
-// recurrent blocks on entry and their activations on exit (the backward reads them).
+// recurrent blocks on entry and their activations on exit (the backward reads them).  The
+// branches on the spec are uniform across the launch.  xo: the input-only blocks, row stride
+// xo_stride; h_pre_out: h_t before the highway mix (saved for the backward), or null.
 template <typename T, typename A>
-__global__ void forward_kernel(int kind, bool highway, int64_t n, int64_t H, int64_t R,
-                               int64_t X, int64_t XS, A* __restrict__ gates,
-                               const T* __restrict__ xo, const A* __restrict__ c_prev,
-                               A* __restrict__ c_out, T* __restrict__ h_out,
-                               A* __restrict__ hin_out) {
+__global__ void forward_kernel(KernelSpec ks, int64_t n, int64_t H, int64_t xo_stride,
+                               A* __restrict__ gates, const T* __restrict__ xo,
+                               const A* __restrict__ c_prev, A* __restrict__ c_out,
+                               T* __restrict__ h_out, A* __restrict__ h_pre_out) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * H) return;
   const int64_t b = idx / H, j = idx % H;
+  const int64_t R = ks.R, X = ks.X;
   A* g = gates + b * R * H;
-  const T* xob = xo ? xo + b * XS : nullptr;
+  const T* xob = xo ? xo + b * xo_stride : nullptr;
+  A content;
+  if (ks.content_recurrent) {
+    const int64_t k = ks.content_block * H + j;
+    content = ks.content_tanh ? tanh(g[k]) : g[k];
+    g[k] = content;
+  } else {
+    content = static_cast<A>(xob[ks.content_block * H + j]);
+  }
   A h, c;
-  if (kind == kSrnn) {
-    h = tanh(g[j]);
-    g[j] = h;
+  if (!ks.memory) {  // h_t = c~_t
+    h = content;
     c = h;
   } else {
     const A i = sigm(g[j]);
     const A f = sigm(g[H + j]);
     g[j] = i;
     g[H + j] = f;
-    A content;
-    if (kind == kLstm) {
-      content = tanh(g[2 * H + j]);
-      g[2 * H + j] = content;
-    } else {
-      content = static_cast<A>(xob[j]);
-    }
-    c = i * content + f * c_prev[b * H + j];
-    if (kind == kIdentityRan) {
+    c = cell_update<A>(i, content, f, c_prev[b * H + j]);
+    if (ks.output == kOutCell) {
       h = c;
     } else {
       h = tanh(c);
-      if (kind == kLstm || kind == kMinusSrnn) {
-        const int64_t ob = kind == kLstm ? 3 : 2;
-        const A o = sigm(g[ob * H + j]);
-        g[ob * H + j] = o;
+      if (ks.output == kOutGatedTanh) {
+        const int64_t k = ks.out_gate_block * H + j;
+        const A o = sigm(g[k]);
+        g[k] = o;
         h *= o;
       }
     }
   }
-  if (highway) {
+  if (ks.highway) {
     const A r = sigm(g[(R - 1) * H + j]);
     g[(R - 1) * H + j] = r;
     const A hw = static_cast<A>(xob[(X - 1) * H + j]);
-    if (hin_out) hin_out[b * H + j] = h;
-    h = r * h + (A(1) - r) * hw;
-    if (kind == kSrnn) c = h;
+    if (h_pre_out) h_pre_out[b * H + j] = h;
+    h = highway_mix<A>(r, h, hw);
+    if (!ks.memory) c = h;
   }
   c_out[b * H + j] = c;
   h_out[b * H + j] = static_cast<T>(h);
@@ -100,57 +104,64 @@ __global__ void forward_kernel(int kind, bool highway, int64_t n, int64_t H, int
 
 // Backward of element (b, j) of one step.  dh + g_out: dL/dh_t (carried + from the output); dc:
 // carried dL/dc_t, replaced by dL/dc_{t-1}; da: dL/d(pre-activations) of the recurrent blocks,
-// row stride P; dxo = da + R*H: dL/d(input-only blocks).  gates, c, hin, dh, dc are acc_t.
+// row stride P; dxo = da + R*H: dL/d(input-only blocks).  gates, c, h_pre, dh, dc are acc_t.
 template <typename T, typename A>
-__global__ void backward_kernel(int kind, bool highway, int64_t n, int64_t H, int64_t R,
-                                int64_t X, int64_t P, const A* __restrict__ gates,
-                                const T* __restrict__ xo, const A* __restrict__ c_cur,
-                                const A* __restrict__ c_prev, const A* __restrict__ hin,
-                                const A* __restrict__ dh, const T* __restrict__ g_out,
-                                A* __restrict__ dc, T* __restrict__ da) {
+__global__ void backward_kernel(KernelSpec ks, int64_t n, int64_t H, int64_t P,
+                                const A* __restrict__ gates, const T* __restrict__ xo,
+                                const A* __restrict__ c_cur, const A* __restrict__ c_prev,
+                                const A* __restrict__ h_pre, const A* __restrict__ dh,
+                                const T* __restrict__ g_out, A* __restrict__ dc,
+                                T* __restrict__ da) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * H) return;
   const int64_t b = idx / H, j = idx % H;
+  const int64_t R = ks.R, X = ks.X;
   const A* g = gates + b * R * H;
   const T* xob = xo ? xo + b * P : nullptr;
   T* dab = da + b * P;
   T* dxob = dab + R * H;
   A gh = dh[b * H + j] + static_cast<A>(g_out[b * H + j]);
-  if (highway) {
+  if (ks.highway) {
     const A r = g[(R - 1) * H + j];
     const A hw = static_cast<A>(xob[(X - 1) * H + j]);
-    const A hi = hin[b * H + j];
-    dab[(R - 1) * H + j] = static_cast<T>(gh * (hi - hw) * r * (A(1) - r));
-    dxob[(X - 1) * H + j] = static_cast<T>(gh * (A(1) - r));
-    gh *= r;
+    A d_r, d_hw;
+    gh = highway_backward<A>(gh, r, h_pre[b * H + j], hw, d_r, d_hw);
+    dab[(R - 1) * H + j] = static_cast<T>(d_r);
+    dxob[(X - 1) * H + j] = static_cast<T>(d_hw);
   }
-  if (kind == kSrnn) {
-    const A hv = g[j];
-    dab[j] = static_cast<T>(gh * (A(1) - hv * hv));
+  const int64_t k = ks.content_block * H + j;
+  if (!ks.memory) {  // h_t = c~_t, a recurrent block (activated)
+    const A hv = g[k];
+    dab[k] = static_cast<T>(ks.content_tanh ? content_output_grad<true, A>(gh, hv)
+                                            : content_output_grad<false, A>(gh, hv));
     return;
   }
   const A i = g[j], f = g[H + j];
-  const A cp = c_prev[b * H + j];
   A gc = dc[b * H + j];
-  if (kind == kIdentityRan) {
-    gc += gh;
+  if (ks.output == kOutCell) {
+    gc = cell_grad<kOutCell, A>(gc, gh, A(0), A(0));
   } else {
     const A tc = tanh(c_cur[b * H + j]);
-    if (kind == kRan) {
-      gc += gh * (A(1) - tc * tc);
+    if (ks.output == kOutTanh) {
+      gc = cell_grad<kOutTanh, A>(gc, gh, A(0), tc);
     } else {
-      const int64_t ob = kind == kLstm ? 3 : 2;
-      const A o = g[ob * H + j];
-      gc += gh * o * (A(1) - tc * tc);
-      dab[ob * H + j] = static_cast<T>(gh * tc * o * (A(1) - o));
+      const int64_t ko = ks.out_gate_block * H + j;
+      const A o = g[ko];
+      gc = cell_grad<kOutGatedTanh, A>(gc, gh, o, tc);
+      dab[ko] = static_cast<T>(out_gate_grad<A>(gh, tc, o));
     }
   }
-  const A content = kind == kLstm ? g[2 * H + j] : static_cast<A>(xob[j]);
-  dab[j] = static_cast<T>(gc * content * i * (A(1) - i));
-  dab[H + j] = static_cast<T>(gc * cp * f * (A(1) - f));
-  if (kind == kLstm) dab[2 * H + j] = static_cast<T>(gc * i * (A(1) - content * content));
-  else dxob[j] = static_cast<T>(gc * i);
-  dc[b * H + j] = gc * f;
+  const A content = ks.content_recurrent ? g[k] : static_cast<A>(xob[k]);
+  A d_i, d_f, d_c;
+  const A dc_prev =
+      ks.content_recurrent && ks.content_tanh
+          ? memory_backward<true, A>(gc, i, f, content, c_prev[b * H + j], d_i, d_f, d_c)
+          : memory_backward<false, A>(gc, i, f, content, c_prev[b * H + j], d_i, d_f, d_c);
+  dab[j] = static_cast<T>(d_i);
+  dab[H + j] = static_cast<T>(d_f);
+  if (ks.content_recurrent) dab[k] = static_cast<T>(d_c);
+  else dxob[k] = static_cast<T>(d_c);
+  dc[b * H + j] = dc_prev;
 }
 
 // dst[i] = src[i] * m[i] for i < count (the recurrent-dropout mask on h_{t-1} or on dh_{t-1}).
@@ -212,14 +223,14 @@ inline unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThrea
 // Returns {out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin}; as rnn_forward (CPU).
 // out, h_n, c_n have the input dtype; gates, cs and hin (the saved tensors) are acc_t (float for
 // the half types).
-std::vector<at::Tensor> cuda_forward(int64_t kind, bool highway, at::Tensor proj, at::Tensor w_hh,
+std::vector<at::Tensor> cuda_forward(int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh,
                                      at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
                                      at::Tensor rec_mask, bool keep_hin) {
   check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, at::kCUDA, "rnn_ablations CUDA kernel");
   const c10::cuda::CUDAGuard guard(proj.device());
   const int64_t H = w_hh.size(1), R = w_hh.size(0) / H;
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2), X = P / H - R;
-  check_kind(kind, highway, R, X, "rnn_ablations CUDA kernel");
+  const KernelSpec ks = check_kernel_spec(spec, highway, R, X, "rnn_ablations CUDA kernel");
   const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
   if (has_mask) check_like(rec_mask, h0.sizes(), h0, "rec_mask", "rnn_ablations CUDA kernel");
   const int64_t* bs = batch_sizes.data_ptr<int64_t>();
@@ -234,53 +245,56 @@ std::vector<at::Tensor> cuda_forward(int64_t kind, bool highway, at::Tensor proj
   at::Tensor hin = (highway && keep_hin) ? at::empty({T, B, H}, acc_opts) : at::Tensor();
   at::Tensor hp_buf = has_mask ? at::empty({B, H}, proj.options()) : at::Tensor();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // Raw pointers of the step loop (suffix _p): the tensors of the same name (common.h).
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, proj.scalar_type(),
                                   "rnn_ablations_cuda_forward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    acc_t* G = gates.data_ptr<acc_t>();
-    const scalar_t* PJ = proj.data_ptr<scalar_t>();
-    scalar_t* O = out.data_ptr<scalar_t>();
-    acc_t* CS = cs.data_ptr<acc_t>();
-    acc_t* HIN = hin.defined() ? hin.data_ptr<acc_t>() : nullptr;
-    const scalar_t* W = w_hh.data_ptr<scalar_t>();
-    const scalar_t* H0 = h0.data_ptr<scalar_t>();
-    const acc_t* C0 = c0a.data_ptr<acc_t>();
-    const scalar_t* M = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
-    scalar_t* HP = has_mask ? hp_buf.data_ptr<scalar_t>() : nullptr;
+    acc_t* gates_p = gates.data_ptr<acc_t>();
+    const scalar_t* proj_p = proj.data_ptr<scalar_t>();
+    scalar_t* out_p = out.data_ptr<scalar_t>();
+    acc_t* cs_p = cs.data_ptr<acc_t>();
+    acc_t* hin_p = hin.defined() ? hin.data_ptr<acc_t>() : nullptr;
+    const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
+    const scalar_t* h0_p = h0.data_ptr<scalar_t>();
+    const acc_t* c0_p = c0a.data_ptr<acc_t>();
+    const scalar_t* mask_p = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
+    scalar_t* h_prev_buf_p = has_mask ? hp_buf.data_ptr<scalar_t>() : nullptr;
     for (int64_t t = 0; t < T && bs[t] > 0; ++t) {
       const int64_t n = bs[t];
-      const scalar_t* h_prev = t == 0 ? H0 : O + (t - 1) * B * H;
+      const scalar_t* h_prev = t == 0 ? h0_p : out_p + (t - 1) * B * H;
       if (has_mask) {
         mul_kernel<scalar_t, scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
-            n * H, h_prev, M, HP);
+            n * H, h_prev, mask_p, h_prev_buf_p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-        h_prev = HP;
+        h_prev = h_prev_buf_p;
       }
       // column-major: gates_t^T (R*H x n) += W_hh (R*H x H, stored as its transpose) h_prev^T
-      acc_t* g = G + t * B * R * H;
-      gemm(CUBLAS_OP_T, CUBLAS_OP_N, R * H, n, H, W, H, h_prev, H, acc_t(1), g, R * H);
+      acc_t* g = gates_p + t * B * R * H;
+      gemm(CUBLAS_OP_T, CUBLAS_OP_N, R * H, n, H, w_hh_p, H, h_prev, H, acc_t(1), g, R * H);
       forward_kernel<scalar_t, acc_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
-          static_cast<int>(kind), highway, n, H, R, X, P, g,
-          X > 0 ? PJ + t * B * P + R * H : nullptr, t == 0 ? C0 : CS + (t - 1) * B * H,
-          CS + t * B * H, O + t * B * H, HIN ? HIN + t * B * H : nullptr);
+          ks, n, H, P, g,
+          X > 0 ? proj_p + t * B * P + R * H : nullptr,
+          t == 0 ? c0_p : cs_p + (t - 1) * B * H,
+          cs_p + t * B * H, out_p + t * B * H, hin_p ? hin_p + t * B * H : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
-  auto fin = final_states(kind, out, cs, h0, c0, bs);  // c_n: cs copied into c0's dtype
+  auto fin = final_states(ks.memory, out, cs, h0, c0, bs);  // c_n: cs copied into c0's dtype
   return {out, fin.first, fin.second, gates, cs, hin.defined() ? hin : at::empty({0}, acc_opts)};
 }
 
 // Returns {d_proj, d_w_hh, d_h0, d_c0}; as rnn_backward (CPU).  gates, cs, hin: as returned by
 // cuda_forward (acc_t); the other tensors and the results have the input dtype.
-std::vector<at::Tensor> cuda_backward(int64_t kind, bool highway, at::Tensor grad_out,
+std::vector<at::Tensor> cuda_backward(int64_t spec, bool highway, at::Tensor grad_out,
                                       at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
                                       at::Tensor cs, at::Tensor hin, at::Tensor out,
                                       at::Tensor proj, at::Tensor w_hh, at::Tensor h0,
                                       at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask) {
   const char* who = "rnn_ablations CUDA kernel (backward)";
   TORCH_CHECK(proj.dim() == 3, who, ": proj must be (T, B, (R+X)*H)");
-  check_backward_inputs(kind, highway, grad_out, grad_hn, grad_cn, cs, hin, out, w_hh, h0, c0,
-                        batch_sizes, rec_mask, proj.size(2), at::kCUDA, who);
+  const KernelSpec ks = check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
+                                              out, w_hh, h0, c0, batch_sizes, rec_mask,
+                                              proj.size(2), at::kCUDA, who);
   check_like(proj, {out.size(0), out.size(1), proj.size(2)}, out, "proj", who);
   // gates: the forward's activations, in the accumulation type (checked below)
   TORCH_CHECK(gates.dim() == 3 && gates.size(0) == out.size(0) && gates.size(1) == out.size(1) &&
@@ -307,36 +321,37 @@ std::vector<at::Tensor> cuda_backward(int64_t kind, bool highway, at::Tensor gra
   at::Tensor dh = grad_hn.to(acc, /*non_blocking=*/false, /*copy=*/true).contiguous();
   at::Tensor dc = grad_cn.to(acc, /*non_blocking=*/false, /*copy=*/true).contiguous();
   at::Tensor c0a = c0.to(acc);
-  if (kind == kSrnn) dh.add_(dc);
+  if (!ks.memory) dh.add_(dc);  // c_n is a copy of h_n for a cell without memory
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, proj.scalar_type(),
                                   "rnn_ablations_cuda_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const acc_t* G = gates.data_ptr<acc_t>();
-    const scalar_t* PJ = proj.data_ptr<scalar_t>();
-    const acc_t* CS = kind == kSrnn ? nullptr : cs.data_ptr<acc_t>();
-    const acc_t* C0 = c0a.data_ptr<acc_t>();
-    const acc_t* HIN = highway ? hin.data_ptr<acc_t>() : nullptr;
-    const scalar_t* GO = grad_out.data_ptr<scalar_t>();
-    const scalar_t* W = w_hh.data_ptr<scalar_t>();
-    const scalar_t* M = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
-    scalar_t* DP = dproj.data_ptr<scalar_t>();
-    acc_t* DH = dh.data_ptr<acc_t>();
-    acc_t* DC = dc.data_ptr<acc_t>();
+    const acc_t* gates_p = gates.data_ptr<acc_t>();
+    const scalar_t* proj_p = proj.data_ptr<scalar_t>();
+    const acc_t* cs_p = ks.memory ? cs.data_ptr<acc_t>() : nullptr;
+    const acc_t* c0_p = c0a.data_ptr<acc_t>();
+    const acc_t* hin_p = highway ? hin.data_ptr<acc_t>() : nullptr;
+    const scalar_t* grad_out_p = grad_out.data_ptr<scalar_t>();
+    const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
+    const scalar_t* mask_p = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
+    scalar_t* dproj_p = dproj.data_ptr<scalar_t>();
+    acc_t* dh_p = dh.data_ptr<acc_t>();
+    acc_t* dc_p = dc.data_ptr<acc_t>();
     for (int64_t t = T - 1; t >= 0; --t) {
       const int64_t n = bs[t];
       if (n == 0) continue;
-      scalar_t* dp = DP + t * B * P;
+      scalar_t* dp = dproj_p + t * B * P;
       backward_kernel<scalar_t, acc_t><<<blocks_for(n * H), kThreads, 0, stream>>>(
-          static_cast<int>(kind), highway, n, H, R, X, P, G + t * B * R * H,
-          X > 0 ? PJ + t * B * P + R * H : nullptr, CS ? CS + t * B * H : nullptr,
-          CS ? (t == 0 ? C0 : CS + (t - 1) * B * H) : nullptr,
-          HIN ? HIN + t * B * H : nullptr, DH, GO + t * B * H, DC, dp);
+          ks, n, H, P, gates_p + t * B * R * H,
+          X > 0 ? proj_p + t * B * P + R * H : nullptr, cs_p ? cs_p + t * B * H : nullptr,
+          cs_p ? (t == 0 ? c0_p : cs_p + (t - 1) * B * H) : nullptr,
+          hin_p ? hin_p + t * B * H : nullptr, dh_p, grad_out_p + t * B * H, dc_p, dp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       // column-major: dh^T (H x n) = W_hh^T (H x R*H, stored row-major as R*H x H) dproj_t^T
-      gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, n, R * H, W, H, dp, P, acc_t(0), DH, H);
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, n, R * H, w_hh_p, H, dp, P, acc_t(0), dh_p, H);
       if (has_mask) {
-        mul_kernel<acc_t, scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(n * H, DH, M, DH);
+        mul_kernel<acc_t, scalar_t><<<blocks_for(n * H), kThreads, 0, stream>>>(n * H, dh_p,
+                                                                                mask_p, dh_p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     }
@@ -344,7 +359,7 @@ std::vector<at::Tensor> cuda_backward(int64_t kind, bool highway, at::Tensor gra
   // dW_hh = sum_t dproj_t(recurrent blocks)^T h_{t-1}: one GEMM (fp32 accumulation in cuBLAS)
   at::Tensor dw = at::mm(dproj.view({T * B, P}).narrow(1, 0, R * H).t(),
                          previous_hidden(out, h0, rec_mask, has_mask, 0, T));
-  if (kind == kSrnn) dc.zero_();
+  if (!ks.memory) dc.zero_();
   return {dproj, dw, dh.to(proj.scalar_type()), dc.to(proj.scalar_type())};
 }
 

@@ -1,5 +1,18 @@
-// Shared by the CPU (ablated_rnn.cpp) and CUDA (ablated_rnn_cuda.cu) kernels: the variant codes
-// (Variant.kind in rnn_ablations/variants.py), the input checks, the final states and h_{t-1}.
+// Shared by the CPU (ablated_rnn.cpp) and CUDA (ablated_rnn_cuda.cu) kernels: the input checks,
+// the final states and h_{t-1}.  The variant arrives as a kernel spec (kernel_spec.h).
+//
+// Names used by every kernel file (one layer, one direction; T steps, B rows, H units, R
+// recurrent and X input-only blocks of H rows, see kernel_spec.h):
+//   proj   (T, B, (R+X)*H)  input projections of all steps: the recurrent blocks ("xr", bias
+//                           included) then the input-only blocks ("xo": content c~ = W_cx x, the
+//                           highway projection hw); xo is also a (T, B, X*H) tensor of its own
+//   gates  (T, B, R*H)      the recurrent blocks' activations (saved for the backward)
+//   cs     (T, B, H)        the cell states c_t ("c sequence")
+//   hin    (T, B, H)        with highway: h_t before the highway mix ("highway input", h_pre)
+//   out    (T, B, H)        the outputs h_t
+//   rec_mask (B, H)         the variational recurrent-dropout mask on h_{t-1}, or empty
+//   batch_sizes (T)         int64 on the CPU, non-increasing: rows [0, batch_sizes[t]) are
+//                           active at step t
 #pragma once
 
 #include <torch/extension.h>
@@ -7,31 +20,9 @@
 
 #include <utility>
 
+#include "kernel_spec.h"
+
 namespace rnn_ablations {
-
-enum Kind : int64_t { kLstm = 0, kSrnn = 1, kMinusSrnn = 2, kRan = 3, kIdentityRan = 4 };
-// Variant.code of LSTM − S-RNN − HIDDEN (variants.CODE_MINUS_HIDDEN): it reads no h_{t-1}, so the
-// step kernels never run it (scan.cpp / scan_cuda.cu do); the step entry points refuse it.
-constexpr int64_t kMinusHiddenCode = 5;
-
-// The variant code every entry point receives, and the block layout it implies: R recurrent
-// blocks (rows of w_hh) and X input-only blocks of H rows each (Variant.recurrent / .input_only,
-// plus one of each with highway).  An unknown code, or a layout that does not match the code,
-// would leave gradient rows unwritten or index past a row: refuse it.
-inline void check_kind(int64_t kind, bool highway, int64_t R, int64_t X, const char* who) {
-  TORCH_CHECK(kind != kMinusHiddenCode, who, ": variant code ", kind,
-              " (lstm_minus_srnn_minus_hidden) reads no h_{t-1} and has no step kernel; it runs "
-              "through scan_forward / scan_backward (rnn_ablations/scan.py)");
-  TORCH_CHECK(kind >= kLstm && kind <= kIdentityRan, who, ": unknown variant code ", kind,
-              " (the codes are Variant.kind in rnn_ablations/variants.py: 0 to 4)");
-  static const int64_t kRecurrent[] = {4, 1, 3, 2, 2};
-  static const int64_t kInputOnly[] = {0, 0, 1, 1, 1};
-  const int64_t r = kRecurrent[kind] + (highway ? 1 : 0);
-  const int64_t x = kInputOnly[kind] + (highway ? 1 : 0);
-  TORCH_CHECK(R == r && X == x, who, ": variant code ", kind, highway ? " with highway" : "",
-              " needs ", r, " recurrent and ", x, " input-only blocks of H rows, got ", R,
-              " and ", X);
-}
 
 // w_hh (R*H, H) with H > 0, contiguous; returns H.
 inline int64_t check_w_hh(const at::Tensor& w_hh, const char* who) {
@@ -102,7 +93,8 @@ inline void check_plain_inputs(const at::Tensor& proj, const at::Tensor& w_hh,
 }
 
 // Final states (h_n, c_n): row b's state after its last active step (device-agnostic ATen).
-inline std::pair<at::Tensor, at::Tensor> final_states(int64_t kind, const at::Tensor& out,
+// A cell without memory (the S-RNN) returns c_n = h_n.
+inline std::pair<at::Tensor, at::Tensor> final_states(bool memory, const at::Tensor& out,
                                                const at::Tensor& cs, const at::Tensor& h0,
                                                const at::Tensor& c0, const int64_t* bs) {
   const int64_t T = out.size(0);
@@ -116,7 +108,7 @@ inline std::pair<at::Tensor, at::Tensor> final_states(int64_t kind, const at::Te
       c_n.narrow(0, n_next, n - n_next).copy_(cs[t].narrow(0, n_next, n - n_next));
     }
   }
-  if (kind == kSrnn) c_n = h_n.clone();
+  if (!memory) c_n = h_n.clone();
   return {h_n, c_n};
 }
 
@@ -138,8 +130,8 @@ inline at::Tensor previous_hidden(const at::Tensor& out, const at::Tensor& h0, c
 // The arguments of a backward entry point: what the matching forward returned, the incoming
 // gradients, and the forward's inputs.  T, B, H, R, X come from `out` and `w_hh`; every tensor
 // the backward indexes is checked against them (the plain and pipelined backward differ only in
-// `gates`' row stride and in proj vs. x/xo, checked by the caller).
-inline void check_backward_inputs(int64_t kind, bool highway, const at::Tensor& grad_out,
+// `gates`' row stride and in proj vs. x/xo, checked by the caller).  Returns the decoded spec.
+inline KernelSpec check_backward_inputs(int64_t spec, bool highway, const at::Tensor& grad_out,
                                   const at::Tensor& grad_hn, const at::Tensor& grad_cn,
                                   const at::Tensor& cs, const at::Tensor& hin,
                                   const at::Tensor& out, const at::Tensor& w_hh,
@@ -152,7 +144,8 @@ inline void check_backward_inputs(int64_t kind, bool highway, const at::Tensor& 
               who, ": out must be the forward's contiguous (T, B, H) output on ", device);
   TORCH_CHECK(P > 0 && P % H == 0 && P >= w_hh.size(0), who,
               ": the projection width must be (R+X)*H, got ", P);
-  check_kind(kind, highway, w_hh.size(0) / H, P / H - w_hh.size(0) / H, who);
+  const KernelSpec ks = check_kernel_spec(spec, highway, w_hh.size(0) / H,
+                                          P / H - w_hh.size(0) / H, who);
   const int64_t T = out.size(0), B = out.size(1);
   check_like(w_hh, w_hh.sizes(), out, "w_hh", who);
   check_like(grad_out, out.sizes(), out, "grad_out", who, true);  // the incoming gradients: any strides
@@ -165,6 +158,7 @@ inline void check_backward_inputs(int64_t kind, bool highway, const at::Tensor& 
   if (highway) check_saved_acc(hin, out, "hin (highway inputs)", who);
   if (rec_mask.defined() && rec_mask.numel() > 0) check_like(rec_mask, {B, H}, out, "rec_mask", who);
   check_batch_sizes(batch_sizes, T, B, who);
+  return ks;
 }
 
 }  // namespace rnn_ablations

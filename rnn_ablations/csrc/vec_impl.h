@@ -63,155 +63,165 @@ void tanh_to(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = tanh_<T>(src[j]);
 }
 
-// Element-wise forward of one step for rows [r0, r1).
+#include "elementwise.h"  // the per-element maths shared with the CUDA kernel
+
+// Activations of the recurrent blocks of one row, in place: sigmoid for every gate, the content's
+// own activation (tanh or none) for a recurrent content block.
 template <typename T>
-void pointwise_forward(int64_t kind, bool highway, const Dims& d, T* gates, const T* xo,
-                       const T* c_prev, T* c_out, T* h_out, T* hin_out, int64_t r0, int64_t r1) {
-  const int64_t H = d.H, RH = d.R * d.H, XS = d.XS;
+inline void activate_recurrent(const KernelSpec& ks, int64_t H, int64_t R, T* g) {
+  if (ks.content_recurrent) {
+    const int64_t cb = ks.content_block;
+    sigmoid_inplace<T>(g, cb * H);
+    if (ks.content_tanh) tanh_inplace<T>(g + cb * H, H);
+    sigmoid_inplace<T>(g + (cb + 1) * H, (R - cb - 1) * H);
+  } else {
+    sigmoid_inplace<T>(g, R * H);
+  }
+}
+
+// Element-wise forward of one step for rows [r0, r1) (see vec_kernels.h).  The branches on the
+// spec are per row, outside the loops over H.
+template <typename T>
+void pointwise_forward(const KernelSpec& ks, const Dims& d, T* gates, const T* xo,
+                       const T* c_prev, T* c_out, T* h_out, T* h_pre_out, int64_t r0,
+                       int64_t r1) {
+  const int64_t H = d.H;
   for (int64_t b = r0; b < r1; ++b) {
-    T* __restrict__ g = gates + b * d.GS;
-    const T* __restrict__ xob = xo ? xo + b * XS : nullptr;
+    T* __restrict__ g = gates + b * d.gates_stride;
+    const T* __restrict__ xob = xo ? xo + b * d.xo_stride : nullptr;
     const T* __restrict__ cp = c_prev + b * H;
     T* __restrict__ cb = c_out + b * H;
     T* __restrict__ hb = h_out + b * H;
-    T* __restrict__ hinb = hin_out ? hin_out + b * H : nullptr;
-    if (kind == kSrnn) {
-      tanh_inplace<T>(g, H);
-      if (highway) sigmoid_inplace<T>(g + H, H);
-      std::memcpy(hb, g, sizeof(T) * H);
+    T* __restrict__ hpreb = h_pre_out ? h_pre_out + b * H : nullptr;
+    activate_recurrent<T>(ks, H, d.R, g);
+    const T* __restrict__ content = ks.content_recurrent ? g + ks.content_block * H
+                                                         : xob + ks.content_block * H;
+    if (!ks.memory) {  // h_t = c~_t
+      std::memcpy(hb, content, sizeof(T) * H);
     } else {
-      // activations: all recurrent blocks are sigmoid gates except the LSTM's g (block 2)
-      if (kind == kLstm) {
-        sigmoid_inplace<T>(g, 2 * H);
-        tanh_inplace<T>(g + 2 * H, H);
-        sigmoid_inplace<T>(g + 3 * H, (d.R - 3) * H);
-      } else {
-        sigmoid_inplace<T>(g, RH);
-      }
       const T* __restrict__ gi = g;
       const T* __restrict__ gf = g + H;
-      const T* __restrict__ content = kind == kLstm ? g + 2 * H : xob;
 #pragma GCC ivdep
-      for (int64_t j = 0; j < H; ++j) cb[j] = gi[j] * content[j] + gf[j] * cp[j];
-      if (kind == kIdentityRan) {
+      for (int64_t j = 0; j < H; ++j) cb[j] = cell_update<T>(gi[j], content[j], gf[j], cp[j]);
+      if (ks.output == kOutCell) {
         std::memcpy(hb, cb, sizeof(T) * H);
       } else {
         tanh_to<T>(cb, hb, H);
-        if (kind == kLstm || kind == kMinusSrnn) {
-          const T* __restrict__ go = g + (kind == kLstm ? 3 : 2) * H;
+        if (ks.output == kOutGatedTanh) {
+          const T* __restrict__ go = g + ks.out_gate_block * H;
 #pragma GCC ivdep
           for (int64_t j = 0; j < H; ++j) hb[j] *= go[j];
         }
       }
     }
-    if (highway) {
+    if (ks.highway) {
       const T* __restrict__ gr = g + (d.R - 1) * H;       // already a sigmoid
       const T* __restrict__ hw = xob + (d.X - 1) * H;
-      if (hinb) std::memcpy(hinb, hb, sizeof(T) * H);
+      if (hpreb) std::memcpy(hpreb, hb, sizeof(T) * H);
 #pragma GCC ivdep
-      for (int64_t j = 0; j < H; ++j) hb[j] = gr[j] * hb[j] + (T(1) - gr[j]) * hw[j];
-      if (kind == kSrnn) std::memcpy(cb, hb, sizeof(T) * H);
+      for (int64_t j = 0; j < H; ++j) hb[j] = highway_mix<T>(gr[j], hb[j], hw[j]);
+      if (!ks.memory) std::memcpy(cb, hb, sizeof(T) * H);  // a cell without memory: c_t = h_t
     }
   }
 }
 
-// Element-wise backward of one step for rows [r0, r1); `scratch` holds H values.  dh holds dL/dh_t (total), dc holds the
-// carried dL/dc_t; on return da holds dL/d(pre-activations), dxo dL/d(input-only blocks) and dc
-// dL/dc_{t-1}.
+// Backward of one row of a memory cell, for one output rule and content form (templates, so that
+// the loop over H has no branch).  tcs: tanh(c_t) of the row (unused for the output rule c_t).
+template <typename T, int Out, bool ContentRecurrent, bool ContentTanh>
+void memory_row_backward(const KernelSpec& ks, int64_t H, const T* __restrict__ g,
+                         const T* __restrict__ xob, const T* __restrict__ tcs,
+                         const T* __restrict__ cp, const T* __restrict__ dhb,
+                         T* __restrict__ dcb, T* __restrict__ dab, T* __restrict__ dxob) {
+  const T* __restrict__ i = g;
+  const T* __restrict__ f = g + H;
+  const T* __restrict__ content = ContentRecurrent ? g + ks.content_block * H
+                                                   : xob + ks.content_block * H;
+  T* __restrict__ d_content = ContentRecurrent ? dab + ks.content_block * H
+                                               : dxob + ks.content_block * H;
+  const T* __restrict__ o = Out == kOutGatedTanh ? g + ks.out_gate_block * H : g;
+  T* __restrict__ d_o = Out == kOutGatedTanh ? dab + ks.out_gate_block * H : nullptr;
+#pragma GCC ivdep
+  for (int64_t j = 0; j < H; ++j) {
+    const T tc = Out == kOutCell ? T(0) : tcs[j];
+    const T gh = dhb[j];
+    const T gc = cell_grad<Out, T>(dcb[j], gh, o[j], tc);
+    T d_i, d_f, d_c;
+    dcb[j] = memory_backward<ContentTanh, T>(gc, i[j], f[j], content[j], cp[j], d_i, d_f, d_c);
+    dab[j] = d_i;
+    dab[H + j] = d_f;
+    d_content[j] = d_c;
+    if (Out == kOutGatedTanh) d_o[j] = out_gate_grad<T>(gh, tc, o[j]);
+  }
+}
+
+template <typename T, int Out>
+void memory_row_backward_out(const KernelSpec& ks, int64_t H, const T* g, const T* xob,
+                             const T* tcs, const T* cp, const T* dhb, T* dcb, T* dab, T* dxob) {
+  if (!ks.content_recurrent) {
+    memory_row_backward<T, Out, false, false>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
+  } else if (ks.content_tanh) {
+    memory_row_backward<T, Out, true, true>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
+  } else {
+    memory_row_backward<T, Out, true, false>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
+  }
+}
+
+// Element-wise backward of one step for rows [r0, r1); `scratch` holds H values.  dh holds
+// dL/dh_t (total), dc holds the carried dL/dc_t; on return da holds dL/d(pre-activations), dxo
+// dL/d(input-only blocks) and dc dL/dc_{t-1}.
 template <typename T>
-void pointwise_backward(int64_t kind, bool highway, const Dims& d, const T* gates, const T* xo,
-                        const T* c_cur, const T* c_prev, const T* hin, T* dh, T* dc, T* da,
+void pointwise_backward(const KernelSpec& ks, const Dims& d, const T* gates, const T* xo,
+                        const T* c_cur, const T* c_prev, const T* h_pre, T* dh, T* dc, T* da,
                         T* dxo, T* scratch, int64_t r0, int64_t r1) {
-  const int64_t H = d.H, P = d.P;
-  const bool need_tc = !(kind == kSrnn || kind == kIdentityRan);
+  const int64_t H = d.H, P = d.proj_stride;
+  const bool need_tc = ks.output == kOutGatedTanh || ks.output == kOutTanh;
   T* __restrict__ tcs = scratch;  // H entries: tanh(c_t) of one row
   for (int64_t b = r0; b < r1; ++b) {
-    const T* __restrict__ g = gates + b * d.GS;
+    const T* __restrict__ g = gates + b * d.gates_stride;
     T* __restrict__ dab = da + b * P;
     T* __restrict__ dxob = dxo ? dxo + b * P : nullptr;
-    const T* __restrict__ xob = xo ? xo + b * d.XS : nullptr;
+    const T* __restrict__ xob = xo ? xo + b * d.xo_stride : nullptr;
     T* __restrict__ dhb = dh + b * H;
     T* __restrict__ dcb = dc + b * H;
     const T* __restrict__ cb = c_cur ? c_cur + b * H : nullptr;
     const T* __restrict__ cp = c_prev ? c_prev + b * H : nullptr;
-    if (highway) {
+    if (ks.highway) {
       const T* __restrict__ r = g + (d.R - 1) * H;
       const T* __restrict__ hw = xob + (d.X - 1) * H;
-      const T* __restrict__ hi = hin + b * H;
+      const T* __restrict__ hi = h_pre + b * H;
       T* __restrict__ dr = dab + (d.R - 1) * H;
       T* __restrict__ dhw = dxob + (d.X - 1) * H;
 #pragma GCC ivdep
       for (int64_t j = 0; j < H; ++j) {
-        T gh = dhb[j];
-        dr[j] = gh * (hi[j] - hw[j]) * r[j] * (T(1) - r[j]);
-        dhw[j] = gh * (T(1) - r[j]);
-        dhb[j] = gh * r[j];
+        dhb[j] = highway_backward<T>(dhb[j], r[j], hi[j], hw[j], dr[j], dhw[j]);
       }
     }
+    if (!ks.memory) {  // h_t = c~_t, a recurrent block (already activated)
+      const T* __restrict__ content = g + ks.content_block * H;
+      T* __restrict__ d_content = dab + ks.content_block * H;
+      if (ks.content_tanh) {
+#pragma GCC ivdep
+        for (int64_t j = 0; j < H; ++j) {
+          d_content[j] = content_output_grad<true, T>(dhb[j], content[j]);
+        }
+      } else {
+#pragma GCC ivdep
+        for (int64_t j = 0; j < H; ++j) {
+          d_content[j] = content_output_grad<false, T>(dhb[j], content[j]);
+        }
+      }
+      continue;
+    }
     if (need_tc) tanh_to<T>(cb, tcs, H);
-    switch (kind) {
-      case kLstm: {
-        const T* __restrict__ i = g; const T* __restrict__ f = g + H;
-        const T* __restrict__ gg = g + 2 * H; const T* __restrict__ o = g + 3 * H;
-#pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) {
-          T tc = tcs[j];
-          T gh = dhb[j];
-          T gc = dcb[j] + gh * o[j] * (T(1) - tc * tc);
-          dab[j] = gc * gg[j] * i[j] * (T(1) - i[j]);
-          dab[H + j] = gc * cp[j] * f[j] * (T(1) - f[j]);
-          dab[2 * H + j] = gc * i[j] * (T(1) - gg[j] * gg[j]);
-          dab[3 * H + j] = gh * tc * o[j] * (T(1) - o[j]);
-          dcb[j] = gc * f[j];
-        }
+    switch (ks.output) {
+      case kOutGatedTanh:
+        memory_row_backward_out<T, kOutGatedTanh>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
         break;
-      }
-      case kSrnn: {
-#pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) {
-          T h = g[j];
-          dab[j] = dhb[j] * (T(1) - h * h);
-        }
+      case kOutTanh:
+        memory_row_backward_out<T, kOutTanh>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
         break;
-      }
-      case kMinusSrnn: {
-        const T* __restrict__ i = g; const T* __restrict__ f = g + H; const T* __restrict__ o = g + 2 * H;
-        const T* __restrict__ xc = xob;
-#pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) {
-          T tc = tcs[j];
-          T gh = dhb[j];
-          T gc = dcb[j] + gh * o[j] * (T(1) - tc * tc);
-          dab[j] = gc * xc[j] * i[j] * (T(1) - i[j]);
-          dab[H + j] = gc * cp[j] * f[j] * (T(1) - f[j]);
-          dab[2 * H + j] = gh * tc * o[j] * (T(1) - o[j]);
-          dxob[j] = gc * i[j];
-          dcb[j] = gc * f[j];
-        }
-        break;
-      }
-      case kRan:
-      case kIdentityRan: {
-        const T* __restrict__ i = g; const T* __restrict__ f = g + H;
-        const T* __restrict__ xc = xob;
-        if (kind == kRan) {
-#pragma GCC ivdep
-          for (int64_t j = 0; j < H; ++j) dcb[j] += dhb[j] * (T(1) - tcs[j] * tcs[j]);
-        } else {
-#pragma GCC ivdep
-          for (int64_t j = 0; j < H; ++j) dcb[j] += dhb[j];
-        }
-#pragma GCC ivdep
-        for (int64_t j = 0; j < H; ++j) {
-          T gc = dcb[j];
-          dab[j] = gc * xc[j] * i[j] * (T(1) - i[j]);
-          dab[H + j] = gc * cp[j] * f[j] * (T(1) - f[j]);
-          dxob[j] = gc * i[j];
-          dcb[j] = gc * f[j];
-        }
-        break;
-      }
       default:
+        memory_row_backward_out<T, kOutCell>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
         break;
     }
   }

@@ -57,14 +57,14 @@ namespace {
 // One path: its entry points.  gemm_panels is null where the step GEMM is ATen's.
 struct VecOps {
   const char* name;
-  void (*fwd_f)(int64_t, bool, const Dims&, float*, const float*, const float*, float*, float*,
+  void (*fwd_f)(const KernelSpec&, const Dims&, float*, const float*, const float*, float*, float*,
                 float*, int64_t, int64_t);
-  void (*fwd_d)(int64_t, bool, const Dims&, double*, const double*, const double*, double*,
+  void (*fwd_d)(const KernelSpec&, const Dims&, double*, const double*, const double*, double*,
                 double*, double*, int64_t, int64_t);
-  void (*bwd_f)(int64_t, bool, const Dims&, const float*, const float*, const float*,
+  void (*bwd_f)(const KernelSpec&, const Dims&, const float*, const float*, const float*,
                 const float*, const float*, float*, float*, float*, float*, float*, int64_t,
                 int64_t);
-  void (*bwd_d)(int64_t, bool, const Dims&, const double*, const double*, const double*,
+  void (*bwd_d)(const KernelSpec&, const Dims&, const double*, const double*, const double*,
                 const double*, const double*, double*, double*, double*, double*, double*,
                 int64_t, int64_t);
   void (*gemm_panels)(bool, int64_t, const float*, int64_t, const float*, int64_t, int64_t,
@@ -184,31 +184,29 @@ void gemm_packed(bool acc, int64_t M, const float* A, int64_t lda, const PackedB
   }
 }
 
-void pointwise_forward(int64_t kind, bool highway, const Dims& d, float* gates,
-                       const float* xo, const float* c_prev, float* c_out, float* h_out,
-                       float* hin_out, int64_t r0, int64_t r1) {
-  ops().fwd_f(kind, highway, d, gates, xo, c_prev, c_out, h_out, hin_out, r0, r1);
+void pointwise_forward(const KernelSpec& ks, const Dims& d, float* gates, const float* xo,
+                       const float* c_prev, float* c_out, float* h_out, float* h_pre_out,
+                       int64_t r0, int64_t r1) {
+  ops().fwd_f(ks, d, gates, xo, c_prev, c_out, h_out, h_pre_out, r0, r1);
 }
-void pointwise_forward(int64_t kind, bool highway, const Dims& d, double* gates,
-                       const double* xo, const double* c_prev, double* c_out,
-                       double* h_out, double* hin_out, int64_t r0, int64_t r1) {
-  ops().fwd_d(kind, highway, d, gates, xo, c_prev, c_out, h_out, hin_out, r0, r1);
+void pointwise_forward(const KernelSpec& ks, const Dims& d, double* gates, const double* xo,
+                       const double* c_prev, double* c_out, double* h_out, double* h_pre_out,
+                       int64_t r0, int64_t r1) {
+  ops().fwd_d(ks, d, gates, xo, c_prev, c_out, h_out, h_pre_out, r0, r1);
 }
-void pointwise_backward(int64_t kind, bool highway, const Dims& d, const float* gates,
+void pointwise_backward(const KernelSpec& ks, const Dims& d, const float* gates,
                         const float* xo, const float* c_cur, const float* c_prev,
-                        const float* hin, float* dh, float* dc, float* da, float* dxo,
+                        const float* h_pre, float* dh, float* dc, float* da, float* dxo,
                         int64_t r0, int64_t r1) {
   std::vector<float> scratch(static_cast<size_t>(std::max<int64_t>(d.H, 1)));
-  ops().bwd_f(kind, highway, d, gates, xo, c_cur, c_prev, hin, dh, dc, da, dxo, scratch.data(),
-              r0, r1);
+  ops().bwd_f(ks, d, gates, xo, c_cur, c_prev, h_pre, dh, dc, da, dxo, scratch.data(), r0, r1);
 }
-void pointwise_backward(int64_t kind, bool highway, const Dims& d, const double* gates,
+void pointwise_backward(const KernelSpec& ks, const Dims& d, const double* gates,
                         const double* xo, const double* c_cur, const double* c_prev,
-                        const double* hin, double* dh, double* dc, double* da,
-                        double* dxo, int64_t r0, int64_t r1) {
+                        const double* h_pre, double* dh, double* dc, double* da, double* dxo,
+                        int64_t r0, int64_t r1) {
   std::vector<double> scratch(static_cast<size_t>(std::max<int64_t>(d.H, 1)));
-  ops().bwd_d(kind, highway, d, gates, xo, c_cur, c_prev, hin, dh, dc, da, dxo, scratch.data(),
-              r0, r1);
+  ops().bwd_d(ks, d, gates, xo, c_cur, c_prev, h_pre, dh, dc, da, dxo, scratch.data(), r0, r1);
 }
 
 }  // namespace rnn_ablations

@@ -11,17 +11,23 @@
 
 #include <torch/extension.h>
 
+#include "kernel_spec.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace rnn_ablations {
 
+// Sizes of one layer call: T steps, B rows, H hidden units, R recurrent and X input-only blocks
+// of H rows (KernelSpec), and the row strides of the three row-major buffers a step reads.
 struct Dims {
   int64_t T, B, H, R, X;
-  int64_t P;   // row stride of proj / d_proj: (R + X) * H
-  int64_t XS;  // row stride of the input-only blocks read in xo (P inside proj, X*H on its own)
-  int64_t GS;  // row stride of gates: R*H in a buffer of their own, P when they live in proj
+  int64_t proj_stride;   // row stride of proj / d_proj: (R + X) * H
+  int64_t xo_stride;     // row stride of the input-only blocks ("xo": proj_stride inside proj,
+                         // X*H in a buffer of their own)
+  int64_t gates_stride;  // row stride of the gate activations: R*H in a buffer of their own,
+                         // proj_stride when they live in proj
 };
 
 // ---- instruction-set selection ----------------------------------------------------------
@@ -57,22 +63,22 @@ void gemm_packed(bool acc, int64_t M, const float* A, int64_t lda, const PackedB
 
 // ---- element-wise pass of one step, rows [r0, r1) -----------------------------------------
 // Forward: gates hold the pre-activations of the recurrent blocks (activated in place), xo the
-// input-only blocks; writes c_t, h_t and (highway) h_t before the highway mix.
-void pointwise_forward(int64_t kind, bool highway, const Dims& d, float* gates, const float* xo,
-                       const float* c_prev, float* c_out, float* h_out, float* hin_out,
+// input-only blocks; writes c_t, h_t and (highway) h_pre, h_t before the highway mix.
+void pointwise_forward(const KernelSpec& ks, const Dims& d, float* gates, const float* xo,
+                       const float* c_prev, float* c_out, float* h_out, float* h_pre_out,
                        int64_t r0, int64_t r1);
-void pointwise_forward(int64_t kind, bool highway, const Dims& d, double* gates, const double* xo,
-                       const double* c_prev, double* c_out, double* h_out, double* hin_out,
+void pointwise_forward(const KernelSpec& ks, const Dims& d, double* gates, const double* xo,
+                       const double* c_prev, double* c_out, double* h_out, double* h_pre_out,
                        int64_t r0, int64_t r1);
 // Backward: dh holds dL/dh_t (total), dc the carried dL/dc_t; on return da holds
 // dL/d(pre-activations), dxo dL/d(input-only blocks) and dc dL/dc_{t-1}.
-void pointwise_backward(int64_t kind, bool highway, const Dims& d, const float* gates,
+void pointwise_backward(const KernelSpec& ks, const Dims& d, const float* gates,
                         const float* xo, const float* c_cur, const float* c_prev,
-                        const float* hin, float* dh, float* dc, float* da, float* dxo,
+                        const float* h_pre, float* dh, float* dc, float* da, float* dxo,
                         int64_t r0, int64_t r1);
-void pointwise_backward(int64_t kind, bool highway, const Dims& d, const double* gates,
+void pointwise_backward(const KernelSpec& ks, const Dims& d, const double* gates,
                         const double* xo, const double* c_cur, const double* c_prev,
-                        const double* hin, double* dh, double* dc, double* da, double* dxo,
+                        const double* h_pre, double* dh, double* dc, double* da, double* dxo,
                         int64_t r0, int64_t r1);
 
 }  // namespace rnn_ablations

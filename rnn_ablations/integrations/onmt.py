@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import numbers
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -97,6 +96,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         f"it into .venv/): {_exc}") from _exc
 
 from ..rnn import AblatedRNN
+from ..validation import check_positive_int, check_prob
 from ..variants import VARIANTS, get_variant
 
 __all__ = [
@@ -120,18 +120,6 @@ def encoder_type_for(variant: str, bidirectional: bool = True) -> str:
     """The encoder type name of a variant (aliases accepted): ``("ran", True)`` -> ``"bran"``."""
     name = get_variant(variant).name
     return ("b" if bidirectional else "") + name
-
-
-def _check_prob(name, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Number) or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-    return float(value)
-
-
-def _check_positive_int(name, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 class AblatedRNNEncoder(EncoderBase):
@@ -167,9 +155,9 @@ class AblatedRNNEncoder(EncoderBase):
         self.variant = get_variant(variant)
         if not isinstance(bidirectional, bool):
             raise ValueError(f"bidirectional must be True or False, got {bidirectional!r}")
-        num_layers = _check_positive_int("enc_layers", num_layers)
-        hidden_size = _check_positive_int("enc_hid_size", hidden_size)
-        dropout = _check_prob("dropout", dropout)
+        num_layers = check_positive_int("enc_layers", num_layers)
+        hidden_size = check_positive_int("enc_hid_size", hidden_size)
+        dropout = check_prob("dropout", dropout)
         if embeddings is None or not hasattr(embeddings, "embedding_size"):
             raise ValueError("embeddings must be the onmt.modules.Embeddings of the source side "
                              f"(with an embedding_size), got {type(embeddings).__name__}")
@@ -247,7 +235,7 @@ class AblatedRNNEncoder(EncoderBase):
 
     def update_dropout(self, dropout, attention_dropout=None):
         """Called by OpenNMT for ``-dropout_steps``."""
-        self.rnn.dropout = _check_prob("dropout", dropout)
+        self.rnn.dropout = check_prob("dropout", dropout)
         self.embeddings.update_dropout(dropout)
 
     def extra_repr(self) -> str:

@@ -1,7 +1,7 @@
 """Named hyper-parameter sets of the language model.
 
 ``small``, ``medium`` and ``large`` are the configurations of Zaremba et al. (2014) as ported to
-the TensorFlow PTB tutorial, which both papers used (``../shared/DESIGN.md`` §1):
+the TensorFlow PTB tutorial, which both papers used:
 
 ======  =======  ====  =====  ===  ====  ======  ============  ======  =======
 config  layers×H  BPTT  init   lr   clip  epochs  decay after   decay   dropout
@@ -125,7 +125,7 @@ CONFIGS: Dict[str, LMConfig] = {
                       lr_decay=1 / 1.15, dropout=0.65),
 }
 
-#: Initial learning rates of the RAN code where it lowered them (DESIGN.md §1).
+#: Initial learning rates of the RAN code (kentonl/ran) where it lowered them.
 PAPER_LR_OVERRIDES: Dict[str, Dict[str, float]] = {
     "medium": {"ran": 1.0, "identity_ran": 0.8},
     "large": {"ran": 0.8, "identity_ran": 0.5},

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..rnn import AblatedRNN
+from ..validation import check_positive_int, check_prob
 from ..variants import get_variant, recurrent_param_count
 
 __all__ = ["LanguageModel", "State"]
@@ -39,10 +40,8 @@ class LanguageModel(nn.Module):
         self.variant = get_variant(variant)
         for name, v in (("vocab_size", vocab_size), ("hidden_size", hidden_size),
                         ("num_layers", num_layers)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+            check_positive_int(name, v)
+        check_prob("dropout", dropout)
         self.vocab_size, self.hidden_size, self.num_layers = vocab_size, hidden_size, num_layers
         self.dropout = float(dropout)
         self.init_scale = float(init_scale)

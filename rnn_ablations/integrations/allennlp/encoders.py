@@ -65,6 +65,7 @@ from allennlp.modules.seq2vec_encoders.seq2vec_encoder import Seq2VecEncoder
 from allennlp.nn.initializers import block_orthogonal
 
 from rnn_ablations.rnn import AblatedRNN
+from rnn_ablations.validation import check_prob
 from rnn_ablations.variants import VARIANTS
 
 __all__ = [
@@ -152,7 +153,7 @@ def augmented_lstm_init_(rnn: AblatedRNN) -> AblatedRNN:
     with torch.no_grad():
         for layer in range(rnn.num_layers):
             for direction in range(rnn.num_directions):
-                names = rnn._param_names[layer][direction]
+                names = rnn.parameter_names(layer, direction)
                 w_ih = getattr(rnn, names[0])
                 block_orthogonal(w_ih, [H, w_ih.shape[1]])
                 if names[1] is not None:
@@ -324,8 +325,7 @@ class ConcatLayersSeq2SeqEncoder(Seq2SeqEncoder):
         super().__init__(stateful=False)
         if not layers:
             raise ConfigurationError("concat_layers: 'layers' must list at least one Seq2SeqEncoder")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ConfigurationError(f"concat_layers: dropout must be a number in [0, 1), got {dropout!r}")
+        check_prob("concat_layers: dropout", dropout, ConfigurationError)
         for i in range(1, len(layers)):
             want, got = layers[i].get_input_dim(), layers[i - 1].get_output_dim()
             if want != got:

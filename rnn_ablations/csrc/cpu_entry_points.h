@@ -1,0 +1,42 @@
+// The CPU kernel's entry points (bound in bindings.cpp): one recurrent layer in one direction of
+// every variant with a step kernel, driven by its kernel spec (kernel_spec.h).
+//   plain (layer_plain.cpp): from the input projections of all steps, computed by the caller;
+//   pipelined (layer_pipelined.cpp): from the layer input, with the input projection (forward)
+//     and the input / weight gradients (backward) computed on the second core (pipeline.h).
+// Tensor names: see common.h.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace rnn_ablations {
+
+// Returns {out (T,B,H), h_n (B,H), c_n (B,H), gates (T,B,R*H) activations, cs (T,B,H), hin}.
+std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh,
+                                    at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
+                                    at::Tensor rec_mask, bool keep_hin, bool in_place);
+// Returns {d_proj (T,B,(R+X)*H), d_w_hh, d_h0, d_c0}.
+std::vector<at::Tensor> rnn_backward(int64_t spec, bool highway, at::Tensor grad_out,
+                                     at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
+                                     at::Tensor cs, at::Tensor hin, at::Tensor out, at::Tensor proj,
+                                     at::Tensor w_hh, at::Tensor h0, at::Tensor c0,
+                                     at::Tensor batch_sizes, at::Tensor rec_mask);
+// Returns {out, h_n, c_n, gates (activations), cs, hin, xo (T,B,X*H) input-only projections}.
+std::vector<at::Tensor> fused_forward(int64_t spec, bool highway, at::Tensor x, at::Tensor w_ih,
+                                      at::Tensor bias, at::Tensor w_hh, at::Tensor h0,
+                                      at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask,
+                                      bool keep_hin, int64_t chunk);
+// Returns {dx (T,B,D) or empty, d_w_ih, d_bias (R*H) or empty, d_w_hh, d_h0, d_c0}.
+std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor grad_out,
+                                       at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
+                                       at::Tensor cs, at::Tensor hin, at::Tensor xo, at::Tensor out,
+                                       at::Tensor x, at::Tensor w_ih, at::Tensor w_hh,
+                                       at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
+                                       at::Tensor rec_mask, bool need_dx, bool need_dw,
+                                       bool need_bias, int64_t chunk);
+// A weight gradient g^T in, for g (rows, M) and in (rows, K) (layer_plain.cpp).
+at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in);
+
+}  // namespace rnn_ablations

@@ -1,0 +1,175 @@
+// One step of the CPU recurrence (forward and backward), shared by the plain (layer_plain.cpp)
+// and the pipelined (layer_pipelined.cpp) entry points: the state a layer call carries
+// (StepState), the per-step GEMM against h_{t-1} (packed w_hh or ATen) and the element-wise pass
+// of vec_kernels.h, split over rows.
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+
+#include "common.h"
+#include "vec_kernels.h"
+
+namespace rnn_ablations {
+namespace cpu {
+
+// The block sizes of a layer call: H from w_hh (R*H, H), R its blocks, X = P/H - R the input-only
+// blocks of a projection of width P (checked against the spec by check_kernel_spec).
+struct LayerSizes {
+  int64_t H, R, X;
+};
+inline LayerSizes layer_sizes(const at::Tensor& w_hh, int64_t proj_width) {
+  const int64_t H = w_hh.size(1), R = w_hh.size(0) / H;
+  return {H, R, proj_width / H - R};
+}
+
+// Rows per task of the element-wise pass: one task when the step is small (a parallel region
+// costs more than it saves), otherwise the rows split evenly over the threads.
+inline int64_t grain_rows(int64_t rows, int64_t hidden) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  if (threads == 1 || rows * hidden < 16384) return std::max<int64_t>(rows, 1);
+  return std::max<int64_t>(1, (rows + threads - 1) / threads);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One step of the recurrence, shared by the plain and the pipelined entry points.
+struct StepState {
+  KernelSpec ks;  // the variant's element-wise rules and block layout (kernel_spec.h)
+  Dims d;
+  const int64_t* bs;
+  bool has_mask;
+  at::Tensor gates, out, cs, hin, h0, c0, w_hh, w_t, rec_mask, hp_buf;  // forward
+  at::Tensor grad_out, dproj, dh, dc;                                     // backward
+  PackedB packed;  // w_hh packed for the step GEMM (float32, on a path with a packed kernel)
+  // The forward's spec, sizes, buffers and inputs, with w_hh packed for the step GEMM (the
+  // caller sets `gates`).  Checks the recurrent-dropout mask.
+  void init_forward(const KernelSpec& ks_, const Dims& d_, const at::Tensor& batch_sizes,
+                    const at::Tensor& h0_, const at::Tensor& c0_, const at::Tensor& w_hh_,
+                    const at::Tensor& rec_mask_, bool keep_hin, const char* who) {
+    ks = ks_; d = d_; bs = batch_sizes.data_ptr<int64_t>();
+    has_mask = rec_mask_.defined() && rec_mask_.numel() > 0;
+    if (has_mask) check_like(rec_mask_, h0_.sizes(), h0_, "rec_mask", who);
+    const auto opt = h0_.options();
+    out = at::zeros({d.T, d.B, d.H}, opt);
+    cs = at::empty({d.T, d.B, d.H}, opt);
+    hin = (ks.highway && keep_hin) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
+    hp_buf = has_mask ? at::empty({d.B, d.H}, opt) : at::Tensor();
+    h0 = h0_; c0 = c0_; w_hh = w_hh_; w_t = w_hh_.t(); rec_mask = rec_mask_;
+    pack(false);
+  }
+  // The backward's spec, sizes, the forward's saved tensors, the incoming gradients (dh and dc
+  // start as the gradients of h_n and c_n) and d_proj (T, B, P), with w_hh packed for the step
+  // GEMM.  Shared by the plain and the pipelined backward (checked by check_backward_inputs).
+  void init_backward(const KernelSpec& ks_, const Dims& d_, const at::Tensor& batch_sizes,
+                     const at::Tensor& gates_, const at::Tensor& cs_, const at::Tensor& hin_,
+                     const at::Tensor& out_, const at::Tensor& c0_, const at::Tensor& w_hh_,
+                     const at::Tensor& rec_mask_, const at::Tensor& grad_out_,
+                     const at::Tensor& grad_hn, const at::Tensor& grad_cn,
+                     const at::TensorOptions& opt) {
+    ks = ks_; d = d_; bs = batch_sizes.data_ptr<int64_t>();
+    has_mask = rec_mask_.defined() && rec_mask_.numel() > 0;
+    gates = gates_; cs = cs_; hin = hin_; out = out_; c0 = c0_; w_hh = w_hh_;
+    rec_mask = rec_mask_; grad_out = grad_out_.contiguous();
+    pack(true);
+    // Every element of an active row is written by the element-wise pass; only the rows that
+    // are inactive at a step (padding) are zeroed there.
+    dproj = at::empty({d.T, d.B, d.proj_stride}, opt);
+    dh = grad_hn.clone().contiguous();
+    dc = grad_cn.clone().contiguous();
+    if (!ks.memory) dh.add_(dc);  // c_n is a copy of h_n for a cell without memory
+  }
+  // dL/dc_0 as returned: zero for a cell without memory (its c is h, whose gradient is in dh).
+  at::Tensor grad_c0() {
+    if (!ks.memory) dc.zero_();
+    return dc;
+  }
+  // Pack w_hh for the forward (B = w_hh^T) or the backward (B = w_hh) step GEMM.
+  void pack(bool backward) {
+    // RNN_ABLATIONS_PACKED_GEMM=0 takes ATen's GEMM instead (for A/B timing and the tests).
+    const char* env = std::getenv("RNN_ABLATIONS_PACKED_GEMM");
+    if (env && env[0] == '0') return;
+    if (w_hh.scalar_type() == at::kFloat && packed_gemm_available()) {
+      packed = pack_b(w_hh, !backward);
+    }
+  }
+};
+
+// gates (n x N, row stride ldc) [+]= A (n x K) * packed w_hh; false when no packed weight
+// applies (double, or the portable path): the caller then uses ATen.
+template <typename scalar_t, bool Acc>
+bool step_gemm(StepState& s, int64_t n, const scalar_t* A, int64_t lda, scalar_t* C, int64_t ldc,
+               bool parallel) {
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    if (s.packed.defined()) {
+      gemm_packed(Acc, n, A, lda, s.packed, C, ldc, parallel);
+      return true;
+    }
+  }
+  (void)s; (void)n; (void)A; (void)lda; (void)C; (void)ldc; (void)parallel;
+  return false;
+}
+
+// Forward step t: gates[t] holds the pre-activations of the recurrent blocks (input projection
+// and bias); add h_{t-1} W_hh^T for the active rows, then the element-wise pass.  `parallel`
+// splits the rows over threads (false inside a pipeline role, which owns one core).
+template <typename scalar_t>
+void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) {
+  const int64_t n = s.bs[t];
+  at::Tensor h_prev = (t == 0 ? s.h0 : s.out[t - 1]).narrow(0, 0, n);
+  if (s.has_mask) {
+    at::Tensor hp = s.hp_buf.narrow(0, 0, n);
+    at::mul_out(hp, h_prev, s.rec_mask.narrow(0, 0, n));
+    h_prev = hp;
+  }
+  scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
+  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.gates_stride,
+                                 parallel)) {
+    s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
+  }
+  const scalar_t* cpp = (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
+  scalar_t* cp = s.cs[t].data_ptr<scalar_t>();
+  scalar_t* hp = s.out[t].data_ptr<scalar_t>();
+  scalar_t* hinp = s.hin.defined() ? s.hin[t].data_ptr<scalar_t>() : nullptr;
+  auto body = [&](int64_t r0, int64_t r1) {
+    pointwise_forward(s.ks, s.d, gp, xo_t, cpp, cp, hp, hinp, r0, r1);
+  };
+  if (parallel) at::parallel_for(0, n, grain_rows(n, s.d.H), body);
+  else body(0, n);
+}
+
+// Backward step t: add dL/dout_t to the carried dh, element-wise pass into dproj[t], then
+// dh_{t-1} = dproj[t] W_hh for the active rows.  Inactive rows of dproj[t] are zeroed.
+template <typename scalar_t>
+void backward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) {
+  const int64_t n = s.bs[t], B = s.d.B, R = s.d.R, H = s.d.H, X = s.d.X;
+  if (n < B) s.dproj[t].narrow(0, n, B - n).zero_();
+  if (n == 0) return;
+  s.dh.narrow(0, 0, n).add_(s.grad_out[t].narrow(0, 0, n));
+  const scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
+  const bool memory = s.ks.memory;
+  const scalar_t* ccur = memory ? s.cs[t].data_ptr<scalar_t>() : nullptr;
+  const scalar_t* cprev = memory ? (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>() : nullptr;
+  const scalar_t* hinp = s.ks.highway ? s.hin[t].data_ptr<scalar_t>() : nullptr;
+  scalar_t* dhp = s.dh.data_ptr<scalar_t>();
+  scalar_t* dcp = s.dc.data_ptr<scalar_t>();
+  scalar_t* dap = s.dproj[t].data_ptr<scalar_t>();
+  scalar_t* dxop = X > 0 ? dap + R * H : nullptr;
+  auto body = [&](int64_t r0, int64_t r1) {
+    pointwise_backward(s.ks, s.d, gp, xo_t, ccur, cprev, hinp, dhp, dcp, dap, dxop, r0, r1);
+  };
+  if (parallel) at::parallel_for(0, n, grain_rows(n, H), body);
+  else body(0, n);
+  at::Tensor dh_n = s.dh.narrow(0, 0, n);
+  if (!step_gemm<scalar_t, false>(s, n, dap, s.d.proj_stride, dhp, H, parallel)) {
+    at::mm_out(dh_n, s.dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), s.w_hh);
+  }
+  if (s.has_mask) dh_n.mul_(s.rec_mask.narrow(0, 0, n));
+}
+
+}  // namespace cpu
+}  // namespace rnn_ablations

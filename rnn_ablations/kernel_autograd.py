@@ -1,0 +1,152 @@
+"""The autograd Functions around the compiled step kernels: the plain kernel (from the input
+projections; ``_C`` on CPU, ``_C_cuda`` on CUDA) and the pipelined CPU kernel (from the layer
+input), each with its hand-written backward, and the differentiable recomputation used under
+``create_graph=True`` (the hand-written backward is not differentiable)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import backend
+from .functional import generic_layer, projection_bias
+
+
+def _or_empty(t: Optional[torch.Tensor], ref: torch.Tensor) -> torch.Tensor:
+    """The kernels take an empty tensor for an absent optional one."""
+    return t if t is not None else ref.new_empty(0)
+
+
+def _incoming_grads(g_out, g_hn, g_cn, out, h0, c0):
+    """Autograd passes ``None`` for outputs that received no gradient; the kernels want zeros."""
+    return (torch.zeros_like(out) if g_out is None else g_out,
+            torch.zeros_like(h0) if g_hn is None else g_hn.contiguous(),
+            torch.zeros_like(c0) if g_cn is None else g_cn.contiguous())
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _plain_forward(ext, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
+    """``ext.forward``.  ``proj`` is always a scratch tensor here (fresh from
+    :func:`input_projection`, which saves no output for its backward), so the CPU kernel may turn
+    its recurrent blocks into the gate activations in place instead of copying them."""
+    if ext is backend._C:
+        return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True)
+    return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
+
+
+def _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask):
+    """The generic path from the input projections (recurrent blocks first)."""
+    rh = w_hh.shape[0]
+    xo = proj[..., rh:] if proj.shape[-1] > rh else None
+    out, h_n, c_n, _ = generic_layer(variant, highway, proj[..., :rh], xo, w_hh, h0, c0,
+                                     batch_sizes.tolist(), rec_mask)
+    return out, h_n, c_n
+
+
+def _graph_grads(variant, highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes, rec_mask,
+                 grads, want_proj, wrt):
+    """The gradients of one layer *with a graph* (``create_graph=True``: the kernels' hand-written
+    backward is not differentiable).  The layer is recomputed on the differentiable generic path
+    from its original inputs and differentiated by autograd, so second derivatives are exact.
+
+    ``grads``: the incoming ``(g_out, g_hn, g_cn)`` (``None`` = no gradient); ``wrt``: the
+    tensors to differentiate against (``None`` entries are skipped); with ``want_proj`` the
+    recomputed input projection (a function of ``x``, ``w_ih``, ``pbias``) comes first."""
+    with torch.enable_grad():
+        proj = torch.nn.functional.linear(x, w_ih, pbias)
+        outs = _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes,
+                                        rec_mask)
+    targets = ([proj] if want_proj else []) + list(wrt)
+    live = [i for i, t in enumerate(targets) if t is not None and t.requires_grad]
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+    result = [None] * len(targets)
+    if live and pairs:
+        got = torch.autograd.grad([o for o, _ in pairs], [targets[i] for i in live],
+                                  [g for _, g in pairs], create_graph=True, allow_unused=True)
+        for i, g in zip(live, got):
+            result[i] = g if g is not None else torch.zeros_like(targets[i])
+    return result
+
+
+class _KernelLayer(torch.autograd.Function):
+    """Autograd wrapper: forward and the hand-written backward of a plain kernel (``ext`` is
+    ``_C`` on CPU or ``_C_cuda`` on CUDA; both have the same entry points).
+
+    ``x``, ``w_ih`` and ``pbias`` (the layer input and the projection's parameters, from which
+    ``proj = F.linear(x, w_ih, pbias)`` was computed) receive no gradient here (theirs flows
+    through ``proj``); they are kept for the ``create_graph=True`` backward, which recomputes
+    the layer differentiably (the kernel overwrites ``proj``'s recurrent blocks in place)."""
+
+    @staticmethod
+    def forward(ctx, proj, w_hh, h0, c0, x, w_ih, pbias, variant, highway, batch_sizes,
+                rec_mask, ext):
+        mask_ = _or_empty(rec_mask, proj)
+        out, h_n, c_n, gates, cs, hin = _plain_forward(ext, variant.kernel_spec, highway, proj, w_hh,
+                                                       h0, c0, batch_sizes, mask_, True)
+        ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_, x,
+                              w_ih, pbias)
+        ctx.variant, ctx.highway, ctx.ext = variant, highway, ext
+        ctx.has_mask = rec_mask is not None
+        return out, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, g_out, g_hn, g_cn):
+        (gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask, x, w_ih,
+         pbias) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            dproj, dw, dh0, dc0 = _graph_grads(
+                ctx.variant, ctx.highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes,
+                mask if ctx.has_mask else None, (g_out, g_hn, g_cn), True,
+                [w_hh if need[1] else None, h0 if need[2] else None, c0 if need[3] else None])
+            return (dproj if need[0] else None, dw, dh0, dc0) + (None,) * 8
+        g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
+        dproj, dw, dh0, dc0 = ctx.ext.backward(ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn,
+                                               gates, cs, hin, out, proj, w_hh, h0, c0,
+                                               batch_sizes, mask)
+        return (dproj, dw, dh0, dc0) + (None,) * 8
+
+
+class _PipelinedLayer(torch.autograd.Function):
+    """Autograd wrapper of the pipelined kernel: from the layer input to the outputs, with the
+    input projection inside (its gradients come back from the kernel's backward).  Under
+    ``create_graph=True`` the backward recomputes the layer differentiably (see
+    :func:`_graph_grads`)."""
+
+    @staticmethod
+    def forward(ctx, x, w_ih, bias, w_hh, h0, c0, variant, highway, batch_sizes, rec_mask, chunk):
+        mask_ = _or_empty(rec_mask, x)
+        out, h_n, c_n, gates, cs, hin, xo = backend._C.fused_forward(
+            variant.kernel_spec, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
+            mask_, True, chunk)
+        ctx.save_for_backward(gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask_,
+                              bias)
+        ctx.variant, ctx.highway, ctx.has_bias = variant, highway, bias is not None
+        ctx.has_mask = rec_mask is not None
+        ctx.chunk = chunk
+        return out, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, g_out, g_hn, g_cn):
+        (gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask,
+         bias) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            pbias = projection_bias(bias, w_ih.shape[0]) if ctx.has_bias else None
+            grads = _graph_grads(
+                ctx.variant, ctx.highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes,
+                mask if ctx.has_mask else None, (g_out, g_hn, g_cn), False,
+                [t if n else None for t, n in zip((x, w_ih, bias if ctx.has_bias else None,
+                                                   w_hh, h0, c0), need)])
+            return tuple(grads) + (None,) * 5
+        g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
+        need_dw = need[1] or need[3]
+        need_bias = ctx.has_bias and need[2]
+        dx, dw_ih, db, dw_hh, dh0, dc0 = backend._C.fused_backward(
+            ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x,
+            w_ih, w_hh, h0, c0, batch_sizes, mask, need[0], need_dw, need_bias, ctx.chunk)
+        return (dx if need[0] else None, dw_ih if need[1] else None, db if need_bias else None,
+                dw_hh if need[3] else None, dh0, dc0, None, None, None, None, None)

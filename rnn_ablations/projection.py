@@ -1,0 +1,92 @@
+"""The input projection of all time steps at once (``F.linear`` over T·B rows), on the faster
+GEMM library: oneDNN for large float32 CPU weights, where it beat MKL on AMD CPUs (see
+``benchmarks/results/schedule_policy.md``), else ``F.linear``."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import backend
+
+__all__ = ["input_projection", "ONEDNN_MIN_WEIGHT"]
+
+#: oneDNN is used for the all-steps input projection when the weight has at least this many
+#: entries: below it MKL was as fast (small GEMMs), above it oneDNN was faster on the AMD
+#: development machine (``benchmarks/results/schedule_policy.md``).  The weight gradient stays on
+#: MKL (no faster on oneDNN, which would need two transposed copies).
+ONEDNN_MIN_WEIGHT = 500_000
+_onednn_state = {"ok": None}
+
+
+def _onednn_usable() -> bool:
+    if _onednn_state["ok"] is None:
+        ok = False
+        try:
+            if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+                a = torch.ones(2, 3)
+                y = torch.ops.mkldnn._linear_pointwise(a, torch.ones(4, 3), torch.zeros(4), "none", [], "")
+                ok = bool(torch.allclose(y, torch.full((2, 4), 3.0)))
+        except Exception:  # pragma: no cover - builds without oneDNN
+            ok = False
+        _onednn_state["ok"] = ok
+    return _onednn_state["ok"]
+
+
+def _dnnl_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """``F.linear`` with the forward and the input gradient on oneDNN (CPU float32).
+
+    Under ``create_graph=True`` (the backward then runs with grad mode on) the gradients are
+    computed with differentiable torch ops instead, so that second derivatives are exact."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x2d = x.reshape(-1, x.shape[-1]).contiguous()
+        w = weight.contiguous()
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        y = _dnnl_linear(x2d, w, bias.contiguous() if bias is not None else None)
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx = dw = db = None
+        if torch.is_grad_enabled():  # create_graph: differentiable ops (double backward)
+            g2d = grad.reshape(-1, weight.shape[0])
+            if need[0]:
+                dx = g2d.mm(weight).view(x.shape)
+            if need[1]:
+                dw = g2d.t().mm(x.reshape(-1, x.shape[-1]))
+            if ctx.has_bias and need[2]:
+                db = g2d.sum(0)
+            return dx, dw, db
+        x2d = x.reshape(-1, x.shape[-1]).contiguous()
+        w = weight.contiguous()
+        g2d = grad.reshape(-1, w.shape[0]).contiguous()
+        if need[0]:
+            dx = _dnnl_linear(g2d, w.t(), None).view(x.shape)  # oneDNN reads the transposed layout
+        if need[1]:
+            dw = (backend._C.weight_grad(g2d, x2d) if backend._C is not None
+                  else g2d.t().mm(x2d))
+        if ctx.has_bias and need[2]:
+            db = g2d.sum(0)
+        return dx, dw, db
+
+
+def _onednn_projection_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (backend.get_backend() != "generic" and x.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and weight.numel() >= ONEDNN_MIN_WEIGHT
+            and _onednn_usable())
+
+
+def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for all time steps at once, on the faster GEMM library."""
+    if _onednn_projection_applies(x, weight):
+        return _OneDnnLinear.apply(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
