@@ -25,7 +25,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .dispatch import get_backend, input_projection
+from .dispatch import (_dnnl_linear, _onednn_projection_applies, get_backend,
+                       input_projection)
 from .functional import generic_layer, projection_bias, reversal_index
 from .variants import Variant
 
@@ -128,7 +129,7 @@ class _ScanLayer(torch.autograd.Function):
             return dproj, None, dc0, None, None, None, None, None
         dproj, dc0 = ctx.ext.scan_backward(g_out.contiguous(), g_hn.contiguous(),
                                            g_cn.contiguous(), proj, c0, cs, batch_sizes,
-                                           ctx.layout)
+                                           ctx.layout)[:2]
         return dproj, None, dc0, None, None, None, None, None
 
 
@@ -153,6 +154,107 @@ def _generic_directions(variant, highway, proj, h0, c0, batch_sizes):
         hs.append(h_n)
         cs.append(c_n)
     return torch.cat(outs, -1) if dirs > 1 else outs[0], torch.stack(hs), torch.stack(cs)
+
+
+def _rows(x: torch.Tensor) -> Tuple[torch.Tensor, bool]:
+    """``x`` (T, B, d) as a 2-D matrix of rows without a copy where its layout allows: time-major
+    (rows t·B + b) when contiguous, batch-major (rows b·T + t) when it is the time-major view of a
+    contiguous (B, T, d) tensor (a ``batch_first`` input or a previous scan layer's output)."""
+    if not x.is_contiguous() and x.transpose(0, 1).is_contiguous():
+        return x.transpose(0, 1).reshape(-1, x.shape[-1]), True
+    return x.contiguous().view(-1, x.shape[-1]), False
+
+
+def _as_time_major(rows: torch.Tensor, seq_len: int, batch: int, batch_major: bool) -> torch.Tensor:
+    """The (T, B, W) view of a 2-D matrix of rows ordered as :func:`_rows` returned them."""
+    if batch_major:
+        return rows.view(batch, seq_len, rows.shape[-1]).transpose(0, 1)
+    return rows.view(seq_len, batch, rows.shape[-1])
+
+
+def _rows_of(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
+    """Inverse of :func:`_as_time_major` (a view)."""
+    return (t.transpose(0, 1) if batch_major else t).reshape(-1, t.shape[-1])
+
+
+def _project(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x2d · weightᵀ on the faster GEMM library (oneDNN for large float32 weights, see
+    :data:`rnn_ablations.dispatch.ONEDNN_MIN_WEIGHT`); no autograd."""
+    if _onednn_projection_applies(x2d, weight):
+        return _dnnl_linear(x2d, weight, None)
+    return torch.mm(x2d, weight.t())
+
+
+def _project_back(g2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """g2d · weight (the input gradient of :func:`_project`)."""
+    if _onednn_projection_applies(g2d, weight):
+        return _dnnl_linear(g2d, weight.t(), None)  # oneDNN reads the transposed layout
+    return torch.mm(g2d, weight)
+
+
+class _CpuScanLayer(torch.autograd.Function):
+    """The whole layer on CPU as one autograd node: the input projection of every step and
+    direction (one GEMM, no bias: the kernel adds it), the scan, and a hand-written backward
+    (the scan backward also sums the bias gradient; then one GEMM for the input gradient of both
+    directions and one for their weight gradients).  A ``batch_first`` input and a previous
+    scan layer's output are read in their batch-major order, without a transposed copy."""
+
+    @staticmethod
+    def forward(ctx, x, c0, h0, batch_sizes, layout, variant, highway, bias, *weights):
+        seq_len, batch = x.shape[0], x.shape[1]
+        x2d, batch_major = _rows(x)
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+        proj = _as_time_major(_project(x2d, weight), seq_len, batch, batch_major)
+        out, h_n, c_n, cs = _C.scan_forward(proj, h0, c0, batch_sizes, layout, True, bias)
+        ctx.save_for_backward(x, c0, h0, bias, proj, cs, batch_sizes, *weights)
+        ctx.layout, ctx.variant, ctx.highway, ctx.batch_major = layout, variant, highway, batch_major
+        return out, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, g_out, g_hn, g_cn):
+        x, c0, h0, bias, proj, cs, batch_sizes, *weights = ctx.saved_tensors
+        need = ctx.needs_input_grad  # x, c0, h0, batch_sizes, layout, variant, highway, bias, *w
+        if torch.is_grad_enabled():
+            # create_graph=True: recompute the layer with differentiable ops and let autograd
+            # differentiate it, so that second derivatives are exact.
+            inputs = [x, c0, bias] + weights
+            wrt = [t for t, n in zip(inputs, (need[0], need[1], need[7]) + need[8:]) if n]
+            with torch.enable_grad():
+                outs = _reference_layer(ctx.variant, ctx.highway, x, weights, bias, h0, c0,
+                                        batch_sizes)
+                got = torch.autograd.grad(outs, wrt, (g_out, g_hn, g_cn), create_graph=True,
+                                          allow_unused=True)
+            got = iter(got)
+            grads = [next(got) if n else None for n in (need[0], need[1], need[7]) + need[8:]]
+            grads = [torch.zeros_like(t) if g is None and n else g
+                     for t, g, n in zip(inputs, grads, (need[0], need[1], need[7]) + need[8:])]
+            dx, dc0, db, *dws = grads
+            return (dx, dc0, None, None, None, None, None, db, *dws)
+        g_out = torch.zeros_like(cs) if g_out is None else g_out
+        if g_out.stride(-1) != 1:  # e.g. the expanded gradient of .sum()
+            g_out = g_out.contiguous()
+        g_hn = torch.zeros_like(c0) if g_hn is None else g_hn.contiguous()
+        g_cn = torch.zeros_like(c0) if g_cn is None else g_cn.contiguous()
+        dproj, dc0, db = _C.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
+                                          ctx.layout, bias, bool(need[7]))
+        g2d = _rows_of(dproj, ctx.batch_major)
+        dx = dws = None
+        if need[0]:
+            weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+            dx = _as_time_major(_project_back(g2d, weight), x.shape[0], x.shape[1],
+                                ctx.batch_major)
+        if any(need[8:]):
+            x2d, _ = _rows(x)
+            dws = _C.weight_grad(g2d, x2d).split(weights[0].shape[0])
+        return (dx, dc0 if need[1] else None, None, None, None, None, None,
+                db if need[7] else None, *(dws if dws is not None else [None] * len(weights)))
+
+
+def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
+    """The layer with differentiable torch ops (the generic path) from the fused layer's inputs."""
+    weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+    proj = torch.nn.functional.linear(x, weight, bias)
+    return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
 
 
 def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
@@ -183,9 +285,25 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
     else:
         bias = torch.cat([projection_bias(b, width) for b in biases]) if dirs > 1 \
             else projection_bias(biases[0], width)
+    layout = scan_layout(variant, highway)
+    if (layout is not None and x.device.type == "cpu" and get_backend() != "generic"
+            and x.dtype in (torch.float32, torch.float64) and _C is not None
+            and hasattr(_C, "scan_forward") and all(w.dtype == x.dtype for w in weights)
+            and (bias is None or bias.dtype == x.dtype)):
+        # CPU: the projection, the scan (bias added inside) and the backward in one node
+        h0, c0 = h0.contiguous(), c0.contiguous()
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (x, c0, bias, *weights)):
+            return _CpuScanLayer.apply(x, c0, h0, batch_sizes, layout, variant, highway,
+                                       bias, *weights)
+        with torch.no_grad():  # inference: nothing saved for a backward
+            x2d, batch_major = _rows(x)
+            weight = weights[0] if dirs == 1 else torch.cat(list(weights))
+            proj = _as_time_major(_project(x2d, weight), x.shape[0], x.shape[1], batch_major)
+            out, h_n, c_n, _ = _C.scan_forward(proj, h0, c0, batch_sizes, layout, False, bias)
+        return out, h_n, c_n
     weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
     proj = input_projection(x, weight, bias)
-    layout = scan_layout(variant, highway)
     ext = _scan_kernel(proj) if layout is not None else None
     if ext is None:
         return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
