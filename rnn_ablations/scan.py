@@ -25,8 +25,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .dispatch import (_dnnl_linear, _onednn_projection_applies, get_backend,
-                       input_projection)
+from . import dispatch as _dispatch
+from .dispatch import _dnnl_linear, get_backend, input_projection
 from .functional import generic_layer, projection_bias, reversal_index
 from .variants import Variant
 
@@ -177,19 +177,45 @@ def _rows_of(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
     return (t.transpose(0, 1) if batch_major else t).reshape(-1, t.shape[-1])
 
 
-def _project(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x2d · weightᵀ on the faster GEMM library (oneDNN for large float32 weights, see
-    :data:`rnn_ablations.dispatch.ONEDNN_MIN_WEIGHT`); no autograd."""
-    if _onednn_projection_applies(x2d, weight):
-        return _dnnl_linear(x2d, weight, None)
-    return torch.mm(x2d, weight.t())
+def _use_onednn(x2d: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
+    """The rule of :func:`rnn_ablations.dispatch.input_projection` for the directions' weights
+    together: oneDNN for float32 when they hold at least ``ONEDNN_MIN_WEIGHT`` entries."""
+    return (get_backend() != "generic" and x2d.dtype == torch.float32
+            and all(w.dtype == torch.float32 for w in weights)
+            and sum(w.numel() for w in weights) >= _dispatch.ONEDNN_MIN_WEIGHT
+            and _dispatch._onednn_usable())
 
 
-def _project_back(g2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """g2d · weight (the input gradient of :func:`_project`)."""
-    if _onednn_projection_applies(g2d, weight):
+def _project(x2d: torch.Tensor, weights: Sequence[torch.Tensor]
+             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """x2d · [W_0; W_1]ᵀ (the directions side by side) on the faster GEMM library, no autograd;
+    returns it and the concatenated weight where one was made (kept for the backward).  oneDNN
+    reads one weight, so the directions' are concatenated for it; ATen's GEMM writes each
+    direction's columns in place instead."""
+    if _use_onednn(x2d, weights):
+        weight = weights[0] if len(weights) == 1 else torch.cat(list(weights))
+        return _dnnl_linear(x2d, weight, None), (weight if len(weights) > 1 else None)
+    if len(weights) == 1:
+        return torch.mm(x2d, weights[0].t()), None
+    width = weights[0].shape[0]
+    proj = x2d.new_empty(x2d.shape[0], width * len(weights))
+    for d, w in enumerate(weights):
+        torch.mm(x2d, w.t(), out=proj[:, d * width:(d + 1) * width])
+    return proj, None
+
+
+def _project_back(g2d: torch.Tensor, weights: Sequence[torch.Tensor],
+                  cat: Optional[torch.Tensor]) -> torch.Tensor:
+    """g2d · [W_0; W_1] (the input gradient of :func:`_project`), on the same library."""
+    if _use_onednn(g2d, weights):
+        weight = cat if cat is not None else (weights[0] if len(weights) == 1
+                                              else torch.cat(list(weights)))
         return _dnnl_linear(g2d, weight.t(), None)  # oneDNN reads the transposed layout
-    return torch.mm(g2d, weight)
+    width = weights[0].shape[0]
+    dx = torch.mm(g2d[:, :width], weights[0])
+    for d in range(1, len(weights)):
+        dx.addmm_(g2d[:, d * width:(d + 1) * width], weights[d])
+    return dx
 
 
 class _CpuScanLayer(torch.autograd.Function):
@@ -203,16 +229,16 @@ class _CpuScanLayer(torch.autograd.Function):
     def forward(ctx, x, c0, h0, batch_sizes, layout, variant, highway, bias, *weights):
         seq_len, batch = x.shape[0], x.shape[1]
         x2d, batch_major = _rows(x)
-        weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-        proj = _as_time_major(_project(x2d, weight), seq_len, batch, batch_major)
+        proj2d, cat = _project(x2d, weights)
+        proj = _as_time_major(proj2d, seq_len, batch, batch_major)
         out, h_n, c_n, cs = _C.scan_forward(proj, h0, c0, batch_sizes, layout, True, bias)
-        ctx.save_for_backward(x, c0, h0, bias, proj, cs, batch_sizes, *weights)
+        ctx.save_for_backward(x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights)
         ctx.layout, ctx.variant, ctx.highway, ctx.batch_major = layout, variant, highway, batch_major
         return out, h_n, c_n
 
     @staticmethod
     def backward(ctx, g_out, g_hn, g_cn):
-        x, c0, h0, bias, proj, cs, batch_sizes, *weights = ctx.saved_tensors
+        x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights = ctx.saved_tensors
         need = ctx.needs_input_grad  # x, c0, h0, batch_sizes, layout, variant, highway, bias, *w
         if torch.is_grad_enabled():
             # create_graph=True: recompute the layer with differentiable ops and let autograd
@@ -240,8 +266,7 @@ class _CpuScanLayer(torch.autograd.Function):
         g2d = _rows_of(dproj, ctx.batch_major)
         dx = dws = None
         if need[0]:
-            weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-            dx = _as_time_major(_project_back(g2d, weight), x.shape[0], x.shape[1],
+            dx = _as_time_major(_project_back(g2d, weights, cat), x.shape[0], x.shape[1],
                                 ctx.batch_major)
         if any(need[8:]):
             x2d, _ = _rows(x)
@@ -298,8 +323,7 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
                                        bias, *weights)
         with torch.no_grad():  # inference: nothing saved for a backward
             x2d, batch_major = _rows(x)
-            weight = weights[0] if dirs == 1 else torch.cat(list(weights))
-            proj = _as_time_major(_project(x2d, weight), x.shape[0], x.shape[1], batch_major)
+            proj = _as_time_major(_project(x2d, weights)[0], x.shape[0], x.shape[1], batch_major)
             out, h_n, c_n, _ = _C.scan_forward(proj, h0, c0, batch_sizes, layout, False, bias)
         return out, h_n, c_n
     weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
