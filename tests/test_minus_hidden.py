@@ -452,3 +452,35 @@ def test_cuda_scan_half_precision_against_float32(dtype):
     for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
         assert g.dtype == dtype
         torch.testing.assert_close(g.float(), w, atol=3e-2, rtol=3e-2)
+
+
+# --------------------------------------------------------------------------- the speed benchmark
+def test_speed_benchmark_runs_at_a_tiny_setting(tmp_path, one_thread):
+    """benchmarks/speed_minus_hidden.py end to end on one tiny shape (numbers not checked: a
+    timing needs a quiet machine): the files it writes name the processor and the vector path
+    and hold train and inference rows for nn.LSTM and the variant under every ISA asked for."""
+    import importlib.util
+    import json
+    import os
+    import rnn_ablations as ra
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "speed_minus_hidden.py")
+    spec = importlib.util.spec_from_file_location("speed_minus_hidden", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    isas = ["--isas", *ISAS] if ISAS else []
+    assert bench.main(["--shapes", "tiny", "--repeats", "1", "--warmup", "0", "--threads", "1",
+                       "--out", str(tmp_path), *isas]) == 0
+    meta = json.loads((tmp_path / "speed_minus_hidden_cpu_tiny.json").read_text())
+    assert meta["threads"] == 1 and meta["kernel_isa"] == ra.kernel_isa()
+    assert "Model name" in meta["lscpu"] or not meta["lscpu"]
+    models = {(r["model"], r["mode"], r["kernel_isa"]) for r in meta["rows"]}
+    for mode in ("train", "inference"):
+        assert ("nn.LSTM", mode, None) in models
+        for isa in ISAS:
+            assert (f"{NAME} [{isa}]" if len(ISAS) > 1 else NAME, mode, isa) in models
+    assert all(r["median_ms"] > 0 and r["ratio_vs_nn_lstm"] > 0 for r in meta["rows"])
+    md = (tmp_path / "speed_minus_hidden_cpu_tiny.md").read_text()
+    assert "kernel ISA" in md and "nn.LSTM train ms" in md
+    with pytest.raises(SystemExit):
+        bench.main(["--shapes", "tiny", "--isas", "sse9", "--out", str(tmp_path)])
