@@ -3,19 +3,24 @@ LSTM − S-RNN − HIDDEN): one input projection for all steps, then an element-
 
 Its only recurrence is ``c_t = f_t∘c_{t-1} + i_t∘c̃_t`` with gates that read ``x_t`` only, so
 there is no per-step matrix product: :func:`run_scan_layer` computes the projections of every
-step with one GEMM (:func:`rnn_ablations.dispatch.input_projection`) and hands them to a fused
-element-wise kernel, ``scan_forward`` / ``scan_backward`` (``csrc/scan.cpp`` in the CPU
+step with one GEMM per direction and hands them to a fused element-wise kernel, ``scan_forward``
+/ ``scan_backward`` (``csrc/scan.cpp`` with its AVX2 + FMA rows ``csrc/scan_vec.cpp`` in the CPU
 extension ``_C``, ``csrc/scan_cuda.cu`` in the CUDA extension ``_C_cuda``), with a hand-written
 backward.  The kernels receive the block layout derived from the variant table
-(:func:`scan_layout`), not a variant id.  Everything else (other dtypes or devices, no compiled
-kernel, the ``generic`` backend) runs the reference :func:`rnn_ablations.functional.generic_layer`,
-which computes the same function.
+(:func:`scan_layout`), not a variant id.
+
+The whole layer is one autograd node (:class:`_FusedScanLayer`): the kernels add the bias
+inside the scan and sum its gradient there, read a ``batch_first`` input (and write their output)
+in batch-major order without transposed copies, and inference (no gradient wanted) saves nothing
+for a backward.  Under autocast, or with an extension built before that interface (``scan_abi``
+< 2), the projection is an autograd op and the scan a node of its own (:class:`_ScanLayer`).
+Everything else (other dtypes or devices, no compiled kernel, the ``generic`` backend) runs the
+reference :func:`rnn_ablations.functional.generic_layer`, which computes the same function.
 
 Padding follows the other variants' layer calls (:mod:`rnn_ablations.functional`): rows sorted by
 decreasing length, ``batch_sizes[t]`` rows active at step t; an inactive row keeps its state and
-outputs zero.  A bidirectional layer is one call: the projections of both directions are one GEMM
-on the input in time order, and the kernels run direction 1 backwards within each row's length
-(the same function as the other variants' reversed copies, without the copies).
+outputs zero.  A bidirectional layer is one call: the kernels run direction 1 backwards within
+each row's length (the same function as the other variants' reversed copies, without the copies).
 """
 from __future__ import annotations
 
@@ -180,7 +185,7 @@ def _rows_of(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
 def _use_onednn(x2d: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
     """The rule of :func:`rnn_ablations.dispatch.input_projection` for the directions' weights
     together: oneDNN for float32 when they hold at least ``ONEDNN_MIN_WEIGHT`` entries."""
-    return (get_backend() != "generic" and x2d.dtype == torch.float32
+    return (get_backend() != "generic" and x2d.device.type == "cpu" and x2d.dtype == torch.float32
             and all(w.dtype == torch.float32 for w in weights)
             and sum(w.numel() for w in weights) >= _dispatch.ONEDNN_MIN_WEIGHT
             and _dispatch._onednn_usable())
@@ -218,61 +223,94 @@ def _project_back(g2d: torch.Tensor, weights: Sequence[torch.Tensor],
     return dx
 
 
-class _CpuScanLayer(torch.autograd.Function):
-    """The whole layer on CPU as one autograd node: the input projection of every step and
-    direction (one GEMM, no bias: the kernel adds it), the scan, and a hand-written backward
-    (the scan backward also sums the bias gradient; then one GEMM for the input gradient of both
-    directions and one for their weight gradients).  A ``batch_first`` input and a previous
-    scan layer's output are read in their batch-major order, without a transposed copy."""
+class _FusedScanLayer(torch.autograd.Function):
+    """The whole layer as one autograd node: the input projection of every step and direction
+    (GEMMs without bias: the kernel adds it), the scan, and a hand-written backward (the scan
+    backward also sums the bias gradient; then the input gradient of both directions and their
+    weight gradients).  A ``batch_first`` input and a previous scan layer's output are read in
+    their batch-major order, without a transposed copy.  ``ext`` is the CPU or CUDA extension."""
 
     @staticmethod
-    def forward(ctx, x, c0, h0, batch_sizes, layout, variant, highway, bias, *weights):
+    def forward(ctx, x, c0, h0, batch_sizes, layout, ext, variant, highway, bias, *weights):
         seq_len, batch = x.shape[0], x.shape[1]
         x2d, batch_major = _rows(x)
         proj2d, cat = _project(x2d, weights)
         proj = _as_time_major(proj2d, seq_len, batch, batch_major)
-        out, h_n, c_n, cs = _C.scan_forward(proj, h0, c0, batch_sizes, layout, True, bias)
+        out, h_n, c_n, cs = ext.scan_forward(proj, h0, c0, batch_sizes, layout, True, bias)
         ctx.save_for_backward(x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights)
-        ctx.layout, ctx.variant, ctx.highway, ctx.batch_major = layout, variant, highway, batch_major
+        ctx.layout, ctx.ext, ctx.variant, ctx.highway = layout, ext, variant, highway
+        ctx.batch_major = batch_major
         return out, h_n, c_n
 
     @staticmethod
     def backward(ctx, g_out, g_hn, g_cn):
         x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights = ctx.saved_tensors
-        need = ctx.needs_input_grad  # x, c0, h0, batch_sizes, layout, variant, highway, bias, *w
+        # inputs: x, c0, h0, batch_sizes, layout, ext, variant, highway, bias, *weights
+        need = ctx.needs_input_grad
+        wants = (need[0], need[1], need[8]) + tuple(need[9:])
         if torch.is_grad_enabled():
             # create_graph=True: recompute the layer with differentiable ops and let autograd
             # differentiate it, so that second derivatives are exact.
             inputs = [x, c0, bias] + weights
-            wrt = [t for t, n in zip(inputs, (need[0], need[1], need[7]) + need[8:]) if n]
             with torch.enable_grad():
                 outs = _reference_layer(ctx.variant, ctx.highway, x, weights, bias, h0, c0,
                                         batch_sizes)
-                got = torch.autograd.grad(outs, wrt, (g_out, g_hn, g_cn), create_graph=True,
-                                          allow_unused=True)
-            got = iter(got)
-            grads = [next(got) if n else None for n in (need[0], need[1], need[7]) + need[8:]]
-            grads = [torch.zeros_like(t) if g is None and n else g
-                     for t, g, n in zip(inputs, grads, (need[0], need[1], need[7]) + need[8:])]
+                got = iter(torch.autograd.grad(outs, [t for t, w in zip(inputs, wants) if w],
+                                               (g_out, g_hn, g_cn), create_graph=True,
+                                               allow_unused=True))
+            grads = [next(got) if w else None for w in wants]
+            grads = [torch.zeros_like(t) if g is None and w else g
+                     for t, g, w in zip(inputs, grads, wants)]
             dx, dc0, db, *dws = grads
-            return (dx, dc0, None, None, None, None, None, db, *dws)
-        g_out = torch.zeros_like(cs) if g_out is None else g_out
+            return (dx, dc0, None, None, None, None, None, None, db, *dws)
+        g_out = torch.zeros_like(cs, dtype=proj.dtype) if g_out is None else g_out
         if g_out.stride(-1) != 1:  # e.g. the expanded gradient of .sum()
             g_out = g_out.contiguous()
         g_hn = torch.zeros_like(c0) if g_hn is None else g_hn.contiguous()
         g_cn = torch.zeros_like(c0) if g_cn is None else g_cn.contiguous()
-        dproj, dc0, db = _C.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
-                                          ctx.layout, bias, bool(need[7]))
+        dproj, dc0, db = ctx.ext.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
+                                               ctx.layout, bias, bool(need[8]))
         g2d = _rows_of(dproj, ctx.batch_major)
         dx = dws = None
         if need[0]:
             dx = _as_time_major(_project_back(g2d, weights, cat), x.shape[0], x.shape[1],
                                 ctx.batch_major)
-        if any(need[8:]):
+        if any(need[9:]):
             x2d, _ = _rows(x)
-            dws = _C.weight_grad(g2d, x2d).split(weights[0].shape[0])
-        return (dx, dc0 if need[1] else None, None, None, None, None, None,
-                db if need[7] else None, *(dws if dws is not None else [None] * len(weights)))
+            if x2d.device.type == "cpu" and _C is not None and hasattr(_C, "weight_grad"):
+                dw = _C.weight_grad(g2d, x2d)
+            else:
+                dw = g2d.t().mm(x2d)
+            dws = dw.split(weights[0].shape[0])
+        return (dx, dc0 if need[1] else None, None, None, None, None, None, None,
+                db if need[8] else None, *(dws if dws is not None else [None] * len(weights)))
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4
+        return device_type == "cuda" and torch.is_autocast_enabled()
+
+
+def _fused_ext(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor]):
+    """The compiled module that runs the whole layer (:class:`_FusedScanLayer`: a kernel with
+    the bias inside the scan, ``scan_abi`` 2), or ``None`` (then the projection is an autograd op
+    and the scan a separate node, or the generic path).  Not under autocast, whose casts the
+    projection inside the node would not see."""
+    if get_backend() == "generic" or _autocast_on(x.device.type):
+        return None
+    if any(t is not None and (t.dtype != x.dtype or t.device != x.device)
+           for t in (bias, *weights)):
+        return None
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        ext = _C
+    elif x.device.type == "cuda" and x.dtype in (torch.float32, torch.float64, torch.float16,
+                                                 torch.bfloat16):
+        ext = _C_cuda
+    else:
+        return None
+    return ext if ext is not None and getattr(ext, "scan_abi", 1) >= 2 else None
 
 
 def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
@@ -311,20 +349,18 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
         bias = torch.cat([projection_bias(b, width) for b in biases]) if dirs > 1 \
             else projection_bias(biases[0], width)
     layout = scan_layout(variant, highway)
-    if (layout is not None and x.device.type == "cpu" and get_backend() != "generic"
-            and x.dtype in (torch.float32, torch.float64) and _C is not None
-            and hasattr(_C, "scan_forward") and all(w.dtype == x.dtype for w in weights)
-            and (bias is None or bias.dtype == x.dtype)):
-        # CPU: the projection, the scan (bias added inside) and the backward in one node
+    fused = _fused_ext(x, weights, bias) if layout is not None else None
+    if fused is not None:
+        # the projection, the scan (bias added inside) and the backward in one node
         h0, c0 = h0.contiguous(), c0.contiguous()
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                            for t in (x, c0, bias, *weights)):
-            return _CpuScanLayer.apply(x, c0, h0, batch_sizes, layout, variant, highway,
-                                       bias, *weights)
+            return _FusedScanLayer.apply(x, c0, h0, batch_sizes, layout, fused, variant, highway,
+                                         bias, *weights)
         with torch.no_grad():  # inference: nothing saved for a backward
             x2d, batch_major = _rows(x)
             proj = _as_time_major(_project(x2d, weights)[0], x.shape[0], x.shape[1], batch_major)
-            out, h_n, c_n, _ = _C.scan_forward(proj, h0, c0, batch_sizes, layout, False, bias)
+            out, h_n, c_n, _ = fused.scan_forward(proj, h0, c0, batch_sizes, layout, False, bias)
         return out, h_n, c_n
     weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
     proj = input_projection(x, weight, bias)

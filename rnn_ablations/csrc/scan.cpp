@@ -2,15 +2,19 @@
 // LSTM - S-RNN - HIDDEN (rnn_ablations/variants.py; the generic reference is
 // rnn_ablations/functional.py, the autograd wrapper rnn_ablations/scan.py).
 //
-//   proj (T, B, D*G*H) all input projections of one layer, D = 1 or 2 directions side by side
-//                     (biases included); per direction, blocks of H columns at the offsets of
-//                     `layout` (in units of H, -1 = absent):
+//   proj (T, B, D*G*H) all input projections of one layer, D = 1 or 2 directions side by side;
+//                     time-major contiguous, or the time-major view of a contiguous (B, T, ...)
+//                     tensor (batch-major: out, cs and d_proj are then batch-major too); per
+//                     direction, blocks of H columns at the offsets of `layout` (in units of H,
+//                     -1 = absent):
 //     layout = {i, f, o, c, r, hw, output}
 //       i, f     input and forget gates (sigmoid)
 //       o        output gate (sigmoid), present iff output == kOTanh
 //       c        content c~ (used as is)
 //       r, hw    highway gate (sigmoid) and projection, both present or both absent
 //       output   h_t = o * tanh(c_t) (kOTanh), tanh(c_t) (kTanh) or c_t (kIdentity)
+//   bias (D*G*H)      optional, added to proj's blocks inside the scan (the backward can sum
+//                     its gradient there too: bias_grad)
 //   c_t = i * c~ + f * c_{t-1};   with highway h_t <- r * h_t + (1 - r) * hw
 //   batch_sizes (T)   CPU int64, non-increasing: rows [0, batch_sizes[t]) are active at step t;
 //                     an inactive row keeps its state and outputs 0.
@@ -21,9 +25,12 @@
 //
 // Nothing reads h_{t-1}, so there is no per-step matrix product: every (row, unit) is an
 // independent linear recurrence in c.  The (direction, row) pairs are split over the threads
-// (at::parallel_for), each runs its steps in order with a vectorisable loop over the H units; its
-// running c stays in its c_n row (L1-resident).  The backward recomputes the activations from proj (cheaper than
-// storing them: the pass is memory-bound) and reads the saved memories c_t.
+// (at::parallel_for), each runs its steps in order with a loop over the H units; its running c
+// stays in its c_n row (L1-resident).  The backward recomputes the activations from proj
+// (cheaper than storing them: the pass is memory-bound) and reads the saved memories c_t.
+// float32 rows run the AVX2 + FMA copy in scan_vec.cpp when the kernel's vector path is "avx2"
+// (rnn_ablations::isa_name(): the CPU has it, RNN_ABLATIONS_ISA does not say "portable"); the
+// loops here are the portable path (any CPU, and float64).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -504,4 +511,6 @@ void register_scan(pybind11::module_& m) {
         py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"), py::arg("proj"), py::arg("c0"),
         py::arg("cs"), py::arg("batch_sizes"), py::arg("layout"), py::arg("bias") = py::none(),
         py::arg("bias_grad") = false);
+  // 2: bias inside the scan, batch-major layouts, (d_proj, d_c0, d_bias) from the backward
+  m.attr("scan_abi") = 2;
 }
