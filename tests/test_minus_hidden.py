@@ -439,6 +439,39 @@ def test_weighted_sum_weights_depend_on_inputs_only():
 # --------------------------------------------------------------------------- CUDA (lent GPU only)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.skipif(not scan_kernel_available("cuda"), reason="the CUDA scan kernel is not built")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("highway,batch_first,padded", [(False, True, False), (True, True, True),
+                                                        (False, False, True)])
+def test_cuda_scan_layer_matches_generic(dtype, highway, batch_first, padded):
+    """The CUDA layer node (bias inside the scan, its gradient summed there, batch-major reads
+    of a batch_first input, lengths copied without a sync) against the generic path: outputs,
+    states and every gradient, multi-layer, bidirectional; inference equals training forward."""
+    torch.manual_seed(0)
+    m = AblatedRNN(NAME, 7, 10, num_layers=2, bidirectional=True, highway=highway,
+                   batch_first=batch_first).to("cuda", dtype)
+    B, T = 4, 9
+    x = torch.randn((B, T, 7) if batch_first else (T, B, 7), device="cuda", dtype=dtype)
+    lengths = torch.tensor([9, 2, 6, 9]) if padded else None
+    c0 = torch.randn(4, B, 10, device="cuda", dtype=dtype)
+    h0 = torch.randn(4, B, 10, device="cuda", dtype=dtype)
+    results = {}
+    for backend in ("kernel", "generic"):
+        with use_backend(backend):
+            xb, cb = x.clone().requires_grad_(), c0.clone().requires_grad_()
+            out, (h, c) = m(xb, (h0, cb), lengths=lengths)
+            (out.sin().sum() + h.sum() + c.cos().sum()).backward()
+            grads = [xb.grad, cb.grad] + [p.grad.clone() for p in m.parameters()]
+            m.zero_grad()
+            with torch.no_grad():
+                infer = m(x, (h0, c0), lengths=lengths)[0]
+        results[backend] = (out.detach(), h.detach(), c.detach(), infer, *grads)
+    tol = dict(atol=1e-9, rtol=1e-7) if dtype == torch.float64 else dict(atol=3e-5, rtol=1e-4)
+    for a, b in zip(results["kernel"], results["generic"]):
+        torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not scan_kernel_available("cuda"), reason="the CUDA scan kernel is not built")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_scan_half_precision_against_float32(dtype):
     """The CUDA scan computes in float for float16/bfloat16 inputs: close to the float32 run."""
