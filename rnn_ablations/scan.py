@@ -349,7 +349,8 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
         bias = torch.cat([projection_bias(b, width) for b in biases]) if dirs > 1 \
             else projection_bias(biases[0], width)
     layout = scan_layout(variant, highway)
-    fused = _fused_ext(x, weights, bias) if layout is not None else None
+    # (an empty batch takes the two-node path, which handles it as nn.LSTM does)
+    fused = _fused_ext(x, weights, bias) if layout is not None and x.numel() > 0 else None
     if fused is not None:
         # the projection, the scan (bias added inside) and the backward in one node
         h0, c0 = h0.contiguous(), c0.contiguous()

@@ -441,11 +441,12 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
   for (const at::Tensor* t : {&g_out, &cs}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == proj.scalar_type() &&
                     t->dim() == 3 && t->size(0) == n.T && t->size(1) == n.B &&
-                    t->size(2) == n.D * n.H && t->stride(2) == 1,
+                    t->size(2) == n.D * n.H && (t->numel() == 0 || t->stride(2) == 1),
                 who, ": g_out and cs must be (T, B, D*H) of proj's dtype, contiguous rows");
   }
-  TORCH_CHECK(cs.stride(0) == (is_batch_major(proj) ? n.D * n.H : n.B * n.D * n.H) &&
-                  cs.stride(1) == (is_batch_major(proj) ? n.T * n.D * n.H : n.D * n.H),
+  TORCH_CHECK(cs.numel() == 0 ||
+                  (cs.stride(0) == (is_batch_major(proj) ? n.D * n.H : n.B * n.D * n.H) &&
+                   cs.stride(1) == (is_batch_major(proj) ? n.T * n.D * n.H : n.D * n.H)),
               who, ": cs must be laid out like proj (as scan_forward returns it)");
   TORCH_CHECK(g_cn.device().is_cpu() && g_cn.scalar_type() == proj.scalar_type() &&
                   g_cn.is_contiguous() && g_cn.sizes() == c0.sizes(),

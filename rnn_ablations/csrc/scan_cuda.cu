@@ -369,13 +369,14 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
   const at::ScalarType acc_type = at::toOpMathType(proj.scalar_type());
   TORCH_CHECK(g_out.device() == proj.device() && g_out.scalar_type() == proj.scalar_type() &&
                   g_out.dim() == 3 && g_out.size(0) == n.T && g_out.size(1) == n.B &&
-                  g_out.size(2) == n.D * n.H && g_out.stride(2) == 1,
+                  g_out.size(2) == n.D * n.H && (g_out.numel() == 0 || g_out.stride(2) == 1),
               who, ": g_out must be (T, B, D*H) of proj's dtype, contiguous rows");
   const bool bm = is_batch_major(proj);
   TORCH_CHECK(cs.device() == proj.device() && cs.scalar_type() == acc_type && cs.dim() == 3 &&
                   cs.size(0) == n.T && cs.size(1) == n.B && cs.size(2) == n.D * n.H &&
-                  cs.stride(2) == 1 && cs.stride(0) == (bm ? n.D * n.H : n.B * n.D * n.H) &&
-                  cs.stride(1) == (bm ? n.T * n.D * n.H : n.D * n.H),
+                  (cs.numel() == 0 ||
+                   (cs.stride(2) == 1 && cs.stride(0) == (bm ? n.D * n.H : n.B * n.D * n.H) &&
+                    cs.stride(1) == (bm ? n.T * n.D * n.H : n.D * n.H))),
               who, ": cs must be the memories saved by scan_forward (laid out like proj)");
   TORCH_CHECK(g_cn.device() == proj.device() && g_cn.scalar_type() == proj.scalar_type() &&
                   g_cn.is_contiguous() && g_cn.sizes() == c0.sizes(),
