@@ -5,24 +5,31 @@ training (forward + backward of ``output.sum()``) and inference (``no_grad``), f
 Every model is timed in interleaved rounds (each model once per round, so that a change in machine
 load hits all alike); the table shows the median time and the ratio time(nn.LSTM) / time(model)
 (> 1 = faster than nn.LSTM), with the spread of the per-round ratios.  Needs a quiet machine.
+On CPU the file records the processor (``lscpu``) and the kernel's vector path
+(:func:`rnn_ablations.kernel_isa`); ``--isas avx2 portable`` times each model under each vector
+path in the same rounds (the portable rows are the fallback for CPUs without AVX2 + FMA).
 
     .venv/bin/python benchmarks/speed_minus_hidden.py --threads 2
+    .venv/bin/python benchmarks/speed_minus_hidden.py --threads 2 --isas avx2 portable
     .venv/bin/python benchmarks/speed_minus_hidden.py --threads 2 --variants lstm_minus_srnn_minus_hidden lstm_minus_srnn
     .venv/bin/python benchmarks/speed_minus_hidden.py --device cuda --shapes gpu
 
-writes ``benchmarks/results/speed_minus_hidden[_<device>].{json,md}``.
+writes ``benchmarks/results/speed_minus_hidden_<device>[_tiny].{json,md}``.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+import rnn_ablations
 from rnn_ablations import AblatedRNN, get_variant
 from rnn_ablations.commands import speed as speed_cmd
 from rnn_ablations.scan import scan_kernel_available
@@ -45,12 +52,43 @@ def _machine(device: str) -> str:
     return speed_cmd._machine()
 
 
+def _lscpu() -> dict:
+    """The processor as ``lscpu`` reports it (model, cores, caches, the vector flags that matter)."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    info = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "Flags":
+            flags = value.split()
+            info["vector flags"] = " ".join(f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f",
+                                                         "avx512_bf16", "amx_tile") if f in flags)
+        elif key in ("Model name", "Vendor ID", "CPU(s)", "Thread(s) per core", "Socket(s)",
+                     "L1d cache", "L2 cache", "L3 cache", "CPU max MHz"):
+            info[key] = value
+    return info
+
+
+def _kernel_isa_info() -> dict:
+    return {"kernel_isa": rnn_ablations.kernel_isa(),
+            "supported_kernel_isas": rnn_ablations.supported_kernel_isas()}
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def measure(shapes, variants, repeats: int, warmup: int, device: str):
+def _label(variant: str, isa, isas) -> str:
+    return variant if isa is None or len(isas) < 2 else f"{variant} [{isa}]"
+
+
+def measure(shapes, variants, repeats: int, warmup: int, device: str, isas=(None,)):
+    """Rows of the result table; every model once per round, each of ours under every ISA of
+    ``isas`` (None: the kernel's current path)."""
     rows = []
     for name, layers, d_in, H, bi, B, T in shapes:
         torch.manual_seed(0)
@@ -61,7 +99,10 @@ def measure(shapes, variants, repeats: int, warmup: int, device: str):
                                    batch_first=True)
         models = {k: m.to(device) for k, m in models.items()}
         x = torch.randn(B, T, d_in, device=device, requires_grad=True)
-        times = {(k, mode): [] for k in models for mode in ("train", "inference")}
+        # (label, model, ISA): nn.LSTM once, each variant under every ISA asked for
+        runs = [("nn.LSTM", models["nn.LSTM"], None)]
+        runs += [(_label(v, isa, isas), models[v], isa) for v in variants for isa in isas]
+        times = {(k, mode): [] for k, _, _ in runs for mode in ("train", "inference")}
 
         def train(m):
             m(x)[0].sum().backward()
@@ -71,33 +112,48 @@ def measure(shapes, variants, repeats: int, warmup: int, device: str):
                 m(x)
 
         for r in range(warmup + repeats):
-            for k, m in models.items():
-                for mode, step in (("train", train), ("inference", infer)):
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    step(m)
-                    _sync(device)
-                    if r >= warmup:
-                        times[(k, mode)].append(time.perf_counter() - t0)
+            for k, m, isa in runs:
+                with (rnn_ablations.use_kernel_isa(isa) if isa else contextlib.nullcontext()):
+                    for mode, step in (("train", train), ("inference", infer)):
+                        _sync(device)
+                        t0 = time.perf_counter()
+                        step(m)
+                        _sync(device)
+                        if r >= warmup:
+                            times[(k, mode)].append(time.perf_counter() - t0)
         for mode in ("train", "inference"):
             ref = times[("nn.LSTM", mode)]
-            for k in models:
+            for k, _, isa in runs:
                 ts = times[(k, mode)]
                 ratios = [a / b for a, b in zip(ref, ts)]
                 rows.append({"shape": name, "layers": layers, "d_in": d_in, "hidden": H,
                              "bidirectional": bi, "batch": B, "seq_len": T, "model": k,
-                             "mode": mode, "median_ms": 1e3 * statistics.median(ts),
+                             "kernel_isa": isa or (rnn_ablations.kernel_isa()
+                                                   if device == "cpu" and k != "nn.LSTM" else None),
+                             "mode": mode, "matmul_ratio": matmul_ratio(layers, d_in, H, bi), "median_ms": 1e3 * statistics.median(ts),
                              "ratio_vs_nn_lstm": statistics.median(ref) / statistics.median(ts),
                              "ratio_min": min(ratios), "ratio_max": max(ratios)})
         print(f"  done: {name}", file=sys.stderr, flush=True)
     return rows
 
 
+def matmul_ratio(layers: int, d_in: int, hidden: int, bidirectional: bool) -> float:
+    """Multiply-adds of nn.LSTM over those of LSTM − S-RNN − HIDDEN, same configuration:
+    per token, layer and direction 4H·(d + H) against 4H·d (no recurrent product).  Where both
+    run at the speed of their matrix products, the first is the ratio to expect; below 2 when
+    the layers' inputs are wider than H (the gap to 2× must then come from nn.LSTM's small
+    per-step products and its sequential element-wise work)."""
+    dirs = 2 if bidirectional else 1
+    ins = [d_in] + [hidden * dirs] * (layers - 1)
+    return sum(d + hidden for d in ins) / sum(ins)
+
+
 def format_table(rows, variants) -> str:
+    """``variants``: the model labels of the columns (a variant, or "variant [isa]")."""
     head = ["shape (layers, d_in, H, bi, B, T)"]
     for v in variants:
         head += [f"{v} train", f"{v} infer"]
-    head += ["nn.LSTM train ms", "nn.LSTM infer ms"]
+    head += ["nn.LSTM train ms", "nn.LSTM infer ms", "matmul ratio"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by = {(r["shape"], r["model"], r["mode"]): r for r in rows}
     for shape in dict.fromkeys(r["shape"] for r in rows):
@@ -109,6 +165,7 @@ def format_table(rows, variants) -> str:
                 r = by[(shape, v, mode)]
                 cells.append(f"{r['ratio_vs_nn_lstm']:.2f}× ({r['ratio_min']:.2f}–{r['ratio_max']:.2f})")
         cells += [f"{by[(shape, 'nn.LSTM', m)]['median_ms']:.1f}" for m in ("train", "inference")]
+        cells.append(f"{matmul_ratio(r0['layers'], r0['d_in'], r0['hidden'], r0['bidirectional']):.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -121,6 +178,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--isas", nargs="+", default=None,
+                   help="CPU: time each variant under these vector paths of the kernel (e.g. "
+                        "avx2 portable; default: the path in use)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = p.parse_args(argv)
     if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
@@ -128,24 +188,46 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible")
     variants = [get_variant(v).name for v in args.variants]
+    isas = (None,)
+    if args.isas:
+        if args.device != "cpu":
+            p.error("--isas applies to --device cpu only")
+        if not rnn_ablations.kernel_available():
+            p.error("--isas needs the compiled CPU kernel")
+        unknown = [i for i in args.isas if i not in rnn_ablations.supported_kernel_isas()]
+        if unknown:
+            p.error(f"--isas {' '.join(unknown)}: this CPU/build runs "
+                    f"{', '.join(rnn_ablations.supported_kernel_isas())}")
+        isas = tuple(dict.fromkeys(args.isas))
     torch.set_num_threads(args.threads)
     machine = _machine(args.device)
     kernel = scan_kernel_available(args.device)
-    print(f"{machine}; scan kernel {'compiled' if kernel else 'NOT available (generic path)'}",
+    cpu = _lscpu() if args.device == "cpu" else {}
+    isa_info = _kernel_isa_info() if args.device == "cpu" else {}
+    line = machine
+    if args.device == "cpu":
+        line += (f"; lscpu: {cpu.get('Model name', '?')} ({cpu.get('vector flags', '?')}); "
+                 f"kernel ISA {isa_info['kernel_isa']} (supported: "
+                 f"{', '.join(isa_info['supported_kernel_isas']) or 'none'})")
+    print(f"{line}; scan kernel {'compiled' if kernel else 'NOT available (generic path)'}",
           flush=True)
-    rows = measure(SHAPES[args.shapes], variants, args.repeats, args.warmup, args.device)
-    table = format_table(rows, variants)
+    rows = measure(SHAPES[args.shapes], variants, args.repeats, args.warmup, args.device, isas)
+    labels = [_label(v, isa, isas) for v in variants for isa in isas]
+    table = format_table(rows, labels)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "speed_minus_hidden" + ("" if args.device == "cpu" else f"_{args.device}")
+    stem = f"speed_minus_hidden_{args.device}"
     if args.shapes == "tiny":
         stem += "_tiny"
-    meta = {"machine": machine, "scan_kernel": kernel, "threads": args.threads,
-            "repeats": args.repeats, "shapes": args.shapes, "rows": rows}
+    meta = {"machine": machine, "lscpu": cpu, **isa_info, "scan_kernel": kernel,
+            "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
+            "shapes": args.shapes, "command": " ".join(sys.argv), "rows": rows}
     (args.out / f"{stem}.json").write_text(json.dumps(meta, indent=1))
-    (args.out / f"{stem}.md").write_text(f"{machine}; ratio = time(nn.LSTM) / time(model), "
-                                         f"median of {args.repeats} interleaved rounds "
-                                         f"(min–max of the per-round ratios)\n\n{table}\n")
+    (args.out / f"{stem}.md").write_text(f"{line}; {args.threads} threads; ratio = time(nn.LSTM) "
+                                         f"/ time(model), median of {args.repeats} interleaved "
+                                         f"rounds (min–max of the per-round ratios); matmul "
+                                         f"ratio = multiply-adds of nn.LSTM / of "
+                                         f"LSTM − S-RNN − HIDDEN (see matmul_ratio)\n\n{table}\n")
     return 0
 
 

@@ -3,19 +3,24 @@ LSTM − S-RNN − HIDDEN): one input projection for all steps, then an element-
 
 Its only recurrence is ``c_t = f_t∘c_{t-1} + i_t∘c̃_t`` with gates that read ``x_t`` only, so
 there is no per-step matrix product: :func:`run_scan_layer` computes the projections of every
-step with one GEMM (:func:`rnn_ablations.dispatch.input_projection`) and hands them to a fused
-element-wise kernel, ``scan_forward`` / ``scan_backward`` (``csrc/scan.cpp`` in the CPU
+step with one GEMM per direction and hands them to a fused element-wise kernel, ``scan_forward``
+/ ``scan_backward`` (``csrc/scan.cpp`` with its AVX2 + FMA rows ``csrc/scan_vec.cpp`` in the CPU
 extension ``_C``, ``csrc/scan_cuda.cu`` in the CUDA extension ``_C_cuda``), with a hand-written
 backward.  The kernels receive the block layout derived from the variant table
-(:func:`scan_layout`), not a variant id.  Everything else (other dtypes or devices, no compiled
-kernel, the ``generic`` backend) runs the reference :func:`rnn_ablations.functional.generic_layer`,
-which computes the same function.
+(:func:`scan_layout`), not a variant id.
+
+The whole layer is one autograd node (:class:`_FusedScanLayer`): the kernels add the bias
+inside the scan and sum its gradient there, read a ``batch_first`` input (and write their output)
+in batch-major order without transposed copies, and inference (no gradient wanted) saves nothing
+for a backward.  Under autocast, or with an extension built before that interface (``scan_abi``
+< 2), the projection is an autograd op and the scan a node of its own (:class:`_ScanLayer`).
+Everything else (other dtypes or devices, no compiled kernel, the ``generic`` backend) runs the
+reference :func:`rnn_ablations.functional.generic_layer`, which computes the same function.
 
 Padding follows the other variants' layer calls (:mod:`rnn_ablations.functional`): rows sorted by
 decreasing length, ``batch_sizes[t]`` rows active at step t; an inactive row keeps its state and
-outputs zero.  A bidirectional layer is one call: the projections of both directions are one GEMM
-on the input in time order, and the kernels run direction 1 backwards within each row's length
-(the same function as the other variants' reversed copies, without the copies).
+outputs zero.  A bidirectional layer is one call: the kernels run direction 1 backwards within
+each row's length (the same function as the other variants' reversed copies, without the copies).
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .dispatch import get_backend, input_projection
+from . import dispatch as _dispatch
+from .dispatch import _dnnl_linear, get_backend, input_projection
 from .functional import generic_layer, projection_bias, reversal_index
 from .variants import Variant
 
@@ -128,7 +134,7 @@ class _ScanLayer(torch.autograd.Function):
             return dproj, None, dc0, None, None, None, None, None
         dproj, dc0 = ctx.ext.scan_backward(g_out.contiguous(), g_hn.contiguous(),
                                            g_cn.contiguous(), proj, c0, cs, batch_sizes,
-                                           ctx.layout)
+                                           ctx.layout)[:2]
         return dproj, None, dc0, None, None, None, None, None
 
 
@@ -153,6 +159,165 @@ def _generic_directions(variant, highway, proj, h0, c0, batch_sizes):
         hs.append(h_n)
         cs.append(c_n)
     return torch.cat(outs, -1) if dirs > 1 else outs[0], torch.stack(hs), torch.stack(cs)
+
+
+def _rows(x: torch.Tensor) -> Tuple[torch.Tensor, bool]:
+    """``x`` (T, B, d) as a 2-D matrix of rows without a copy where its layout allows: time-major
+    (rows t·B + b) when contiguous, batch-major (rows b·T + t) when it is the time-major view of a
+    contiguous (B, T, d) tensor (a ``batch_first`` input or a previous scan layer's output)."""
+    if not x.is_contiguous() and x.transpose(0, 1).is_contiguous():
+        return x.transpose(0, 1).reshape(-1, x.shape[-1]), True
+    return x.contiguous().view(-1, x.shape[-1]), False
+
+
+def _as_time_major(rows: torch.Tensor, seq_len: int, batch: int, batch_major: bool) -> torch.Tensor:
+    """The (T, B, W) view of a 2-D matrix of rows ordered as :func:`_rows` returned them."""
+    if batch_major:
+        return rows.view(batch, seq_len, rows.shape[-1]).transpose(0, 1)
+    return rows.view(seq_len, batch, rows.shape[-1])
+
+
+def _rows_of(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
+    """Inverse of :func:`_as_time_major` (a view)."""
+    return (t.transpose(0, 1) if batch_major else t).reshape(-1, t.shape[-1])
+
+
+def _use_onednn(x2d: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
+    """The rule of :func:`rnn_ablations.dispatch.input_projection` for the directions' weights
+    together: oneDNN for float32 when they hold at least ``ONEDNN_MIN_WEIGHT`` entries."""
+    return (get_backend() != "generic" and x2d.device.type == "cpu" and x2d.dtype == torch.float32
+            and all(w.dtype == torch.float32 for w in weights)
+            and sum(w.numel() for w in weights) >= _dispatch.ONEDNN_MIN_WEIGHT
+            and _dispatch._onednn_usable())
+
+
+def _project(x2d: torch.Tensor, weights: Sequence[torch.Tensor]
+             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """x2d · [W_0; W_1]ᵀ (the directions side by side) on the faster GEMM library, no autograd;
+    returns it and the concatenated weight where one was made (kept for the backward).  oneDNN
+    reads one weight, so the directions' are concatenated for it; ATen's GEMM writes each
+    direction's columns in place instead."""
+    if _use_onednn(x2d, weights):
+        weight = weights[0] if len(weights) == 1 else torch.cat(list(weights))
+        return _dnnl_linear(x2d, weight, None), (weight if len(weights) > 1 else None)
+    if len(weights) == 1:
+        return torch.mm(x2d, weights[0].t()), None
+    width = weights[0].shape[0]
+    proj = x2d.new_empty(x2d.shape[0], width * len(weights))
+    for d, w in enumerate(weights):
+        torch.mm(x2d, w.t(), out=proj[:, d * width:(d + 1) * width])
+    return proj, None
+
+
+def _project_back(g2d: torch.Tensor, weights: Sequence[torch.Tensor],
+                  cat: Optional[torch.Tensor]) -> torch.Tensor:
+    """g2d · [W_0; W_1] (the input gradient of :func:`_project`), on the same library."""
+    if _use_onednn(g2d, weights):
+        weight = cat if cat is not None else (weights[0] if len(weights) == 1
+                                              else torch.cat(list(weights)))
+        return _dnnl_linear(g2d, weight.t(), None)  # oneDNN reads the transposed layout
+    width = weights[0].shape[0]
+    dx = torch.mm(g2d[:, :width], weights[0])
+    for d in range(1, len(weights)):
+        dx.addmm_(g2d[:, d * width:(d + 1) * width], weights[d])
+    return dx
+
+
+class _FusedScanLayer(torch.autograd.Function):
+    """The whole layer as one autograd node: the input projection of every step and direction
+    (GEMMs without bias: the kernel adds it), the scan, and a hand-written backward (the scan
+    backward also sums the bias gradient; then the input gradient of both directions and their
+    weight gradients).  A ``batch_first`` input and a previous scan layer's output are read in
+    their batch-major order, without a transposed copy.  ``ext`` is the CPU or CUDA extension."""
+
+    @staticmethod
+    def forward(ctx, x, c0, h0, batch_sizes, layout, ext, variant, highway, bias, *weights):
+        seq_len, batch = x.shape[0], x.shape[1]
+        x2d, batch_major = _rows(x)
+        proj2d, cat = _project(x2d, weights)
+        proj = _as_time_major(proj2d, seq_len, batch, batch_major)
+        out, h_n, c_n, cs = ext.scan_forward(proj, h0, c0, batch_sizes, layout, True, bias)
+        ctx.save_for_backward(x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights)
+        ctx.layout, ctx.ext, ctx.variant, ctx.highway = layout, ext, variant, highway
+        ctx.batch_major = batch_major
+        return out, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, g_out, g_hn, g_cn):
+        x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights = ctx.saved_tensors
+        # inputs: x, c0, h0, batch_sizes, layout, ext, variant, highway, bias, *weights
+        need = ctx.needs_input_grad
+        wants = (need[0], need[1], need[8]) + tuple(need[9:])
+        if torch.is_grad_enabled():
+            # create_graph=True: recompute the layer with differentiable ops and let autograd
+            # differentiate it, so that second derivatives are exact.
+            inputs = [x, c0, bias] + weights
+            with torch.enable_grad():
+                outs = _reference_layer(ctx.variant, ctx.highway, x, weights, bias, h0, c0,
+                                        batch_sizes)
+                got = iter(torch.autograd.grad(outs, [t for t, w in zip(inputs, wants) if w],
+                                               (g_out, g_hn, g_cn), create_graph=True,
+                                               allow_unused=True))
+            grads = [next(got) if w else None for w in wants]
+            grads = [torch.zeros_like(t) if g is None and w else g
+                     for t, g, w in zip(inputs, grads, wants)]
+            dx, dc0, db, *dws = grads
+            return (dx, dc0, None, None, None, None, None, None, db, *dws)
+        g_out = torch.zeros_like(cs, dtype=proj.dtype) if g_out is None else g_out
+        if g_out.stride(-1) != 1:  # e.g. the expanded gradient of .sum()
+            g_out = g_out.contiguous()
+        g_hn = torch.zeros_like(c0) if g_hn is None else g_hn.contiguous()
+        g_cn = torch.zeros_like(c0) if g_cn is None else g_cn.contiguous()
+        dproj, dc0, db = ctx.ext.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
+                                               ctx.layout, bias, bool(need[8]))
+        g2d = _rows_of(dproj, ctx.batch_major)
+        dx = dws = None
+        if need[0]:
+            dx = _as_time_major(_project_back(g2d, weights, cat), x.shape[0], x.shape[1],
+                                ctx.batch_major)
+        if any(need[9:]):
+            x2d, _ = _rows(x)
+            if x2d.device.type == "cpu" and _C is not None and hasattr(_C, "weight_grad"):
+                dw = _C.weight_grad(g2d, x2d)
+            else:
+                dw = g2d.t().mm(x2d)
+            dws = dw.split(weights[0].shape[0])
+        return (dx, dc0 if need[1] else None, None, None, None, None, None, None,
+                db if need[8] else None, *(dws if dws is not None else [None] * len(weights)))
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4
+        return device_type == "cuda" and torch.is_autocast_enabled()
+
+
+def _fused_ext(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor]):
+    """The compiled module that runs the whole layer (:class:`_FusedScanLayer`: a kernel with
+    the bias inside the scan, ``scan_abi`` 2), or ``None`` (then the projection is an autograd op
+    and the scan a separate node, or the generic path).  Not under autocast, whose casts the
+    projection inside the node would not see."""
+    if get_backend() == "generic" or _autocast_on(x.device.type):
+        return None
+    if any(t is not None and (t.dtype != x.dtype or t.device != x.device)
+           for t in (bias, *weights)):
+        return None
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        ext = _C
+    elif x.device.type == "cuda" and x.dtype in (torch.float32, torch.float64, torch.float16,
+                                                 torch.bfloat16):
+        ext = _C_cuda
+    else:
+        return None
+    return ext if ext is not None and getattr(ext, "scan_abi", 1) >= 2 else None
+
+
+def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
+    """The layer with differentiable torch ops (the generic path) from the fused layer's inputs."""
+    weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+    proj = torch.nn.functional.linear(x, weight, bias)
+    return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
 
 
 def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
@@ -183,9 +348,23 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
     else:
         bias = torch.cat([projection_bias(b, width) for b in biases]) if dirs > 1 \
             else projection_bias(biases[0], width)
+    layout = scan_layout(variant, highway)
+    # (an empty batch takes the two-node path, which handles it as nn.LSTM does)
+    fused = _fused_ext(x, weights, bias) if layout is not None and x.numel() > 0 else None
+    if fused is not None:
+        # the projection, the scan (bias added inside) and the backward in one node
+        h0, c0 = h0.contiguous(), c0.contiguous()
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (x, c0, bias, *weights)):
+            return _FusedScanLayer.apply(x, c0, h0, batch_sizes, layout, fused, variant, highway,
+                                         bias, *weights)
+        with torch.no_grad():  # inference: nothing saved for a backward
+            x2d, batch_major = _rows(x)
+            proj = _as_time_major(_project(x2d, weights)[0], x.shape[0], x.shape[1], batch_major)
+            out, h_n, c_n, _ = fused.scan_forward(proj, h0, c0, batch_sizes, layout, False, bias)
+        return out, h_n, c_n
     weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
     proj = input_projection(x, weight, bias)
-    layout = scan_layout(variant, highway)
     ext = _scan_kernel(proj) if layout is not None else None
     if ext is None:
         return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)

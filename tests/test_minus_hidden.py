@@ -244,6 +244,153 @@ def test_kernel_rejects_a_bad_layout():
         _C.scan_forward(proj, z, z, torch.tensor([1, 2, 2]), [0, 1, 2, 3, -1, -1, 0], False)
 
 
+# --------------------------------------------------------------------------- the vector paths
+ISAS = __import__("rnn_ablations").supported_kernel_isas() if HAS_KERNEL else []
+
+
+def _scan_call(layout, proj, bias, h0, c0, bs, g_out, g_hn, g_cn):
+    from rnn_ablations import _C
+    out, h_n, c_n, cs = _C.scan_forward(proj, h0, c0, bs, layout, True, bias)
+    dproj, dc0, db = _C.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, bs, layout, bias, True)
+    return out, h_n, c_n, cs, dproj, dc0, db
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+@pytest.mark.parametrize("highway,dirs,H", [(False, 1, 13), (True, 2, 13), (False, 2, 16),
+                                            (True, 1, 3)])
+def test_scan_vector_paths_agree(highway, dirs, H, one_thread):
+    """Every vector path this CPU runs (avx2: 8 units per instruction, a masked tail when H is
+    not a multiple of 8; portable) gives the float64 kernel's numbers in float32, forward and
+    backward, with the bias added inside the scan and its gradient summed there."""
+    import rnn_ablations as ra
+    v = get_variant(NAME)
+    layout = scan_layout(v, highway)
+    G = v.num_input_only(highway)
+    T, B = 7, 5
+    bs = torch.tensor([5, 5, 4, 3, 3, 2, 1])
+    proj = torch.randn(T, B, dirs * G * H, dtype=torch.float64) * 2
+    bias = torch.randn(dirs * G * H, dtype=torch.float64)
+    h0, c0 = torch.randn(2, dirs, B, H, dtype=torch.float64)
+    g_out = torch.randn(T, B, dirs * H, dtype=torch.float64)
+    g_hn, g_cn = torch.randn(2, dirs, B, H, dtype=torch.float64)
+    ref = _scan_call(layout, proj, bias, h0, c0, bs, g_out, g_hn, g_cn)
+    # the fused bias is the bias added to proj; its gradient the sum of d_proj
+    plain = _scan_call(layout, proj + bias, None, h0, c0, bs, g_out, g_hn, g_cn)
+    for k in (0, 1, 2, 4, 5, 6):  # cs holds nothing at padded steps
+        torch.testing.assert_close(ref[k], plain[k])
+    torch.testing.assert_close(ref[6], ref[4].sum((0, 1)))
+    assert ISAS[-1] == "portable"
+    for isa in ISAS:
+        with ra.use_kernel_isa(isa):
+            got = _scan_call(layout, *(t.float() for t in (proj, bias, h0, c0)), bs,
+                             *(t.float() for t in (g_out, g_hn, g_cn)))
+        for name, a, b in zip(["out", "h_n", "c_n", "cs", "d_proj", "d_c0", "d_bias"], got, ref):
+            if name == "cs":  # nothing at padded steps
+                valid = torch.arange(T).unsqueeze(1) < (bs.unsqueeze(0) > torch.arange(B).unsqueeze(1)).sum(1)
+                a, b = a[valid], b[valid]
+            torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5,
+                                       msg=lambda s, n=name, i=isa: f"{i} {n}: {s}")
+        assert got[0][bs.numel() - 1, 1:].abs().sum() == 0  # padding outputs zero
+        assert got[4][-1, 1:].abs().sum() == 0              # and gets no gradient
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+@pytest.mark.parametrize("isa", ISAS)
+def test_scan_batch_major_layout(isa, one_thread):
+    """A batch-major proj (the time-major view of a contiguous (B, T, W) tensor, as from a
+    batch_first input) gives the same numbers, and batch-major outputs and gradients."""
+    import rnn_ablations as ra
+    layout = scan_layout(get_variant(NAME), False)
+    T, B, H = 6, 4, 9
+    bs = torch.tensor([4, 4, 3, 3, 1, 1])
+    proj_bm = torch.randn(B, T, 2 * 4 * H)
+    bias = torch.randn(2 * 4 * H)
+    h0, c0 = torch.randn(2, 2, B, H)
+    g_out_bm = torch.randn(B, T, 2 * H)
+    g_hn, g_cn = torch.randn(2, 2, B, H)
+    with ra.use_kernel_isa(isa):
+        tm = _scan_call(layout, proj_bm.transpose(0, 1).contiguous(), bias, h0, c0, bs,
+                        g_out_bm.transpose(0, 1).contiguous(), g_hn, g_cn)
+        bm = _scan_call(layout, proj_bm.transpose(0, 1), bias, h0, c0, bs,
+                        g_out_bm.transpose(0, 1), g_hn, g_cn)
+    for k in (0, 1, 2, 4, 5, 6):  # cs holds nothing at padded steps
+        torch.testing.assert_close(bm[k], tm[k], atol=0, rtol=0)
+    for t in (bm[0], bm[3], bm[4]):
+        assert t.transpose(0, 1).is_contiguous()
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+def test_isa_environment_forces_the_portable_scan(tmp_path):
+    """RNN_ABLATIONS_ISA=portable runs the portable rows: the same numbers as set_kernel_isa
+    ("portable") in this process, and (where the CPU has AVX2) close to the avx2 rows."""
+    import os
+    import subprocess
+    import sys
+    import rnn_ablations as ra
+    torch.manual_seed(3)
+    m = AblatedRNN(NAME, 6, 11, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 3, 6)
+    torch.save({"state": m.state_dict(), "x": x}, tmp_path / "case.pt")
+    script = (
+        "import sys, torch, rnn_ablations as ra\n"
+        "from rnn_ablations import AblatedRNN\n"
+        "torch.set_num_threads(1)\n"
+        f"d = torch.load({str(tmp_path / 'case.pt')!r})\n"
+        f"m = AblatedRNN({NAME!r}, 6, 11, num_layers=2, bidirectional=True)\n"
+        "m.load_state_dict(d['state'])\n"
+        "x = d['x'].clone().requires_grad_()\n"
+        "out = m(x)[0]\n"
+        "out.sin().sum().backward()\n"
+        f"torch.save({{'isa': ra.kernel_isa(), 'out': out.detach(), 'dx': x.grad}}, "
+        f"{str(tmp_path / 'got.pt')!r})\n")
+    env = dict(os.environ, RNN_ABLATIONS_ISA="portable")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=300)
+    got = torch.load(tmp_path / "got.pt")
+    assert got["isa"] == "portable"
+    for isa in ISAS:
+        with ra.use_kernel_isa(isa):
+            xr = x.clone().requires_grad_()
+            out = m(xr)[0]
+            out.sin().sum().backward()
+        tol = 0 if isa == "portable" else 1e-5
+        torch.testing.assert_close(got["out"], out.detach(), atol=tol, rtol=tol)
+        torch.testing.assert_close(got["dx"], xr.grad, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+def test_fused_layer_inference_and_double_backward(one_thread):
+    """The CPU layer node: inference (no_grad, nothing saved) gives the training forward's
+    numbers; batch_first and time-major inputs agree; second derivatives through the node
+    (create_graph) are exact (gradgradcheck, float64)."""
+    m = AblatedRNN(NAME, 5, 6, num_layers=2, bidirectional=True, batch_first=True)
+    x = torch.randn(3, 7, 5, requires_grad=True)
+    lengths = torch.tensor([7, 4, 6])
+    with use_backend("kernel"):
+        out, (h, c) = m(x, lengths=lengths)
+        with torch.no_grad():
+            i_out, (i_h, i_c) = m(x, lengths=lengths)
+        m.batch_first = False
+        t_out = m(x.detach().transpose(0, 1).contiguous(), lengths=lengths)[0].transpose(0, 1)
+        m.batch_first = True
+    for a, b in ((out, i_out), (h, i_h), (c, i_c), (out, t_out)):
+        torch.testing.assert_close(a.detach(), b, atol=1e-6, rtol=1e-6)
+    v = get_variant(NAME)
+    xd = torch.randn(4, 2, 3, dtype=torch.float64, requires_grad=True)
+    w = (0.5 * torch.randn(4 * 2, 3, dtype=torch.float64)).requires_grad_()
+    b = torch.randn(3 * 2, dtype=torch.float64, requires_grad=True)
+    h0 = torch.zeros(1, 2, 2, dtype=torch.float64)
+    c0 = torch.randn(1, 2, 2, dtype=torch.float64, requires_grad=True)
+    bs = torch.tensor([2, 2, 1, 1])
+
+    def f(xd, c0, w, b):
+        return run_scan_layer(v, False, xd, [w], [b], h0, c0, bs)
+
+    with use_backend("kernel"):
+        assert torch.autograd.gradgradcheck(f, (xd, c0, w, b))
+
+
 # --------------------------------------------------------------------------- the nn.LSTM API
 def test_packed_sequence_and_batch_first(one_thread):
     m = AblatedRNN(NAME, 4, 3, num_layers=2, bidirectional=True, batch_first=True)
@@ -292,6 +439,39 @@ def test_weighted_sum_weights_depend_on_inputs_only():
 # --------------------------------------------------------------------------- CUDA (lent GPU only)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.skipif(not scan_kernel_available("cuda"), reason="the CUDA scan kernel is not built")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("highway,batch_first,padded", [(False, True, False), (True, True, True),
+                                                        (False, False, True)])
+def test_cuda_scan_layer_matches_generic(dtype, highway, batch_first, padded):
+    """The CUDA layer node (bias inside the scan, its gradient summed there, batch-major reads
+    of a batch_first input, lengths copied without a sync) against the generic path: outputs,
+    states and every gradient, multi-layer, bidirectional; inference equals training forward."""
+    torch.manual_seed(0)
+    m = AblatedRNN(NAME, 7, 10, num_layers=2, bidirectional=True, highway=highway,
+                   batch_first=batch_first).to("cuda", dtype)
+    B, T = 4, 9
+    x = torch.randn((B, T, 7) if batch_first else (T, B, 7), device="cuda", dtype=dtype)
+    lengths = torch.tensor([9, 2, 6, 9]) if padded else None
+    c0 = torch.randn(4, B, 10, device="cuda", dtype=dtype)
+    h0 = torch.randn(4, B, 10, device="cuda", dtype=dtype)
+    results = {}
+    for backend in ("kernel", "generic"):
+        with use_backend(backend):
+            xb, cb = x.clone().requires_grad_(), c0.clone().requires_grad_()
+            out, (h, c) = m(xb, (h0, cb), lengths=lengths)
+            (out.sin().sum() + h.sum() + c.cos().sum()).backward()
+            grads = [xb.grad, cb.grad] + [p.grad.clone() for p in m.parameters()]
+            m.zero_grad()
+            with torch.no_grad():
+                infer = m(x, (h0, c0), lengths=lengths)[0]
+        results[backend] = (out.detach(), h.detach(), c.detach(), infer, *grads)
+    tol = dict(atol=1e-9, rtol=1e-7) if dtype == torch.float64 else dict(atol=3e-5, rtol=1e-4)
+    for a, b in zip(results["kernel"], results["generic"]):
+        torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not scan_kernel_available("cuda"), reason="the CUDA scan kernel is not built")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_scan_half_precision_against_float32(dtype):
     """The CUDA scan computes in float for float16/bfloat16 inputs: close to the float32 run."""
@@ -305,3 +485,35 @@ def test_cuda_scan_half_precision_against_float32(dtype):
     for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
         assert g.dtype == dtype
         torch.testing.assert_close(g.float(), w, atol=3e-2, rtol=3e-2)
+
+
+# --------------------------------------------------------------------------- the speed benchmark
+def test_speed_benchmark_runs_at_a_tiny_setting(tmp_path, one_thread):
+    """benchmarks/speed_minus_hidden.py end to end on one tiny shape (numbers not checked: a
+    timing needs a quiet machine): the files it writes name the processor and the vector path
+    and hold train and inference rows for nn.LSTM and the variant under every ISA asked for."""
+    import importlib.util
+    import json
+    import os
+    import rnn_ablations as ra
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "speed_minus_hidden.py")
+    spec = importlib.util.spec_from_file_location("speed_minus_hidden", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    isas = ["--isas", *ISAS] if ISAS else []
+    assert bench.main(["--shapes", "tiny", "--repeats", "1", "--warmup", "0", "--threads", "1",
+                       "--out", str(tmp_path), *isas]) == 0
+    meta = json.loads((tmp_path / "speed_minus_hidden_cpu_tiny.json").read_text())
+    assert meta["threads"] == 1 and meta["kernel_isa"] == ra.kernel_isa()
+    assert "Model name" in meta["lscpu"] or not meta["lscpu"]
+    models = {(r["model"], r["mode"], r["kernel_isa"]) for r in meta["rows"]}
+    for mode in ("train", "inference"):
+        assert ("nn.LSTM", mode, None) in models
+        for isa in ISAS:
+            assert (f"{NAME} [{isa}]" if len(ISAS) > 1 else NAME, mode, isa) in models
+    assert all(r["median_ms"] > 0 and r["ratio_vs_nn_lstm"] > 0 for r in meta["rows"])
+    md = (tmp_path / "speed_minus_hidden_cpu_tiny.md").read_text()
+    assert "kernel ISA" in md and "nn.LSTM train ms" in md
+    with pytest.raises(SystemExit):
+        bench.main(["--shapes", "tiny", "--isas", "sse9", "--out", str(tmp_path)])

@@ -2,15 +2,19 @@
 // LSTM - S-RNN - HIDDEN (rnn_ablations/variants.py; the generic reference is
 // rnn_ablations/functional.py, the autograd wrapper rnn_ablations/scan.py).
 //
-//   proj (T, B, D*G*H) all input projections of one layer, D = 1 or 2 directions side by side
-//                     (biases included); per direction, blocks of H columns at the offsets of
-//                     `layout` (in units of H, -1 = absent):
+//   proj (T, B, D*G*H) all input projections of one layer, D = 1 or 2 directions side by side;
+//                     time-major contiguous, or the time-major view of a contiguous (B, T, ...)
+//                     tensor (batch-major: out, cs and d_proj are then batch-major too); per
+//                     direction, blocks of H columns at the offsets of `layout` (in units of H,
+//                     -1 = absent):
 //     layout = {i, f, o, c, r, hw, output}
 //       i, f     input and forget gates (sigmoid)
 //       o        output gate (sigmoid), present iff output == kOTanh
 //       c        content c~ (used as is)
 //       r, hw    highway gate (sigmoid) and projection, both present or both absent
 //       output   h_t = o * tanh(c_t) (kOTanh), tanh(c_t) (kTanh) or c_t (kIdentity)
+//   bias (D*G*H)      optional, added to proj's blocks inside the scan (the backward can sum
+//                     its gradient there too: bias_grad)
 //   c_t = i * c~ + f * c_{t-1};   with highway h_t <- r * h_t + (1 - r) * hw
 //   batch_sizes (T)   CPU int64, non-increasing: rows [0, batch_sizes[t]) are active at step t;
 //                     an inactive row keeps its state and outputs 0.
@@ -21,9 +25,12 @@
 //
 // Nothing reads h_{t-1}, so there is no per-step matrix product: every (row, unit) is an
 // independent linear recurrence in c.  The (direction, row) pairs are split over the threads
-// (at::parallel_for), each runs its steps in order with a vectorisable loop over the H units; its
-// running c stays in its c_n row (L1-resident).  The backward recomputes the activations from proj (cheaper than
-// storing them: the pass is memory-bound) and reads the saved memories c_t.
+// (at::parallel_for), each runs its steps in order with a loop over the H units; its running c
+// stays in its c_n row (L1-resident).  The backward recomputes the activations from proj
+// (cheaper than storing them: the pass is memory-bound) and reads the saved memories c_t.
+// float32 rows run the AVX2 + FMA copy in scan_vec.cpp when the kernel's vector path is "avx2"
+// (rnn_ablations::isa_name(): the CPU has it, RNN_ABLATIONS_ISA does not say "portable"); the
+// loops here are the portable path (any CPU, and float64).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -32,13 +39,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
+#include "scan_vec.h"
+#include "vec_kernels.h"
 
 namespace {
 
-enum ScanOutput : int64_t { kOTanh = 0, kTanh = 1, kIdentity = 2 };
+using namespace rnn_ablations::scan;
 
 // float: a branch-free exp (Cephes polynomial, relative error about 2e-7) that GCC vectorises
 // inside the loops over H; double: libm (gradcheck and float64 users).
@@ -79,8 +89,8 @@ struct Layout {
 // Dimensions of one call: T steps, B rows, D directions, H units, G blocks per direction.
 struct Dims {
   int64_t T, B, D, H, G;
-  int64_t proj_row() const { return D * G * H; }  // row stride of proj / d_proj
-  int64_t out_row() const { return D * H; }        // row stride of out / cs / g_out
+  int64_t proj_row() const { return D * G * H; }  // width of a proj / d_proj row
+  int64_t out_row() const { return D * H; }        // width of an out / cs / g_out row
 };
 
 
@@ -121,89 +131,106 @@ int64_t grain_rows(const Dims& n) {
   return tasks * n.T * n.H < 32768 ? std::max<int64_t>(tasks, 1) : 1;
 }
 
-// Position of processing step s of a row of length L in direction d.
-inline int64_t position(int64_t d, int64_t s, int64_t L) { return d == 0 ? s : L - 1 - s; }
-
-// Tasks k in [k0, k1): direction k / B, row k % B.
+// The portable rows (any CPU, float32 and float64): the loops over the H units are written for
+// the compiler's vectoriser in the build's baseline instruction set.  Tasks k in [k0, k1):
+// direction k / B, row k % B.  See scan_vec.h for the arguments.
 template <typename T, int64_t OUT, bool HW, bool SAVE>
-void forward_rows(const Layout& L, const Dims& n, int64_t k0, int64_t k1, const int64_t* len,
-                  const T* proj, const T* h0, const T* c0, T* out, T* h_n, T* c_n, T* cs) {
-  const int64_t H = n.H;
+void forward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
+  const int64_t H = a.H;
   for (int64_t k = k0; k < k1; ++k) {
-    const int64_t d = k / n.B, b = k % n.B;
-    T* c = c_n + k * H;
-    std::memcpy(c, c0 + k * H, sizeof(T) * H);
-    const int64_t steps = len[b];
-    int64_t last = -1;
+    const int64_t d = k / a.nB, b = k % a.nB;
+    const T* bias = a.bias ? a.bias + d * a.G * H : nullptr;
+    auto bp = [&](int64_t blk) { return bias && blk >= 0 ? bias + blk * H : a.zeros; };
+    const T* __restrict__ bi = bp(a.i);
+    const T* __restrict__ bf = bp(a.f);
+    const T* __restrict__ bo = bp(a.o);
+    const T* __restrict__ bc = bp(a.c);
+    const T* __restrict__ br = bp(a.r);
+    const T* __restrict__ bhw = bp(a.hw);
+    T* c = a.c_n + k * H;
+    std::memcpy(c, a.c0 + k * H, sizeof(T) * H);
+    const int64_t steps = a.len[b];
+    const T* last = a.h0 + k * H;
     for (int64_t s = 0; s < steps; ++s) {
-      const int64_t t = position(d, s, steps);
-      const T* p = proj + (t * n.B + b) * n.proj_row() + d * n.G * H;
-      const T* __restrict__ pi = p + L.i * H;
-      const T* __restrict__ pf = p + L.f * H;
-      const T* __restrict__ po = p + (OUT == kOTanh ? L.o : 0) * H;
-      const T* __restrict__ pc = p + L.c * H;
-      const T* __restrict__ pr = p + (HW ? L.r : 0) * H;
-      const T* __restrict__ phw = p + (HW ? L.hw : 0) * H;
-      const int64_t o = (t * n.B + b) * n.out_row() + d * H;
-      T* __restrict__ h = out + o;
-      T* __restrict__ saved = SAVE ? cs + o : nullptr;
+      const int64_t t = d == 0 ? s : steps - 1 - s;
+      const T* p = a.proj + t * a.p_st + b * a.p_sb + d * a.G * H;
+      const T* __restrict__ pi = p + a.i * H;
+      const T* __restrict__ pf = p + a.f * H;
+      const T* __restrict__ po = p + (OUT == kOTanh ? a.o : 0) * H;
+      const T* __restrict__ pc = p + a.c * H;
+      const T* __restrict__ pr = p + (HW ? a.r : 0) * H;
+      const T* __restrict__ phw = p + (HW ? a.hw : 0) * H;
+      const int64_t o = t * a.o_st + b * a.o_sb + d * H;
+      T* __restrict__ h = a.out + o;
+      T* __restrict__ saved = SAVE ? a.cs + o : nullptr;
       T* __restrict__ cc = c;
 #pragma omp simd
       for (int64_t j = 0; j < H; ++j) {
-        const T cn = sigmoid(pi[j]) * pc[j] + sigmoid(pf[j]) * cc[j];
+        const T cn = sigmoid(pi[j] + bi[j]) * (pc[j] + bc[j]) + sigmoid(pf[j] + bf[j]) * cc[j];
         cc[j] = cn;
         if (SAVE) saved[j] = cn;
         T hv;
-        if (OUT == kOTanh) hv = sigmoid(po[j]) * tanh_of(cn);
+        if (OUT == kOTanh) hv = sigmoid(po[j] + bo[j]) * tanh_of(cn);
         else if (OUT == kTanh) hv = tanh_of(cn);
         else hv = cn;
         if (HW) {
-          const T r = sigmoid(pr[j]);
-          hv = r * hv + (T(1) - r) * phw[j];
+          const T r = sigmoid(pr[j] + br[j]);
+          hv = r * hv + (T(1) - r) * (phw[j] + bhw[j]);
         }
         h[j] = hv;
       }
-      last = o;
+      last = h;
     }
-    std::memcpy(h_n + k * H, last >= 0 ? out + last : h0 + k * H, sizeof(T) * H);
+    std::memcpy(a.h_n + k * H, last, sizeof(T) * H);
   }
 }
 
-template <typename T, int64_t OUT, bool HW>
-void backward_rows(const Layout& L, const Dims& n, int64_t k0, int64_t k1, const int64_t* len,
-                   const T* g_out, const T* g_hn, const T* proj, const T* c0, const T* cs,
-                   T* dproj, T* dc0) {
-  const int64_t H = n.H;
-  // dL/dh_n enters at each row's last step only: elsewhere the loop reads this row of zeros
-  // (a conditional load inside the loop kept GCC from vectorising it)
-  const std::vector<T> zero_row(static_cast<size_t>(H), T(0));
+template <typename T, int64_t OUT, bool HW, bool DB>
+void backward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
+  const int64_t H = a.H, GH = a.G * H;
   for (int64_t k = k0; k < k1; ++k) {
-    const int64_t d = k / n.B, b = k % n.B;
-    T* __restrict__ dc = dc0 + k * H;  // dL/dc, carried backwards; ends as dL/dc_0
-    const int64_t steps = len[b];
+    const int64_t d = k / a.nB, b = k % a.nB;
+    const T* bias = a.bias ? a.bias + d * GH : nullptr;
+    auto bp = [&](int64_t blk) { return bias && blk >= 0 ? bias + blk * H : a.zeros; };
+    const T* __restrict__ bi = bp(a.i);
+    const T* __restrict__ bf = bp(a.f);
+    const T* __restrict__ bo = bp(a.o);
+    const T* __restrict__ bc = bp(a.c);
+    const T* __restrict__ br = bp(a.r);
+    const T* __restrict__ bhw = bp(a.hw);
+    // per-(direction, row) bias-gradient sums; a scratch row when not wanted
+    T* db = DB ? a.dbias_rows + k * GH : nullptr;
+    T* __restrict__ dbi = DB ? db + a.i * H : nullptr;
+    T* __restrict__ dbf = DB ? db + a.f * H : nullptr;
+    T* __restrict__ dbo = DB ? db + (OUT == kOTanh ? a.o : 0) * H : nullptr;
+    T* __restrict__ dbc = DB ? db + a.c * H : nullptr;
+    T* __restrict__ dbr = DB ? db + (HW ? a.r : 0) * H : nullptr;
+    T* __restrict__ dbhw = DB ? db + (HW ? a.hw : 0) * H : nullptr;
+    T* __restrict__ dc = a.dc + k * H;  // dL/dc, carried backwards; ends as dL/dc_0
+    const int64_t steps = a.len[b];
     for (int64_t s = steps - 1; s >= 0; --s) {
-      const int64_t t = position(d, s, steps);
-      const int64_t pr_off = (t * n.B + b) * n.proj_row() + d * n.G * H;
-      const T* p = proj + pr_off;
-      const T* __restrict__ pi = p + L.i * H;
-      const T* __restrict__ pf = p + L.f * H;
-      const T* __restrict__ po = p + (OUT == kOTanh ? L.o : 0) * H;
-      const T* __restrict__ pc = p + L.c * H;
-      const T* __restrict__ pr = p + (HW ? L.r : 0) * H;
-      const T* __restrict__ phw = p + (HW ? L.hw : 0) * H;
-      T* dq = dproj + pr_off;
-      T* __restrict__ di = dq + L.i * H;
-      T* __restrict__ df = dq + L.f * H;
-      T* __restrict__ dout_gate = dq + (OUT == kOTanh ? L.o : 0) * H;
-      T* __restrict__ dcontent = dq + L.c * H;
-      T* __restrict__ dr = dq + (HW ? L.r : 0) * H;
-      T* __restrict__ dhw = dq + (HW ? L.hw : 0) * H;
-      const int64_t o = (t * n.B + b) * n.out_row() + d * H;
-      const T* __restrict__ go = g_out + o;
-      const T* __restrict__ gh = s == steps - 1 ? g_hn + k * H : zero_row.data();
-      const T* __restrict__ ct = cs + o;
-      const T* __restrict__ cp =
-          s > 0 ? cs + (position(d, s - 1, steps) * n.B + b) * n.out_row() + d * H : c0 + k * H;
+      const int64_t t = d == 0 ? s : steps - 1 - s;
+      const int64_t pr_off = t * a.p_st + b * a.p_sb + d * GH;
+      const T* p = a.proj + pr_off;
+      const T* __restrict__ pi = p + a.i * H;
+      const T* __restrict__ pf = p + a.f * H;
+      const T* __restrict__ po = p + (OUT == kOTanh ? a.o : 0) * H;
+      const T* __restrict__ pc = p + a.c * H;
+      const T* __restrict__ pr = p + (HW ? a.r : 0) * H;
+      const T* __restrict__ phw = p + (HW ? a.hw : 0) * H;
+      T* dq = a.dproj + pr_off;
+      T* __restrict__ di = dq + a.i * H;
+      T* __restrict__ df = dq + a.f * H;
+      T* __restrict__ dout_gate = dq + (OUT == kOTanh ? a.o : 0) * H;
+      T* __restrict__ dcontent = dq + a.c * H;
+      T* __restrict__ dr = dq + (HW ? a.r : 0) * H;
+      T* __restrict__ dhw = dq + (HW ? a.hw : 0) * H;
+      const int64_t o = t * a.o_st + b * a.o_sb + d * H;
+      const T* __restrict__ go = a.g_out + t * a.g_st + b * a.g_sb + d * H;
+      const T* __restrict__ gh = s == steps - 1 ? a.g_hn + k * H : a.zeros;
+      const T* __restrict__ ct = a.cs_in + o;
+      const int64_t tp = d == 0 ? s - 1 : steps - s;  // the previous step's position
+      const T* __restrict__ cp = s > 0 ? a.cs_in + tp * a.o_st + b * a.o_sb + d * H : a.c0 + k * H;
 #pragma omp simd
       for (int64_t j = 0; j < H; ++j) {
         T dh = go[j] + gh[j];
@@ -211,43 +238,66 @@ void backward_rows(const Layout& L, const Dims& n, int64_t k0, int64_t k1, const
         T tc = T(0), og = T(0), cell = cn;
         if (OUT == kOTanh) {
           tc = tanh_of(cn);
-          og = sigmoid(po[j]);
+          og = sigmoid(po[j] + bo[j]);
           cell = og * tc;
         } else if (OUT == kTanh) {
           tc = tanh_of(cn);
           cell = tc;
         }
         if (HW) {
-          const T r = sigmoid(pr[j]);
-          dr[j] = dh * (cell - phw[j]) * r * (T(1) - r);
-          dhw[j] = dh * (T(1) - r);
+          const T r = sigmoid(pr[j] + br[j]);
+          const T vr = dh * (cell - (phw[j] + bhw[j])) * r * (T(1) - r);
+          const T vhw = dh * (T(1) - r);
+          dr[j] = vr;
+          dhw[j] = vhw;
+          if (DB) { dbr[j] += vr; dbhw[j] += vhw; }
           dh = dh * r;
         }
         T dcv = dc[j];
         if (OUT == kOTanh) {
-          dout_gate[j] = dh * tc * og * (T(1) - og);
+          const T vo = dh * tc * og * (T(1) - og);
+          dout_gate[j] = vo;
+          if (DB) dbo[j] += vo;
           dcv += dh * og * (T(1) - tc * tc);
         } else if (OUT == kTanh) {
           dcv += dh * (T(1) - tc * tc);
         } else {
           dcv += dh;
         }
-        const T ig = sigmoid(pi[j]);
-        const T fg = sigmoid(pf[j]);
-        di[j] = dcv * pc[j] * ig * (T(1) - ig);
-        dcontent[j] = dcv * ig;
-        df[j] = dcv * cp[j] * fg * (T(1) - fg);
+        const T ig = sigmoid(pi[j] + bi[j]);
+        const T fg = sigmoid(pf[j] + bf[j]);
+        const T vi = dcv * (pc[j] + bc[j]) * ig * (T(1) - ig);
+        const T vc = dcv * ig;
+        const T vf = dcv * cp[j] * fg * (T(1) - fg);
+        di[j] = vi;
+        dcontent[j] = vc;
+        df[j] = vf;
+        if (DB) { dbi[j] += vi; dbc[j] += vc; dbf[j] += vf; }
         dc[j] = dcv * fg;
       }
     }
   }
 }
 
-// Zero the rows' inactive steps of a (T, B, W) tensor.
+// Zero the rows' inactive steps of a (T, B, W) tensor with row strides (st, sb).
 template <typename T>
-void zero_padding(T* data, const std::vector<int64_t>& len, int64_t T_, int64_t B, int64_t W) {
+void zero_padding(T* data, const std::vector<int64_t>& len, int64_t T_, int64_t B, int64_t W,
+                  int64_t st, int64_t sb) {
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = len[b]; t < T_; ++t) std::memset(data + (t * B + b) * W, 0, sizeof(T) * W);
+    for (int64_t t = len[b]; t < T_; ++t) std::memset(data + t * st + b * sb, 0, sizeof(T) * W);
+}
+
+// proj (T, B, W) must be time-major contiguous, or the time-major view of a batch-major
+// contiguous (B, T, W) tensor (then the outputs are batch-major too).
+bool is_batch_major(const at::Tensor& proj) {
+  return !proj.is_contiguous() && proj.transpose(0, 1).is_contiguous();
+}
+
+// A new (T, B, W) tensor laid out like proj (time- or batch-major).
+at::Tensor empty_like_layout(const at::Tensor& proj, int64_t W) {
+  const int64_t T = proj.size(0), B = proj.size(1);
+  if (is_batch_major(proj)) return at::empty({B, T, W}, proj.options()).transpose(0, 1);
+  return at::empty({T, B, W}, proj.options());
 }
 
 void check_common(const at::Tensor& proj, const at::Tensor& h0, const at::Tensor& c0,
@@ -255,7 +305,9 @@ void check_common(const at::Tensor& proj, const at::Tensor& h0, const at::Tensor
   TORCH_CHECK(proj.device().is_cpu(), who, ": proj must be a CPU tensor (the CUDA scan is in _C_cuda)");
   TORCH_CHECK(proj.scalar_type() == at::kFloat || proj.scalar_type() == at::kDouble, who,
               ": float32 or float64 only, got ", proj.scalar_type());
-  TORCH_CHECK(proj.dim() == 3 && proj.is_contiguous(), who, ": proj must be contiguous (T, B, D*G*H)");
+  TORCH_CHECK(proj.dim() == 3 && (proj.is_contiguous() || is_batch_major(proj)), who,
+              ": proj must be (T, B, D*G*H), contiguous or the transpose of a contiguous "
+              "(B, T, D*G*H)");
   for (const at::Tensor* t : {&h0, &c0}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == proj.scalar_type(), who,
                 ": h0 and c0 must be CPU tensors of proj's dtype");
@@ -267,6 +319,16 @@ void check_common(const at::Tensor& proj, const at::Tensor& h0, const at::Tensor
                   proj.size(2) % (c0.size(0) * c0.size(2)) == 0,
               who, ": proj's width must be a multiple of D*H");
   rnn_ablations::check_batch_sizes(batch_sizes, proj.size(0), proj.size(1), who);
+}
+
+// bias: undefined/empty (none) or a contiguous (D*G*H) vector of proj's dtype.
+bool check_bias(const c10::optional<at::Tensor>& bias, const at::Tensor& proj, const char* who) {
+  if (!bias.has_value() || !bias->defined() || bias->numel() == 0) return false;
+  TORCH_CHECK(bias->device().is_cpu() && bias->scalar_type() == proj.scalar_type() &&
+                  bias->dim() == 1 && bias->is_contiguous() && bias->size(0) == proj.size(2),
+              who, ": bias must be a contiguous CPU vector of proj's dtype with proj.size(2) = ",
+              proj.size(2), " entries");
+  return true;
 }
 
 Dims dims_of(const at::Tensor& proj, const at::Tensor& c0) {
@@ -286,87 +348,140 @@ void dispatch_rule(const Layout& L, bool highway, F&& f) {
   else with_hw(std::integral_constant<int64_t, kIdentity>());
 }
 
-// -> (out (T,B,D*H), h_n (D,B,H), c_n (D,B,H), cs (T,B,D*H): the memories, empty unless save)
+// Whether float32 rows run the AVX2 + FMA copy (scan_vec.cpp): the kernel's vector path.
+bool use_avx2_rows() {
+  return rnn_ablations::scan::avx2_rows_built() && rnn_ablations::isa_name() == "avx2";
+}
+
+// The AVX2 rows exist for float32; float64 always runs the portable rows.
+bool avx2_forward(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
+  rnn_ablations::scan::forward_rows_avx2(a, k0, k1);
+  return true;
+}
+bool avx2_forward(const ScanArgs<double>&, int64_t, int64_t) { return false; }
+bool avx2_backward(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
+  rnn_ablations::scan::backward_rows_avx2(a, k0, k1);
+  return true;
+}
+bool avx2_backward(const ScanArgs<double>&, int64_t, int64_t) { return false; }
+
+template <typename T>
+ScanArgs<T> args_of(const Layout& L, const Dims& n, const std::vector<int64_t>& len,
+                    const at::Tensor& proj, const T* bias, const at::Tensor& out_like,
+                    const std::vector<T>& zeros) {
+  ScanArgs<T> a{};
+  a.nT = n.T; a.nB = n.B; a.nD = n.D; a.H = n.H; a.G = n.G;
+  a.i = L.i; a.f = L.f; a.o = L.o; a.c = L.c; a.r = L.r; a.hw = L.hw; a.output = L.output;
+  a.p_st = proj.stride(0); a.p_sb = proj.stride(1);
+  a.o_st = out_like.stride(0); a.o_sb = out_like.stride(1);
+  a.len = len.data();
+  a.proj = proj.data_ptr<T>();
+  a.bias = bias;
+  a.zeros = zeros.data();
+  return a;
+}
+
+// -> (out (T,B,D*H), h_n (D,B,H), c_n (D,B,H), cs (T,B,D*H): the memories, empty unless save);
+// out and cs are laid out like proj (time- or batch-major)
 std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h0,
                                      const at::Tensor& c0, const at::Tensor& batch_sizes,
-                                     const std::vector<int64_t>& layout, bool save) {
+                                     const std::vector<int64_t>& layout, bool save,
+                                     const c10::optional<at::Tensor>& bias) {
   const char* who = "scan_forward";
   check_common(proj, h0, c0, batch_sizes, who);
+  const bool has_bias = check_bias(bias, proj, who);
   const Dims n = dims_of(proj, c0);
   const Layout L = check_layout(layout, n.G, who);
   const bool highway = L.r >= 0;
-  at::Tensor out = at::empty({n.T, n.B, n.D * n.H}, proj.options());
+  at::Tensor out = empty_like_layout(proj, n.out_row());
   at::Tensor h_n = at::empty({n.D, n.B, n.H}, proj.options());
   at::Tensor c_n = at::empty({n.D, n.B, n.H}, proj.options());
-  at::Tensor cs = save ? at::empty({n.T, n.B, n.D * n.H}, proj.options())
-                       : at::empty({0}, proj.options());
+  at::Tensor cs = save ? empty_like_layout(proj, n.out_row()) : at::empty({0}, proj.options());
   const std::vector<int64_t> len = row_lengths(batch_sizes, n.B);
+  const bool avx2 = use_avx2_rows();
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "scan_forward", [&] {
-    const scalar_t* pp = proj.data_ptr<scalar_t>();
-    const scalar_t* h0p = h0.data_ptr<scalar_t>();
-    const scalar_t* c0p = c0.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    scalar_t* hnp = h_n.data_ptr<scalar_t>();
-    scalar_t* cnp = c_n.data_ptr<scalar_t>();
-    scalar_t* csp = save ? cs.data_ptr<scalar_t>() : nullptr;
-    dispatch_rule(L, highway, [&](auto out_rule, auto hw) {
-      constexpr int64_t OUT = decltype(out_rule)::value;
-      constexpr bool HW = decltype(hw)::value;
-      at::parallel_for(0, n.D * n.B, grain_rows(n), [&](int64_t k0, int64_t k1) {
-        if (save) {
-          forward_rows<scalar_t, OUT, HW, true>(L, n, k0, k1, len.data(), pp, h0p, c0p, op, hnp,
-                                                cnp, csp);
-        } else {
-          forward_rows<scalar_t, OUT, HW, false>(L, n, k0, k1, len.data(), pp, h0p, c0p, op, hnp,
-                                                 cnp, csp);
-        }
+    const std::vector<scalar_t> zeros(static_cast<size_t>(n.H), scalar_t(0));
+    ScanArgs<scalar_t> a = args_of<scalar_t>(L, n, len, proj,
+                                             has_bias ? bias->data_ptr<scalar_t>() : nullptr,
+                                             out, zeros);
+    a.h0 = h0.data_ptr<scalar_t>();
+    a.c0 = c0.data_ptr<scalar_t>();
+    a.out = out.data_ptr<scalar_t>();
+    a.h_n = h_n.data_ptr<scalar_t>();
+    a.c_n = c_n.data_ptr<scalar_t>();
+    a.cs = save ? cs.data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, n.D * n.B, grain_rows(n), [&](int64_t k0, int64_t k1) {
+      if (avx2 && avx2_forward(a, k0, k1)) return;
+      dispatch_rule(L, highway, [&](auto out_rule, auto hw) {
+        constexpr int64_t OUT = decltype(out_rule)::value;
+        constexpr bool HW = decltype(hw)::value;
+        if (save) forward_rows<scalar_t, OUT, HW, true>(a, k0, k1);
+        else forward_rows<scalar_t, OUT, HW, false>(a, k0, k1);
       });
     });
-    zero_padding(op, len, n.T, n.B, n.out_row());
+    zero_padding(a.out, len, n.T, n.B, n.out_row(), a.o_st, a.o_sb);
   });
   return {out, h_n, c_n, cs};
 }
 
-// -> (d_proj (T,B,D*G*H), d_c0 (D,B,H)); h0 receives no gradient (nothing reads it)
+// -> (d_proj (T,B,D*G*H) laid out like proj, d_c0 (D,B,H), d_bias (D*G*H) or empty); h0
+// receives no gradient (nothing reads it).  d_bias is the bias gradient (the sum of d_proj over
+// the steps and rows) when bias_grad, computed inside the scan.
 std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor& g_hn,
                                       const at::Tensor& g_cn, const at::Tensor& proj,
                                       const at::Tensor& c0, const at::Tensor& cs,
                                       const at::Tensor& batch_sizes,
-                                      const std::vector<int64_t>& layout) {
+                                      const std::vector<int64_t>& layout,
+                                      const c10::optional<at::Tensor>& bias, bool bias_grad) {
   const char* who = "scan_backward";
   check_common(proj, g_hn, c0, batch_sizes, who);
+  const bool has_bias = check_bias(bias, proj, who);
   const Dims n = dims_of(proj, c0);
   const Layout L = check_layout(layout, n.G, who);
   for (const at::Tensor* t : {&g_out, &cs}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == proj.scalar_type() &&
-                    t->is_contiguous() && t->dim() == 3 && t->size(0) == n.T &&
-                    t->size(1) == n.B && t->size(2) == n.D * n.H,
-                who, ": g_out and cs must be contiguous (T, B, D*H) of proj's dtype");
+                    t->dim() == 3 && t->size(0) == n.T && t->size(1) == n.B &&
+                    t->size(2) == n.D * n.H && (t->numel() == 0 || t->stride(2) == 1),
+                who, ": g_out and cs must be (T, B, D*H) of proj's dtype, contiguous rows");
   }
+  TORCH_CHECK(cs.numel() == 0 ||
+                  (cs.stride(0) == (is_batch_major(proj) ? n.D * n.H : n.B * n.D * n.H) &&
+                   cs.stride(1) == (is_batch_major(proj) ? n.T * n.D * n.H : n.D * n.H)),
+              who, ": cs must be laid out like proj (as scan_forward returns it)");
   TORCH_CHECK(g_cn.device().is_cpu() && g_cn.scalar_type() == proj.scalar_type() &&
                   g_cn.is_contiguous() && g_cn.sizes() == c0.sizes(),
               who, ": g_cn must be contiguous (D, B, H) of proj's dtype");
   const bool highway = L.r >= 0;
-  at::Tensor dproj = at::empty_like(proj);
+  at::Tensor dproj = empty_like_layout(proj, proj.size(2));
   at::Tensor dc0 = g_cn.clone();
+  at::Tensor dbias_rows = bias_grad ? at::zeros({n.D * n.B, n.G * n.H}, proj.options())
+                                    : at::Tensor();
   const std::vector<int64_t> len = row_lengths(batch_sizes, n.B);
+  const bool avx2 = use_avx2_rows();
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "scan_backward", [&] {
-    const scalar_t* gop = g_out.data_ptr<scalar_t>();
-    const scalar_t* ghp = g_hn.data_ptr<scalar_t>();
-    const scalar_t* pp = proj.data_ptr<scalar_t>();
-    const scalar_t* c0p = c0.data_ptr<scalar_t>();
-    const scalar_t* csp = cs.data_ptr<scalar_t>();
-    scalar_t* dp = dproj.data_ptr<scalar_t>();
-    scalar_t* dcp = dc0.data_ptr<scalar_t>();
-    dispatch_rule(L, highway, [&](auto out_rule, auto hw) {
-      constexpr int64_t OUT = decltype(out_rule)::value;
-      constexpr bool HW = decltype(hw)::value;
-      at::parallel_for(0, n.D * n.B, grain_rows(n), [&](int64_t k0, int64_t k1) {
-        backward_rows<scalar_t, OUT, HW>(L, n, k0, k1, len.data(), gop, ghp, pp, c0p, csp, dp,
-                                         dcp);
+    const std::vector<scalar_t> zeros(static_cast<size_t>(n.H), scalar_t(0));
+    ScanArgs<scalar_t> a = args_of<scalar_t>(L, n, len, proj,
+                                             has_bias ? bias->data_ptr<scalar_t>() : nullptr,
+                                             cs, zeros);
+    a.c0 = c0.data_ptr<scalar_t>();
+    a.g_out = g_out.data_ptr<scalar_t>();
+    a.g_st = g_out.stride(0);
+    a.g_sb = g_out.stride(1);
+    a.g_hn = g_hn.data_ptr<scalar_t>();
+    a.cs_in = cs.data_ptr<scalar_t>();
+    a.dproj = dproj.data_ptr<scalar_t>();
+    a.dc = dc0.data_ptr<scalar_t>();
+    a.dbias_rows = bias_grad ? dbias_rows.data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, n.D * n.B, grain_rows(n), [&](int64_t k0, int64_t k1) {
+      if (avx2 && avx2_backward(a, k0, k1)) return;
+      dispatch_rule(L, highway, [&](auto out_rule, auto hw) {
+        constexpr int64_t OUT = decltype(out_rule)::value;
+        constexpr bool HW = decltype(hw)::value;
+        if (bias_grad) backward_rows<scalar_t, OUT, HW, true>(a, k0, k1);
+        else backward_rows<scalar_t, OUT, HW, false>(a, k0, k1);
       });
     });
-    zero_padding(dp, len, n.T, n.B, n.proj_row());
+    zero_padding(a.dproj, len, n.T, n.B, n.proj_row(), a.p_st, a.p_sb);
     // Blocks of proj the layout does not use get no gradient (they are not read).
     std::vector<bool> used(n.G, false);
     for (int64_t off : {L.i, L.f, L.o, L.c, L.r, L.hw})
@@ -375,7 +490,9 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
       for (int64_t g = 0; g < n.G; ++g)
         if (!used[g]) dproj.narrow(2, (d * n.G + g) * n.H, n.H).zero_();
   });
-  return {dproj, dc0};
+  at::Tensor dbias = bias_grad ? dbias_rows.view({n.D, n.B, n.G * n.H}).sum(1).view({-1})
+                               : at::empty({0}, proj.options());
+  return {dproj, dc0, dbias};
 }
 
 }  // namespace
@@ -388,8 +505,13 @@ void register_scan(pybind11::module_& m) {
         "{i, f, o, c, r, hw, output} block offsets in units of H (-1 absent), output 0 o*tanh(c), "
         "1 tanh(c), 2 c",
         py::arg("proj"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"), py::arg("layout"),
-        py::arg("save"));
-  m.def("scan_backward", &scan_backward, "backward of scan_forward: (d_proj, d_c0)",
+        py::arg("save"), py::arg("bias") = py::none());
+  m.def("scan_backward", &scan_backward,
+        "backward of scan_forward: (d_proj, d_c0, d_bias); d_bias (the sum of d_proj over steps "
+        "and rows, D*G*H) is computed when bias_grad, else empty",
         py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"), py::arg("proj"), py::arg("c0"),
-        py::arg("cs"), py::arg("batch_sizes"), py::arg("layout"));
+        py::arg("cs"), py::arg("batch_sizes"), py::arg("layout"), py::arg("bias") = py::none(),
+        py::arg("bias_grad") = false);
+  // 2: bias inside the scan, batch-major layouts, (d_proj, d_c0, d_bias) from the backward
+  m.attr("scan_abi") = 2;
 }

@@ -1,0 +1,52 @@
+// The element-wise scan's rows (csrc/scan.cpp), shared by its portable loops and by the AVX2 +
+// FMA copy in csrc/scan_vec.cpp, chosen at run time with the rest of the kernel's vector code
+// (rnn_ablations::isa_name(), RNN_ABLATIONS_ISA; see vec_kernels.h).
+#pragma once
+
+#include <cstdint>
+
+namespace rnn_ablations {
+namespace scan {
+
+enum ScanOutput : int64_t { kOTanh = 0, kTanh = 1, kIdentity = 2 };
+
+// Everything one call of the forward or backward rows reads and writes.  Row (t, b) of proj
+// (and d_proj) starts at t * p_st + b * p_sb, of out / cs at t * o_st + b * o_sb, of g_out at
+// t * g_st + b * g_sb (elements; the last dimension is contiguous); direction d's blocks start
+// d * G * H further into a proj row, its H outputs d * H further into an out row.  Direction 1
+// runs each row backwards within its length.
+template <typename S>
+struct ScanArgs {
+  int64_t nT, nB, nD, H, G;
+  int64_t i, f, o, c, r, hw, output;  // block offsets in units of H (-1 absent), output rule
+  int64_t p_st, p_sb, o_st, o_sb, g_st, g_sb;
+  const int64_t* len;  // steps of each row
+  const S* proj;
+  const S* bias;       // (D * G * H) added to proj's blocks, or null
+  const S* h0;
+  const S* c0;
+  // forward
+  S* out;
+  S* h_n;
+  S* c_n;
+  S* cs;  // the memories c_t (same strides as out), or null
+  // backward
+  const S* g_out;
+  const S* g_hn;
+  const S* cs_in;
+  S* dproj;      // same strides as proj
+  S* dc;         // (D, B, H): dL/dc_n on entry, dL/dc_0 on return
+  S* dbias_rows; // (D * B, G * H) per-(direction, row) sums of d_proj, or null
+  // a row of H zeros (dL/dh_n enters at a row's last step only)
+  const S* zeros;
+};
+
+// Whether this build has the AVX2 + FMA rows (GCC on x86-64); the caller checks that the CPU
+// runs them (rnn_ablations::isa_name() == "avx2").
+bool avx2_rows_built();
+// Tasks k in [k0, k1) (direction k / B, row k % B), float32 only.
+void forward_rows_avx2(const ScanArgs<float>& a, int64_t k0, int64_t k1);
+void backward_rows_avx2(const ScanArgs<float>& a, int64_t k0, int64_t k1);
+
+}  // namespace scan
+}  // namespace rnn_ablations
