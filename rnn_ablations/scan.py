@@ -30,8 +30,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from . import dispatch as _dispatch
-from .dispatch import _dnnl_linear, get_backend, input_projection
+from . import projection as _projection
+from .backend import get_backend
+from .projection import _dnnl_linear, input_projection
 from .functional import generic_layer, projection_bias, reversal_index
 from .variants import Variant
 
@@ -183,12 +184,12 @@ def _rows_of(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
 
 
 def _use_onednn(x2d: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
-    """The rule of :func:`rnn_ablations.dispatch.input_projection` for the directions' weights
+    """The rule of :func:`rnn_ablations.projection.input_projection` for the directions' weights
     together: oneDNN for float32 when they hold at least ``ONEDNN_MIN_WEIGHT`` entries."""
     return (get_backend() != "generic" and x2d.device.type == "cpu" and x2d.dtype == torch.float32
             and all(w.dtype == torch.float32 for w in weights)
-            and sum(w.numel() for w in weights) >= _dispatch.ONEDNN_MIN_WEIGHT
-            and _dispatch._onednn_usable())
+            and sum(w.numel() for w in weights) >= _projection.ONEDNN_MIN_WEIGHT
+            and _projection._onednn_usable())
 
 
 def _project(x2d: torch.Tensor, weights: Sequence[torch.Tensor]
