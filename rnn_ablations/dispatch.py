@@ -1,11 +1,13 @@
-"""Dispatch of one layer/direction (:func:`run_layer`): which implementation runs it and how it
-is scheduled.
+"""Dispatch of one layer/direction (:func:`run_layer`) and of the directions of a bidirectional
+layer together (:func:`run_directions`): which implementation runs them and how they are
+scheduled.
 
 * :mod:`rnn_ablations.backend`: the compiled kernels and the ``auto`` / ``kernel`` / ``generic``
   switch;
 * :mod:`rnn_ablations.projection`: the input projection of all steps (oneDNN or ``F.linear``);
 * :mod:`rnn_ablations.kernel_autograd`: the autograd Functions around the kernels;
-* here: the CPU kernel's schedule policy (plain or pipelined) and :func:`run_layer`.
+* here: the CPU kernel's schedule policy (plain or pipelined; directions one after the other or
+  concurrently), :func:`run_layer` and :func:`run_directions`.
 
 The public names of those modules are re-exported here (``rnn_ablations.dispatch`` is where
 callers have always found them).
@@ -23,14 +25,16 @@ from .backend import (_temporarily, _KERNEL_ERROR, _KERNEL_SOURCE, _CUDA_KERNEL_
                       set_kernel_isa, supported_kernel_isas, use_backend, use_kernel_isa)
 from .cuda_graphs import get_cuda_graphs, set_cuda_graphs, use_cuda_graphs
 from .functional import projection_bias
-from .kernel_autograd import (_KernelLayer, _PipelinedLayer, _generic_from_projection,
-                              _needs_grad, _or_empty, _plain_forward)
+from .kernel_autograd import (_KernelDirections, _KernelLayer, _PipelinedLayer,
+                              _generic_from_projection, _needs_grad, _or_empty, _plain_forward)
 from .projection import (ONEDNN_MIN_WEIGHT, _OneDnnLinear, _onednn_projection_applies,  # noqa: F401
                          _onednn_usable, input_projection)
 from .variants import Variant
 
 __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "use_backend",
            "set_pipeline", "get_pipeline", "use_pipeline", "run_layer", "input_projection",
+           "run_directions", "set_concurrent_directions", "get_concurrent_directions",
+           "use_concurrent_directions",
            "set_cuda_graphs", "get_cuda_graphs", "use_cuda_graphs",
            "kernel_isa", "supported_kernel_isas", "set_kernel_isa", "use_kernel_isa"]
 
@@ -145,3 +149,92 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
                                                 batch_sizes, _or_empty(rec_mask, proj), False)
         return out, h_n, c_n
     return _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask)
+
+
+#: How the CPU kernel runs the directions of a bidirectional layer (:func:`run_directions`).
+#: *Concurrently*: both directions' input projections first (large GEMMs on all threads), then
+#: both recurrences at once, one direction per thread, in one call of the kernel
+#: (``_C.forward_directions``; the hand-written backward likewise, ``_C.backward_directions``,
+#: each direction with its w_hh gradient), i.e. one fork/join per layer and pass instead of one
+#: per step.  Each direction then runs the plain kernel single-threaded: its step GEMMs and
+#: element-wise passes are not split (no synchronisation per step), and no core waits for the
+#: other's recurrence.  *Sequentially*: each direction by itself through :func:`run_layer`
+#: (pipelined or plain, both threads on one direction).
+#:
+#: ``"auto"`` runs them concurrently with 2+ torch threads (with one thread there is nothing to
+#: gain: the directions run one after the other, as ``"never"``).  ``"always"`` / ``"never"``
+#: force one way (the tests compare them; ``"always"`` with one thread runs the concurrent entry
+#: point, which then runs the directions one after the other).  The same outputs and gradients
+#: either way, up to the summation order of the GEMMs.
+_DIRECTION_MODES = ("auto", "always", "never")
+_concurrent_directions = "auto"
+
+
+def set_concurrent_directions(mode: str) -> None:
+    """``"auto"``, ``"always"`` or ``"never"`` (see ``_concurrent_directions`` above)."""
+    global _concurrent_directions
+    if mode not in _DIRECTION_MODES:
+        raise ValueError(f"unknown concurrent-directions mode {mode!r}; choose one of "
+                         f"{', '.join(_DIRECTION_MODES)}")
+    _concurrent_directions = mode
+
+
+def get_concurrent_directions() -> str:
+    return _concurrent_directions
+
+
+def use_concurrent_directions(mode: str):
+    """Context manager: :func:`set_concurrent_directions` inside the ``with`` block, restored
+    after it."""
+    return _temporarily(set_concurrent_directions, get_concurrent_directions, mode)
+
+
+def _directions_concurrent(xs, params) -> bool:
+    if len(xs) < 2 or _concurrent_directions == "never":
+        return False
+    x = xs[0]
+    if x.shape[0] == 0 or x.shape[1] == 0 or any(p[1] is None for p in params):
+        return False
+    if any(t.shape != x.shape for t in xs) or not _kernel_applies(x):
+        return False
+    if any(t.device.type != "cpu" or t.dtype != x.dtype
+           for p in params for t in p if t is not None):
+        return False  # run_layer reports what is wrong
+    return _concurrent_directions == "always" or torch.get_num_threads() >= 2
+
+
+def run_directions(variant: Variant, highway: bool, xs, params, h0s, c0s,
+                   batch_sizes: torch.Tensor, rec_masks):
+    """The directions of one layer, submitted together.  Returns ``[(output, h_n, c_n), ...]``,
+    one per direction, each as :func:`run_layer` returns it.
+
+    Direction ``d`` is ``run_layer(variant, highway, xs[d], *params[d], h0s[d], c0s[d],
+    batch_sizes, rec_masks[d])`` with ``params[d] = (w_ih, w_hh, bias)``: the caller gives each
+    direction its own input (the reverse direction's ``xs[1]`` reversed within each row's length,
+    so that it reads only its real tokens) and reverses that direction's output back.  On the CPU
+    kernel with 2+ threads the directions run concurrently (see ``_concurrent_directions``);
+    elsewhere one after the other, through :func:`run_layer`."""
+    n = len(xs)
+    if not (len(params) == len(h0s) == len(c0s) == len(rec_masks) == n):
+        raise ValueError("run_directions: xs, params, h0s, c0s and rec_masks need one entry per "
+                         "direction")
+    if not _directions_concurrent(xs, params):
+        return [run_layer(variant, highway, x, w_ih, b, w_hh, h0, c0, batch_sizes, m)
+                for x, (w_ih, w_hh, b), h0, c0, m in zip(xs, params, h0s, c0s, rec_masks)]
+    flat, needs_grad = [], False
+    for x, (w_ih, w_hh, b), h0, c0, m in zip(xs, params, h0s, c0s, rec_masks):
+        needs_grad = needs_grad or _needs_grad(x, w_ih, b, w_hh, h0, c0)
+        pbias = projection_bias(b, w_ih.shape[0])
+        proj = input_projection(x, w_ih, pbias).contiguous()
+        flat += [proj, w_hh.contiguous(), h0.contiguous(), c0.contiguous(), x, w_ih, pbias,
+                 m.contiguous() if m is not None else None]
+    k = 8  # kernel_autograd._DIRECTION_ARGS
+    if needs_grad:
+        outs = _KernelDirections.apply(variant, highway, batch_sizes, *flat)
+        return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]
+    groups = [flat[i:i + k] for i in range(0, len(flat), k)]
+    results = backend._C.forward_directions(
+        variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
+        [g[2] for g in groups], [g[3] for g in groups], batch_sizes,
+        [_or_empty(g[7], g[0]) for g in groups], False, True)
+    return [tuple(r[:3]) for r in results]
