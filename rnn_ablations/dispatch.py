@@ -200,7 +200,16 @@ def _directions_concurrent(xs, params) -> bool:
     if any(t.device.type != "cpu" or t.dtype != x.dtype
            for p in params for t in p if t is not None):
         return False  # run_layer reports what is wrong
+    if _cpu_autocast():
+        return False  # the projections would be in the autocast dtype: run_layer's way
     return _concurrent_directions == "always" or torch.get_num_threads() >= 2
+
+
+def _cpu_autocast() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # pragma: no cover - torch < 2.4
+        return torch.is_autocast_cpu_enabled()
 
 
 def run_directions(variant: Variant, highway: bool, xs, params, h0s, c0s,

@@ -205,25 +205,30 @@ def test_recurrent_dropout_draws_the_same_masks():
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 @pytest.mark.parametrize("variant", ["srnn", "ran"])
 def test_inference_saves_nothing(variant, mode, counting, monkeypatch):
-    """Under no_grad / inference_mode the concurrent path runs without the autograd Function
-    (nothing saved for a backward), also for input and parameters that require grad."""
+    """Under no_grad / inference_mode every kernel path (concurrent directions, sequential plain
+    and pipelined, unidirectional) runs without an autograd Function (nothing saved for a
+    backward), also for input and parameters that require grad."""
     def no_function(*args, **kwargs):
         raise AssertionError("an autograd Function ran under no_grad / inference_mode")
     monkeypatch.setattr(dispatch._KernelDirections, "apply", no_function)
     monkeypatch.setattr(dispatch._KernelLayer, "apply", no_function)
     monkeypatch.setattr(dispatch._PipelinedLayer, "apply", no_function)
-    m = _model(variant, True)
     x = torch.randn(7, 3, 5, dtype=torch.float64, requires_grad=True)
-    with path("generic", 1), torch.no_grad():
-        want = m(x, lengths=LENGTHS)
-    ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
-    with path("concurrent", 2), ctx:
-        out, (h, c) = m(x, lengths=LENGTHS)
-    assert counting.calls["forward_directions"] == 2
-    assert out.grad_fn is None and not out.requires_grad
-    if mode == "inference_mode":
-        assert out.is_inference()
-    _assert_all_close([out, h, c], [want[0], *want[1]])
+    for bidirectional in (True, False):
+        m = _model(variant, True)
+        if not bidirectional:
+            m = AblatedRNN(variant, 5, 4, num_layers=2, highway=True).double()
+        with path("generic", 1), torch.no_grad():
+            want = m(x, lengths=LENGTHS)
+        for name in ("concurrent", "sequential", "pipelined"):
+            ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+            with path(name, 2), ctx:
+                out, (h, c) = m(x, lengths=LENGTHS)
+            assert out.grad_fn is None and not out.requires_grad
+            if mode == "inference_mode":
+                assert out.is_inference()
+            _assert_all_close([out, h, c], [want[0], *want[1]])
+    assert counting.calls["forward_directions"] == 2  # the bidirectional model, concurrent
 
 
 def test_create_graph_second_derivatives():
@@ -260,7 +265,7 @@ def test_gradcheck_through_the_concurrent_path():
 
 def test_directions_entry_point_checks_its_lists():
     from rnn_ablations import _C
-    proj = torch.randn(3, 2, 8, dtype=torch.float64)
+    proj = torch.randn(3, 2, 12, dtype=torch.float64)  # ran: i, f (recurrent), c (input-only)
     w = torch.randn(8, 4, dtype=torch.float64)
     h = torch.zeros(2, 4, dtype=torch.float64)
     bs = torch.tensor([2, 2, 1])
@@ -282,3 +287,50 @@ def test_concurrent_mode_is_validated():
     with pytest.raises(ValueError, match="unknown concurrent-directions mode 'sometimes'"):
         ra.dispatch.set_concurrent_directions("sometimes")
     assert ra.dispatch.get_concurrent_directions() == "auto"
+
+
+def test_speed_command_experiments_tiny(tmp_path, capsys):
+    """``benchmarks/speed.py --shapes experiments`` at a tiny setting: train and inference rows
+    against nn.LSTM, each bidirectional variant also with sequential directions, the machine
+    (CPU model, AVX-512, the kernel's vector path) in the JSON."""
+    import json
+    from rnn_ablations.cli import main
+    from rnn_ablations.commands import speed
+    rows = speed.measure(repeats=1, warmup=0, variants=["ran"], directions="both",
+                         shapes=[("tiny", 2, 6, 5, True, 3, 4)])
+    assert {(r["model"], r["mode"]) for r in rows} == {
+        (m, mode) for m in ("nn.LSTM", "ran", "ran" + speed.SEQUENTIAL_SUFFIX)
+        for mode in ("train", "inference")}
+    assert all(r["median_ms"] > 0 and r["min_ms"] <= r["median_ms"] <= r["max_ms"] for r in rows)
+    assert {r["directions"] for r in rows} == {"-", "auto", "sequential"}
+    with pytest.raises(ValueError, match="directions must be one of auto, sequential, both"):
+        speed.measure(repeats=1, variants=["ran"], directions="parallel",
+                      shapes=[("tiny", 1, 6, 5, True, 3, 4)])
+    with threads(torch.get_num_threads()):  # --threads changes the process's setting
+        assert main(["speed", "--shapes", "experiments", "--shape-names", "PTB small LM",
+                     "--variants", "ran", "--repeats", "1", "--warmup", "0", "--threads", "1",
+                     "--out", str(tmp_path)]) == 0
+        assert main(["speed", "--shapes", "experiments", "--shape-names", "PTB huge"]) == 2
+    assert "unknown shape name(s) ['PTB huge']" in capsys.readouterr().err
+    meta = json.loads((tmp_path / "speed_cpu_experiments.json").read_text())
+    assert set(meta["cpu"]) >= {"model", "avx512f", "avx2", "kernel_isa", "kernel_isas"}
+    assert meta["cpu"]["kernel_isa"] == ra.kernel_isa()
+    assert ("no AVX-512" in meta["machine"]) == (not meta["cpu"]["avx512f"])
+    assert meta["threads"] == 1 and meta["directions"] == "auto"
+    assert {(r["shape"], r["model"], r["mode"]) for r in meta["rows"]} == {
+        ("PTB small LM", m, mode) for m in ("nn.LSTM", "ran") for mode in ("train", "inference")}
+    md = (tmp_path / "speed_cpu_experiments.md").read_text()
+    assert "PTB small LM: 2, 200, 200, uni, 20, 20" in md and meta["cpu"]["model"] in md
+
+
+def test_cpu_autocast_keeps_the_sequential_way(counting):
+    """Under torch.autocast("cpu") the input projections come out in bfloat16, which the step
+    kernels do not run: the directions go through run_layer as before (same numbers)."""
+    m = AblatedRNN("ran", 5, 4, bidirectional=True)
+    x = torch.randn(6, 2, 5)
+    results = []
+    for mode in ("auto", "never"):
+        with threads(2), use_concurrent_directions(mode), torch.autocast("cpu", torch.bfloat16):
+            results.append(m(x)[0])
+    assert counting.calls["forward_directions"] == 0
+    torch.testing.assert_close(results[0], results[1])
