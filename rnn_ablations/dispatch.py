@@ -25,8 +25,9 @@ from .backend import (_temporarily, _KERNEL_ERROR, _KERNEL_SOURCE, _CUDA_KERNEL_
                       set_kernel_isa, supported_kernel_isas, use_backend, use_kernel_isa)
 from .cuda_graphs import get_cuda_graphs, set_cuda_graphs, use_cuda_graphs
 from .functional import projection_bias
-from .kernel_autograd import (_KernelDirections, _KernelLayer, _PipelinedLayer,
-                              _generic_from_projection, _needs_grad, _or_empty, _plain_forward)
+from .kernel_autograd import (_DIRECTION_ARGS, _KernelDirections, _KernelLayer,
+                              _PipelinedLayer, _generic_from_projection, _needs_grad, _or_empty,
+                              _plain_forward)
 from .projection import (ONEDNN_MIN_WEIGHT, _OneDnnLinear, _onednn_projection_applies,  # noqa: F401
                          _onednn_usable, input_projection)
 from .variants import Variant
@@ -57,7 +58,9 @@ __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "use_back
 #: they come from are in ``benchmarks/results/schedule_policy.md`` (re-measure with
 #: ``benchmarks/schedules.py`` on a new machine).
 #: ``"always"`` / ``"never"`` force one schedule (the tests run both; with one thread the
-#: pipeline's two roles run one after the other).
+#: pipeline's two roles run one after the other).  The directions of a bidirectional layer that
+#: run concurrently (``_concurrent_directions`` below) take neither: each runs the plain kernel
+#: on one thread.
 _PIPELINES = ("auto", "always", "never")
 _pipeline = "auto"
 PIPELINE_MIN_STEPS = 4
@@ -161,8 +164,13 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
 #: other's recurrence.  *Sequentially*: each direction by itself through :func:`run_layer`
 #: (pipelined or plain, both threads on one direction).
 #:
-#: ``"auto"`` runs them concurrently with 2+ torch threads (with one thread there is nothing to
-#: gain: the directions run one after the other, as ``"never"``).  ``"always"`` / ``"never"``
+#: ``"auto"`` runs them concurrently with 2 torch threads (both ways keep both cores busy; the
+#: concurrent one without a synchronisation per step).  With more threads, concurrently only
+#: while one step's GEMM is below the size from which the schedule policy above splits it over
+#: the threads (``PIPELINE_MAX_STEP_MACS``, ``..._INFERENCE`` without gradient): below it a
+#: direction's recurrence runs on one core either way; above it, one direction at a time on all
+#: threads may be faster (not measured: the development machines have 2 cores).  With one
+#: thread there is nothing to gain: the directions run one after the other, as ``"never"``.  ``"always"`` / ``"never"``
 #: force one way (the tests compare them; ``"always"`` with one thread runs the concurrent entry
 #: point, which then runs the directions one after the other).  The same outputs and gradients
 #: either way, up to the summation order of the GEMMs.
@@ -202,7 +210,15 @@ def _directions_concurrent(xs, params) -> bool:
         return False  # run_layer reports what is wrong
     if _cpu_autocast():
         return False  # the projections would be in the autocast dtype: run_layer's way
-    return _concurrent_directions == "always" or torch.get_num_threads() >= 2
+    threads = torch.get_num_threads()
+    if _concurrent_directions == "always" or threads == 2:
+        return True
+    if threads < 2:
+        return False
+    w_hh = params[0][1]
+    needs_grad = any(_needs_grad(t, *p) for t, p in zip(xs, params))
+    limit = PIPELINE_MAX_STEP_MACS if needs_grad else PIPELINE_MAX_STEP_MACS_INFERENCE
+    return x.shape[1] * w_hh.shape[0] * w_hh.shape[1] < limit
 
 
 def _cpu_autocast() -> bool:
@@ -237,7 +253,7 @@ def run_directions(variant: Variant, highway: bool, xs, params, h0s, c0s,
         proj = input_projection(x, w_ih, pbias).contiguous()
         flat += [proj, w_hh.contiguous(), h0.contiguous(), c0.contiguous(), x, w_ih, pbias,
                  m.contiguous() if m is not None else None]
-    k = 8  # kernel_autograd._DIRECTION_ARGS
+    k = len(_DIRECTION_ARGS)
     if needs_grad:
         outs = _KernelDirections.apply(variant, highway, batch_sizes, *flat)
         return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]

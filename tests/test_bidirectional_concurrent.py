@@ -138,7 +138,7 @@ def test_float32_concurrent_equals_sequential(variant, isa):
     _assert_all_close([t.double() for t in seq], ref, rtol=1e-4, atol=1e-4)
 
 
-def test_auto_runs_directions_concurrently_with_two_threads_only(counting):
+def test_auto_policy(counting, monkeypatch):
     m = _model("ran", False)
     x = torch.randn(6, 3, 5, dtype=torch.float64)
     with use_backend("kernel"):
@@ -152,13 +152,20 @@ def test_auto_runs_directions_concurrently_with_two_threads_only(counting):
             m(x)
         assert counting.calls["forward_directions"] == 2
     torch.testing.assert_close(one, two)
+    # more threads: concurrently while a step's GEMM is small (below the split threshold)
+    with threads(3), use_backend("kernel"), torch.no_grad():
+        m(x)
+        assert counting.calls["forward_directions"] == 4
+        monkeypatch.setattr(dispatch, "PIPELINE_MAX_STEP_MACS_INFERENCE", 3 * 8 * 4)  # B·RH·H
+        m(x)
+        assert counting.calls["forward_directions"] == 4
     # a unidirectional module and the generic backend never take it
     uni = AblatedRNN("ran", 5, 4).double()
     with threads(2):
         uni(x)
         with use_backend("generic"):
             m(x)
-    assert counting.calls["forward_directions"] == 2
+    assert counting.calls["forward_directions"] == 4
 
 
 @pytest.mark.parametrize("variant", ["lstm", "identity_ran"])
