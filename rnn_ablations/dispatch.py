@@ -25,9 +25,9 @@ from .backend import (_temporarily, _KERNEL_ERROR, _KERNEL_SOURCE, _CUDA_KERNEL_
                       set_kernel_isa, supported_kernel_isas, use_backend, use_kernel_isa)
 from .cuda_graphs import get_cuda_graphs, set_cuda_graphs, use_cuda_graphs
 from .functional import projection_bias
-from .kernel_autograd import (_DIRECTION_ARGS, _KernelDirections, _KernelLayer,
-                              _PipelinedLayer, _generic_from_projection, _needs_grad, _or_empty,
-                              _plain_forward)
+from .kernel_autograd import (_DIRECTION_ARGS, _PIPELINED_DIRECTION_ARGS, _KernelDirections,
+                              _KernelLayer, _PipelinedDirections, _PipelinedLayer,
+                              _generic_from_projection, _needs_grad, _or_empty, _plain_forward)
 from .projection import (ONEDNN_MIN_WEIGHT, _OneDnnLinear, _onednn_projection_applies,  # noqa: F401
                          _onednn_usable, input_projection)
 from .variants import Variant
@@ -164,6 +164,14 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
 #: other's recurrence.  *Sequentially*: each direction by itself through :func:`run_layer`
 #: (pipelined or plain, both threads on one direction).
 #:
+#: Concurrently, each direction runs on one thread the schedule the policy above picks for one
+#: thread: the pipelined kernel (``_C.fused_forward_directions`` / ``fused_backward_directions``:
+#: its two roles one after the other, i.e. each chunk of steps projected just before the
+#: recurrence reaches it, while it is in cache) from ``PIPELINE_MIN_STEPS`` steps, except for
+#: inference with a weight large enough for oneDNN's projection; else the plain kernel from the
+#: input projections of all steps (``_C.forward_directions`` / ``backward_directions``), computed
+#: before on all threads.  ``set_pipeline("always" / "never")`` forces one of the two here too.
+#:
 #: ``"auto"`` runs them concurrently with 2 torch threads (both ways keep both cores busy; the
 #: concurrent one without a synchronisation per step).  With more threads, concurrently only
 #: while one step's GEMM is below the size from which the schedule policy above splits it over
@@ -221,6 +229,15 @@ def _directions_concurrent(xs, params) -> bool:
     return x.shape[1] * w_hh.shape[0] * w_hh.shape[1] < limit
 
 
+def _directions_pipelined(x: torch.Tensor, w_ih: torch.Tensor, needs_grad: bool) -> bool:
+    """The schedule of each concurrent direction (one thread each): the policy's one-thread rule."""
+    if _pipeline != "auto":
+        return _pipeline == "always"
+    if x.shape[0] < PIPELINE_MIN_STEPS:
+        return False
+    return needs_grad or not _onednn_projection_applies(x, w_ih)
+
+
 def _cpu_autocast() -> bool:
     try:
         return torch.is_autocast_enabled("cpu")
@@ -246,9 +263,26 @@ def run_directions(variant: Variant, highway: bool, xs, params, h0s, c0s,
     if not _directions_concurrent(xs, params):
         return [run_layer(variant, highway, x, w_ih, b, w_hh, h0, c0, batch_sizes, m)
                 for x, (w_ih, w_hh, b), h0, c0, m in zip(xs, params, h0s, c0s, rec_masks)]
-    flat, needs_grad = [], False
+    needs_grad = any(_needs_grad(x, *p, h0, c0) for x, p, h0, c0 in zip(xs, params, h0s, c0s))
+    if _directions_pipelined(xs[0], params[0][0], needs_grad):
+        flat = []
+        for x, (w_ih, w_hh, b), h0, c0, m in zip(xs, params, h0s, c0s, rec_masks):
+            flat += [x.contiguous(), w_ih.contiguous(), b.contiguous() if b is not None else None,
+                     w_hh.contiguous(), h0.contiguous(), c0.contiguous(),
+                     m.contiguous() if m is not None else None]
+        if needs_grad:
+            outs = _PipelinedDirections.apply(variant, highway, batch_sizes, PIPELINE_CHUNK, *flat)
+            return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]
+        k = len(_PIPELINED_DIRECTION_ARGS)
+        groups = [flat[i:i + k] for i in range(0, len(flat), k)]
+        results = backend._C.fused_forward_directions(
+            variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
+            [_or_empty(g[2], g[0]) for g in groups], [g[3] for g in groups],
+            [g[4] for g in groups], [g[5] for g in groups], batch_sizes,
+            [_or_empty(g[6], g[0]) for g in groups], False, PIPELINE_CHUNK)
+        return [tuple(r[:3]) for r in results]
+    flat = []
     for x, (w_ih, w_hh, b), h0, c0, m in zip(xs, params, h0s, c0s, rec_masks):
-        needs_grad = needs_grad or _needs_grad(x, w_ih, b, w_hh, h0, c0)
         pbias = projection_bias(b, w_ih.shape[0])
         proj = input_projection(x, w_ih, pbias).contiguous()
         flat += [proj, w_hh.contiguous(), h0.contiguous(), c0.contiguous(), x, w_ih, pbias,

@@ -39,12 +39,13 @@ def threads(n):
 
 @contextlib.contextmanager
 def path(name, n_threads):
-    """``generic``; ``concurrent`` (the directions entry points, forced); ``sequential`` (one
-    direction after the other on the plain kernel, as before issue 11); ``pipelined`` (the same
-    on the pipelined kernel)."""
+    """``generic``; ``concurrent`` / ``concurrent_pipelined`` (the directions entry points,
+    forced, from the input projections / from the layer input); ``sequential`` (one direction
+    after the other on the plain kernel, as before issue 11); ``pipelined`` (the same on the
+    pipelined kernel)."""
     backend = "generic" if name == "generic" else "kernel"
-    directions = "always" if name == "concurrent" else "never"
-    pipeline = "always" if name == "pipelined" else "never"
+    directions = "always" if name.startswith("concurrent") else "never"
+    pipeline = "always" if name.endswith("pipelined") else "never"
     with use_backend(backend), use_concurrent_directions(directions), use_pipeline(pipeline), \
             threads(n_threads):
         yield
@@ -54,7 +55,9 @@ class CountingKernel:
     """Delegates to the compiled module and counts the directions entry points' calls."""
 
     def __init__(self, ext):
-        self.ext, self.calls = ext, {"forward_directions": 0, "backward_directions": 0}
+        self.ext = ext
+        self.calls = {"forward_directions": 0, "backward_directions": 0,
+                      "fused_forward_directions": 0, "fused_backward_directions": 0}
 
     def __getattr__(self, name):
         fn = getattr(self.ext, name)
@@ -111,15 +114,15 @@ def test_concurrent_directions_match_generic_and_sequential(variant, highway, pa
     directions one after the other (plain and pipelined kernels), forward and gradients."""
     m = _model(variant, highway)
     want = _run(m, "generic", 1, padded)
-    assert counting.calls == {"forward_directions": 0, "backward_directions": 0}
+    assert set(counting.calls.values()) == {0}
     for n_threads in (1, 2):
-        got = _run(m, "concurrent", n_threads, padded)
-        _assert_all_close(got, want)
+        for name in ("concurrent", "concurrent_pipelined"):
+            _assert_all_close(_run(m, name, n_threads, padded), want)
     # two layers, forward and backward, per run
-    assert counting.calls == {"forward_directions": 4, "backward_directions": 4}
+    assert set(counting.calls.values()) == {4}
     for name in ("sequential", "pipelined"):
         _assert_all_close(_run(m, name, 2, padded), want)
-    assert counting.calls == {"forward_directions": 4, "backward_directions": 4}
+    assert set(counting.calls.values()) == {4}
 
 
 @pytest.mark.parametrize("isa", ra.supported_kernel_isas() if ra.kernel_available() else [])
@@ -133,9 +136,14 @@ def test_float32_concurrent_equals_sequential(variant, isa):
     with ra.use_kernel_isa(isa):
         seq = _run(m32, "sequential", 2, True, dtype=torch.float32)
         for n_threads in (1, 2):
-            con = _run(m32, "concurrent", n_threads, True, dtype=torch.float32)
-            _assert_all_close(con, seq, rtol=1e-5, atol=1e-5)
+            for name in ("concurrent", "concurrent_pipelined"):
+                con = _run(m32, name, n_threads, True, dtype=torch.float32)
+                _assert_all_close(con, seq, rtol=1e-5, atol=1e-5)
     _assert_all_close([t.double() for t in seq], ref, rtol=1e-4, atol=1e-4)
+
+
+def _forwards(counting):
+    return counting.calls["forward_directions"] + counting.calls["fused_forward_directions"]
 
 
 def test_auto_policy(counting, monkeypatch):
@@ -144,28 +152,29 @@ def test_auto_policy(counting, monkeypatch):
     with use_backend("kernel"):
         with threads(1):
             one, _ = m(x)
-        assert counting.calls["forward_directions"] == 0  # one thread: as before
+        assert _forwards(counting) == 0  # one thread: as before
         with threads(2):
             two, _ = m(x)
-        assert counting.calls["forward_directions"] == 2  # two layers
+        assert _forwards(counting) == 2  # two layers
         with threads(2), use_concurrent_directions("never"):
             m(x)
-        assert counting.calls["forward_directions"] == 2
+        assert _forwards(counting) == 2
+    assert counting.calls["fused_forward_directions"] == 2  # T = 6, training: pipelined
     torch.testing.assert_close(one, two)
     # more threads: concurrently while a step's GEMM is small (below the split threshold)
     with threads(3), use_backend("kernel"), torch.no_grad():
         m(x)
-        assert counting.calls["forward_directions"] == 4
+        assert _forwards(counting) == 4
         monkeypatch.setattr(dispatch, "PIPELINE_MAX_STEP_MACS_INFERENCE", 3 * 8 * 4)  # B·RH·H
         m(x)
-        assert counting.calls["forward_directions"] == 4
+        assert _forwards(counting) == 4
     # a unidirectional module and the generic backend never take it
     uni = AblatedRNN("ran", 5, 4).double()
     with threads(2):
         uni(x)
         with use_backend("generic"):
             m(x)
-    assert counting.calls["forward_directions"] == 4
+    assert _forwards(counting) == 4
 
 
 @pytest.mark.parametrize("variant", ["lstm", "identity_ran"])
@@ -178,7 +187,7 @@ def test_mask_packed_sequence_and_batch_first(variant):
     mask = torch.arange(7).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)
     m.batch_first = True
     results = {}
-    for name in ("generic", "concurrent"):
+    for name in ("generic", "concurrent", "concurrent_pipelined"):
         with path(name, 2):
             out_m, (h_m, _) = m(x, mask=mask)
             packed = pack_padded_sequence(x, torch.tensor(LENGTHS), batch_first=True)
@@ -186,6 +195,7 @@ def test_mask_packed_sequence_and_batch_first(variant):
         out_p, _ = pad_packed_sequence(out_p, batch_first=True, total_length=7)
         results[name] = [out_m, h_m, out_p, h_p]
     _assert_all_close(results["concurrent"], results["generic"])
+    _assert_all_close(results["concurrent_pipelined"], results["generic"])
     out_m = results["concurrent"][0]
     assert torch.equal(out_m[1, 4:], torch.zeros_like(out_m[1, 4:]))  # padding stays zero
     # the reverse direction of row 1 (length 4) is a function of its real tokens only
@@ -202,10 +212,11 @@ def test_recurrent_dropout_draws_the_same_masks():
     m = _model("lstm_minus_srnn", True, recurrent_dropout=0.4, dropout=0.3)
     m.train()
     results = {}
-    for name in ("generic", "concurrent", "sequential"):
+    for name in ("generic", "concurrent", "concurrent_pipelined", "sequential"):
         torch.manual_seed(5)
         results[name] = _run(m, name, 2, True, hx=False)
     _assert_all_close(results["concurrent"], results["generic"])
+    _assert_all_close(results["concurrent_pipelined"], results["generic"])
     _assert_all_close(results["sequential"], results["generic"])
 
 
@@ -227,7 +238,7 @@ def test_inference_saves_nothing(variant, mode, counting, monkeypatch):
             m = AblatedRNN(variant, 5, 4, num_layers=2, highway=True).double()
         with path("generic", 1), torch.no_grad():
             want = m(x, lengths=LENGTHS)
-        for name in ("concurrent", "sequential", "pipelined"):
+        for name in ("concurrent", "concurrent_pipelined", "sequential", "pipelined"):
             ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
             with path(name, 2), ctx:
                 out, (h, c) = m(x, lengths=LENGTHS)
@@ -235,7 +246,8 @@ def test_inference_saves_nothing(variant, mode, counting, monkeypatch):
             if mode == "inference_mode":
                 assert out.is_inference()
             _assert_all_close([out, h, c], [want[0], *want[1]])
-    assert counting.calls["forward_directions"] == 2  # the bidirectional model, concurrent
+    # the bidirectional model, concurrent: two layers, each form once
+    assert counting.calls["forward_directions"] == counting.calls["fused_forward_directions"] == 2
 
 
 def test_create_graph_second_derivatives():
@@ -243,7 +255,7 @@ def test_create_graph_second_derivatives():
     differentiable generic path, so gradient-of-gradient terms match the generic path's."""
     m = _model("ran", True, layers=1)
     results = {}
-    for name in ("generic", "concurrent"):
+    for name in ("generic", "concurrent", "concurrent_pipelined"):
         x = torch.randn(5, 2, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4),
                         requires_grad=True)
         with path(name, 2):
@@ -252,6 +264,7 @@ def test_create_graph_second_derivatives():
             second = torch.autograd.grad(gx.square().sum(), [x, m.weight_hh_l0_reverse])
         results[name] = [gx, *second]
     _assert_all_close(results["concurrent"], results["generic"])
+    _assert_all_close(results["concurrent_pipelined"], results["generic"])
 
 
 def test_gradcheck_through_the_concurrent_path():
@@ -265,9 +278,10 @@ def test_gradcheck_through_the_concurrent_path():
                                                  {"lengths": [4, 2]})
         return out, h, c
 
-    with path("concurrent", 2):
-        assert torch.autograd.gradcheck(f, (x, h0, *[p.detach().requires_grad_()
-                                                     for p in m.parameters()]))
+    params = [p.detach().requires_grad_() for p in m.parameters()]
+    for name in ("concurrent", "concurrent_pipelined"):
+        with path(name, 2):
+            assert torch.autograd.gradcheck(f, (x, h0, *params))
 
 
 def test_directions_entry_point_checks_its_lists():

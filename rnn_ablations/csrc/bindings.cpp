@@ -55,6 +55,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward_directions", &rnn_backward_directions,
         "the directions of a bidirectional layer at once (one per thread): `backward` on the "
         "d-th entry of each list; returns one result list per direction");
+  m.def("fused_forward_directions", &fused_forward_directions,
+        "the directions of a bidirectional layer at once (one per thread): `fused_forward` on "
+        "the d-th entry of each list; returns one result list per direction");
+  m.def("fused_backward_directions", &fused_backward_directions,
+        "the directions of a bidirectional layer at once (one per thread): `fused_backward` on "
+        "the d-th entry of each list; returns one result list per direction");
   m.def("fused_forward", &fused_forward,
         "one layer, one direction: pipelined input projection + recurrence");
   m.def("fused_backward", &fused_backward,

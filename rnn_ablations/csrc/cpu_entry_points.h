@@ -51,6 +51,20 @@ std::vector<std::vector<at::Tensor>> rnn_backward_directions(
     std::vector<at::Tensor> hin, std::vector<at::Tensor> out, std::vector<at::Tensor> proj,
     std::vector<at::Tensor> w_hh, std::vector<at::Tensor> h0, std::vector<at::Tensor> c0,
     at::Tensor batch_sizes, std::vector<at::Tensor> rec_mask);
+// The same from the layer input: fused_forward / fused_backward of every direction.
+std::vector<std::vector<at::Tensor>> fused_forward_directions(
+    int64_t spec, bool highway, std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih,
+    std::vector<at::Tensor> bias, std::vector<at::Tensor> w_hh, std::vector<at::Tensor> h0,
+    std::vector<at::Tensor> c0, at::Tensor batch_sizes, std::vector<at::Tensor> rec_mask,
+    bool keep_hin, int64_t chunk);
+std::vector<std::vector<at::Tensor>> fused_backward_directions(
+    int64_t spec, bool highway, std::vector<at::Tensor> grad_out, std::vector<at::Tensor> grad_hn,
+    std::vector<at::Tensor> grad_cn, std::vector<at::Tensor> gates, std::vector<at::Tensor> cs,
+    std::vector<at::Tensor> hin, std::vector<at::Tensor> xo, std::vector<at::Tensor> out,
+    std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih, std::vector<at::Tensor> w_hh,
+    std::vector<at::Tensor> h0, std::vector<at::Tensor> c0, at::Tensor batch_sizes,
+    std::vector<at::Tensor> rec_mask, bool need_dx, bool need_dw, bool need_bias,
+    int64_t chunk);
 // A weight gradient g^T in, for g (rows, M) and in (rows, K) (layer_plain.cpp).
 at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in);
 

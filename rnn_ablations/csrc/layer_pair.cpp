@@ -6,9 +6,12 @@
 // GEMM's panels) and MKL run single-threaded, so each direction owns one core; with one thread
 // the directions run one after the other, which computes the same numbers.
 //
-// The caller (rnn_ablations/kernel_autograd.py) computes both directions' input projections
-// before (large GEMMs on all threads) and their input / weight-ih gradients after; the step
-// GEMMs, the element-wise passes and the w_hh gradient of each direction run here.
+// Two forms, as for one direction: from the input projections (rnn_*_directions: the caller,
+// rnn_ablations/kernel_autograd.py, computes both directions' projections before, as large GEMMs
+// on all threads, and their input / w_ih gradients after), or from the layer input
+// (fused_*_directions: each direction's pipelined entry point, whose two roles then run one
+// after the other on the direction's thread, projecting each chunk of steps just before the
+// recurrence reaches it, and computing the input and weight gradients in the backward).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -16,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "cpu_entry_points.h"
@@ -96,6 +100,64 @@ std::vector<std::vector<at::Tensor>> rnn_backward_directions(
     result[d] = rnn_backward(spec, highway, grad_out[d], grad_hn[d], grad_cn[d], gates[d], cs[d],
                              hin[d], out[d], proj[d], w_hh[d], h0[d], c0[d], batch_sizes,
                              rec_mask[d]);
+  });
+  return result;
+}
+
+std::vector<std::vector<at::Tensor>> fused_forward_directions(
+    int64_t spec, bool highway, std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih,
+    std::vector<at::Tensor> bias, std::vector<at::Tensor> w_hh, std::vector<at::Tensor> h0,
+    std::vector<at::Tensor> c0, at::Tensor batch_sizes, std::vector<at::Tensor> rec_mask,
+    bool keep_hin, int64_t chunk) {
+  const char* who = "rnn_ablations kernel (pipelined directions)";
+  const size_t n = x.size();
+  TORCH_CHECK(n >= 1, who, ": x must hold one tensor per direction");
+  for (const auto& named : std::vector<std::pair<const char*, size_t>>{
+           {"w_ih", w_ih.size()}, {"bias", bias.size()}, {"w_hh", w_hh.size()},
+           {"h0", h0.size()}, {"c0", c0.size()}, {"rec_mask", rec_mask.size()}}) {
+    check_count(named.second, n, named.first, who);
+  }
+  for (size_t d = 1; d < n; ++d) {
+    TORCH_CHECK(x[d].sizes() == x[0].sizes() && w_ih[d].sizes() == w_ih[0].sizes() &&
+                    w_hh[d].sizes() == w_hh[0].sizes(),
+                who, ": the directions must have the same shapes");
+  }
+  // Inside the parallel region each direction's pipeline runs its two roles one after the
+  // other on its thread: the recurrence projects each chunk of steps just before it runs it.
+  std::vector<std::vector<at::Tensor>> result(n);
+  for_each_direction(static_cast<int64_t>(n), [&](int64_t d) {
+    result[d] = fused_forward(spec, highway, x[d], w_ih[d], bias[d], w_hh[d], h0[d], c0[d],
+                              batch_sizes, rec_mask[d], keep_hin, chunk);
+  });
+  return result;
+}
+
+std::vector<std::vector<at::Tensor>> fused_backward_directions(
+    int64_t spec, bool highway, std::vector<at::Tensor> grad_out, std::vector<at::Tensor> grad_hn,
+    std::vector<at::Tensor> grad_cn, std::vector<at::Tensor> gates, std::vector<at::Tensor> cs,
+    std::vector<at::Tensor> hin, std::vector<at::Tensor> xo, std::vector<at::Tensor> out,
+    std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih, std::vector<at::Tensor> w_hh,
+    std::vector<at::Tensor> h0, std::vector<at::Tensor> c0, at::Tensor batch_sizes,
+    std::vector<at::Tensor> rec_mask, bool need_dx, bool need_dw, bool need_bias,
+    int64_t chunk) {
+  const char* who = "rnn_ablations kernel (pipelined directions, backward)";
+  const size_t n = out.size();
+  TORCH_CHECK(n >= 1, who, ": out must hold one tensor per direction");
+  for (const auto& named : std::vector<std::pair<const char*, size_t>>{
+           {"grad_out", grad_out.size()}, {"grad_hn", grad_hn.size()},
+           {"grad_cn", grad_cn.size()}, {"gates", gates.size()}, {"cs", cs.size()},
+           {"hin", hin.size()}, {"xo", xo.size()}, {"x", x.size()}, {"w_ih", w_ih.size()},
+           {"w_hh", w_hh.size()}, {"h0", h0.size()}, {"c0", c0.size()},
+           {"rec_mask", rec_mask.size()}}) {
+    check_count(named.second, n, named.first, who);
+  }
+  std::vector<std::vector<at::Tensor>> result(n);
+  for_each_direction(static_cast<int64_t>(n), [&](int64_t d) {
+    at::NoGradGuard no_grad;
+    result[d] = fused_backward(spec, highway, grad_out[d], grad_hn[d], grad_cn[d], gates[d],
+                               cs[d], hin[d], xo[d], out[d], x[d], w_ih[d], w_hh[d], h0[d],
+                               c0[d], batch_sizes, rec_mask[d], need_dx, need_dw, need_bias,
+                               chunk);
   });
   return result;
 }
