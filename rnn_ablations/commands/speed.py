@@ -101,7 +101,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16", "autocast-bfloat16", "aut
 
 #: --directions choices: how bidirectional variants run their two directions
 #: (``rnn_ablations.dispatch.set_concurrent_directions``): ``auto`` (the default policy:
-#: concurrently with 2+ threads), ``sequential`` (one after the other), ``both`` (each
+#: concurrently with 2 threads), ``sequential`` (one after the other), ``both`` (each
 #: bidirectional variant timed both ways, the second as ``"<variant> [sequential directions]"``).
 DIRECTIONS = ("auto", "sequential", "both")
 SEQUENTIAL_SUFFIX = " [sequential directions]"
@@ -358,7 +358,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--shape-names", nargs="+", default=None,
                    help="with --shapes experiments: time only these rows (e.g. 'BiDAF phrase')")
     p.add_argument("--directions", choices=DIRECTIONS, default="auto",
-                   help="bidirectional variants: auto (concurrent directions with 2+ threads), "
+                   help="bidirectional variants: auto (rnn_ablations.dispatch's policy: "
+                        "concurrent directions with 2 threads), "
                         "sequential (one after the other), or both (each variant timed both "
                         "ways, in the same interleaved rounds)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
