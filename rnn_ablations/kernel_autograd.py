@@ -150,3 +150,129 @@ class _PipelinedLayer(torch.autograd.Function):
             w_ih, w_hh, h0, c0, batch_sizes, mask, need[0], need_dw, need_bias, ctx.chunk)
         return (dx if need[0] else None, dw_ih if need[1] else None, db if need_bias else None,
                 dw_hh if need[3] else None, dh0, dc0, None, None, None, None, None)
+
+
+#: Per direction, the tensors :class:`_KernelDirections` takes (in this order).
+_DIRECTION_ARGS = ("proj", "w_hh", "h0", "c0", "x", "w_ih", "pbias", "rec_mask")
+
+
+class _KernelDirections(torch.autograd.Function):
+    """Autograd wrapper of the CPU kernel's directions entry points (``_C.forward_directions`` /
+    ``_C.backward_directions``): the directions of a bidirectional layer submitted together, run
+    concurrently (one per thread) in the forward and in the hand-written backward.  Direction
+    ``d`` is :class:`_KernelLayer` on the ``d``-th group of :data:`_DIRECTION_ARGS` in ``flat``
+    (``rec_mask`` may be ``None``); the outputs are ``(out, h_n, c_n)`` of every direction, in
+    order.  ``x``, ``w_ih`` and ``pbias`` receive no gradient here (theirs flows through
+    ``proj``); they are kept for the ``create_graph=True`` backward (see :func:`_graph_grads`)."""
+
+    @staticmethod
+    def forward(ctx, variant, highway, batch_sizes, *flat):
+        k = len(_DIRECTION_ARGS)
+        groups = [flat[i:i + k] for i in range(0, len(flat), k)]
+        masks = [_or_empty(g[7], g[0]) for g in groups]
+        results = backend._C.forward_directions(
+            variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
+            [g[2] for g in groups], [g[3] for g in groups], batch_sizes, masks, True, True)
+        saved = []
+        for g, m, (out, _, _, gates, cs, hin) in zip(groups, masks, results):
+            saved += [gates, cs, hin, out, g[0], g[1], g[2], g[3], m, g[4], g[5], g[6]]
+        ctx.save_for_backward(batch_sizes, *saved)
+        ctx.variant, ctx.highway = variant, highway
+        ctx.has_mask = [g[7] is not None for g in groups]
+        return tuple(t for r in results for t in r[:3])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        batch_sizes, *saved = ctx.saved_tensors
+        n = len(ctx.has_mask)
+        per = [saved[12 * d:12 * (d + 1)] for d in range(n)]
+        incoming = [grads[3 * d:3 * (d + 1)] for d in range(n)]
+        need = ctx.needs_input_grad[3:]
+        k = len(_DIRECTION_ARGS)
+        result = [None] * (3 + k * n)
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward, per direction
+            for d, ((gates, cs, hin, out, proj, w_hh, h0, c0, mask, x, w_ih, pbias),
+                    g) in enumerate(zip(per, incoming)):
+                nd = need[k * d:k * (d + 1)]
+                dproj, dw, dh0, dc0 = _graph_grads(
+                    ctx.variant, ctx.highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes,
+                    mask if ctx.has_mask[d] else None, g, True,
+                    [w_hh if nd[1] else None, h0 if nd[2] else None, c0 if nd[3] else None])
+                result[3 + k * d:3 + k * d + 4] = [dproj if nd[0] else None, dw, dh0, dc0]
+            return tuple(result)
+        filled = [_incoming_grads(*g, p[3], p[6], p[7]) for g, p in zip(incoming, per)]
+        got = backend._C.backward_directions(
+            ctx.variant.kernel_spec, ctx.highway, *[[f[i] for f in filled] for i in range(3)],
+            *[[p[i] for p in per] for i in range(8)], batch_sizes, [p[8] for p in per])
+        for d, (dproj, dw, dh0, dc0) in enumerate(got):
+            nd = need[k * d:k * (d + 1)]
+            result[3 + k * d:3 + k * d + 4] = [dproj if nd[0] else None, dw if nd[1] else None,
+                                               dh0 if nd[2] else None, dc0 if nd[3] else None]
+        return tuple(result)
+
+
+#: Per direction, the tensors :class:`_PipelinedDirections` takes (in this order).
+_PIPELINED_DIRECTION_ARGS = ("x", "w_ih", "bias", "w_hh", "h0", "c0", "rec_mask")
+
+
+class _PipelinedDirections(torch.autograd.Function):
+    """Autograd wrapper of ``_C.fused_forward_directions`` / ``_C.fused_backward_directions``:
+    the directions of a bidirectional layer at once, one per thread, each as
+    :class:`_PipelinedLayer` on the ``d``-th group of :data:`_PIPELINED_DIRECTION_ARGS` in
+    ``flat`` (``bias`` and ``rec_mask`` may be ``None``); the outputs are ``(out, h_n, c_n)`` of
+    every direction, in order."""
+
+    @staticmethod
+    def forward(ctx, variant, highway, batch_sizes, chunk, *flat):
+        k = len(_PIPELINED_DIRECTION_ARGS)
+        groups = [flat[i:i + k] for i in range(0, len(flat), k)]
+        masks = [_or_empty(g[6], g[0]) for g in groups]
+        results = backend._C.fused_forward_directions(
+            variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
+            [_or_empty(g[2], g[0]) for g in groups], [g[3] for g in groups],
+            [g[4] for g in groups], [g[5] for g in groups], batch_sizes, masks, True, chunk)
+        saved = []
+        for g, m, (out, _, _, gates, cs, hin, xo) in zip(groups, masks, results):
+            saved += [gates, cs, hin, xo, out, g[0], g[1], g[3], g[4], g[5], m, g[2]]
+        ctx.save_for_backward(batch_sizes, *saved)
+        ctx.variant, ctx.highway, ctx.chunk = variant, highway, chunk
+        ctx.has_mask = [g[6] is not None for g in groups]
+        ctx.has_bias = groups[0][2] is not None
+        return tuple(t for r in results for t in r[:3])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        batch_sizes, *saved = ctx.saved_tensors
+        n = len(ctx.has_mask)
+        per = [saved[12 * d:12 * (d + 1)] for d in range(n)]
+        incoming = [grads[3 * d:3 * (d + 1)] for d in range(n)]
+        k = len(_PIPELINED_DIRECTION_ARGS)
+        need = ctx.needs_input_grad[4:]
+        result = [None] * (4 + k * n)
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward, per direction
+            for d, ((gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, mask, bias),
+                    g) in enumerate(zip(per, incoming)):
+                nd = need[k * d:k * (d + 1)]
+                pbias = projection_bias(bias, w_ih.shape[0]) if ctx.has_bias else None
+                got = _graph_grads(
+                    ctx.variant, ctx.highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes,
+                    mask if ctx.has_mask[d] else None, g, False,
+                    [t if nd_i else None for t, nd_i in zip(
+                        (x, w_ih, bias if ctx.has_bias else None, w_hh, h0, c0), nd)])
+                result[4 + k * d:4 + k * d + 6] = got
+            return tuple(result)
+        filled = [_incoming_grads(*g, p[4], p[8], p[9]) for g, p in zip(incoming, per)]
+        need_dx = any(need[k * d] for d in range(n))
+        need_dw = any(need[k * d + 1] or need[k * d + 3] for d in range(n))
+        need_bias = ctx.has_bias and any(need[k * d + 2] for d in range(n))
+        got = backend._C.fused_backward_directions(
+            ctx.variant.kernel_spec, ctx.highway, *[[f[i] for f in filled] for i in range(3)],
+            *[[p[i] for p in per] for i in range(10)], batch_sizes, [p[10] for p in per],
+            need_dx, need_dw, need_bias, ctx.chunk)
+        for d, (dx, dw_ih, db, dw_hh, dh0, dc0) in enumerate(got):
+            nd = need[k * d:k * (d + 1)]
+            result[4 + k * d:4 + k * d + 6] = [dx if nd[0] else None, dw_ih if nd[1] else None,
+                                               db if nd[2] and need_bias else None,
+                                               dw_hh if nd[3] else None, dh0 if nd[4] else None,
+                                               dc0 if nd[5] else None]
+        return tuple(result)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .dispatch import run_layer
+from .dispatch import run_directions
 from .scan import run_scan_layer
 from .functional import projection_bias, reversal_index
 from .validation import check_positive_int, check_prob
@@ -524,16 +524,23 @@ class AblatedRNN(nn.Module):
                 outputs.append(out)
                 h_finals.extend(h_n.unbind(0))
                 c_finals.extend(c_n.unbind(0))
-            for direction in range(self.num_directions if self.variant.reads_hidden else 0):
-                w_ih, w_hh, b = self.layer_parameters(layer, direction)
-                inp = layer_input if direction == 0 else reverse(layer_input)
-                idx = layer * self.num_directions + direction
+            # The directions are submitted together (dispatch.run_directions: concurrently on
+            # the CPU kernel with 2+ threads); the masks are drawn in direction order as before.
+            dirs = range(self.num_directions if self.variant.reads_hidden else 0)
+            inputs, params, masks = [], [], []
+            for direction in dirs:
+                inputs.append(layer_input if direction == 0 else reverse(layer_input))
+                params.append(self.layer_parameters(layer, direction))
                 rec_mask = None
                 if self.training and self.recurrent_dropout > 0:
                     keep = 1.0 - self.recurrent_dropout
                     rec_mask = torch.empty(batch, H, dtype=x.dtype, device=x.device).bernoulli_(keep) / keep
-                out, h_n, c_n = run_layer(self.variant, self.highway, inp, w_ih, b, w_hh, h0[idx],
-                                          c0[idx], batch_sizes, rec_mask)
+                masks.append(rec_mask)
+            first = layer * self.num_directions
+            results = run_directions(self.variant, self.highway, inputs, params,
+                                     [h0[first + d] for d in dirs], [c0[first + d] for d in dirs],
+                                     batch_sizes, masks) if inputs else []
+            for direction, (out, h_n, c_n) in enumerate(results):
                 if direction == 1:
                     out = reverse(out)
                 outputs.append(out)

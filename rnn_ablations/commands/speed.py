@@ -3,6 +3,14 @@
 All models are timed in the same process, in interleaved rounds (every model once per round, so
 that a change in machine load hits all of them alike); the reported time is the median over
 rounds and the ratio is ``time(nn.LSTM) / time(variant)`` (> 1 = faster than nn.LSTM).
+
+    python benchmarks/speed.py --shapes experiments --threads 2
+        # the experiments' shapes, train and inference, every variant against nn.LSTM of the
+        # same configuration; writes benchmarks/results/speed_cpu_experiments.{json,md} with the
+        # machine (CPU model, AVX-512 or not, the kernel's vector path)
+    python benchmarks/speed.py --shapes experiments --threads 2 --directions both
+        # also each bidirectional variant with its directions one after the other
+        # ("<variant> [sequential directions]"), for an A/B of the concurrent directions
 """
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -19,25 +28,57 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
-from ..dispatch import cuda_kernel_available, get_backend, kernel_available
+from ..dispatch import (cuda_kernel_available, get_backend, kernel_available, kernel_isa,
+                        supported_kernel_isas, use_concurrent_directions)
 from ..rnn import AblatedRNN
 from ..variants import VARIANTS, get_variant
 
-__all__ = ["measure", "format_table", "add_subparser", "EXPERIMENT_SHAPES", "DTYPES"]
+__all__ = ["measure", "format_table", "add_subparser", "cpu_info", "EXPERIMENT_SHAPES", "DTYPES",
+           "DIRECTIONS"]
 
 
-def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
+def cpu_info() -> Dict:
+    """The CPU as ``lscpu`` names it (model name, flags; ``/proc/cpuinfo`` where ``lscpu`` is
+    missing): ``{"model", "avx2", "fma", "avx512f", "avx512_flags", "cores", "kernel_isa",
+    "kernel_isas"}`` (the last two: the CPU kernel's vector path in use and those it can run)."""
+    model, flags = platform.processor() or platform.machine(), set()
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads, CPU capability {torch.backends.cpu.get_cpu_capability()})")
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
+                              env=dict(os.environ, LC_ALL="C")).stdout
+    except (OSError, subprocess.SubprocessError):
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name":
+            model = value.strip()
+        elif key.strip() == "Flags":
+            flags = set(value.split())
+    if not flags:
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key.strip() == "model name" and not text:
+                        model = value.strip()
+                    elif key.strip() == "flags":
+                        flags = set(value.split())
+                        break
+        except OSError:
+            pass
+    return {"model": model, "cores": os.cpu_count(), "avx2": "avx2" in flags,
+            "fma": "fma" in flags, "avx512f": "avx512f" in flags,
+            "avx512_flags": sorted(f for f in flags if f.startswith("avx512")),
+            "kernel_isa": kernel_isa(), "kernel_isas": supported_kernel_isas()}
+
+
+def _machine(info: Optional[Dict] = None) -> str:
+    info = info or cpu_info()
+    isa = ("AVX-512" if info["avx512f"] else "no AVX-512") + (", AVX2+FMA" if info["avx2"] and
+                                                              info["fma"] else "")
+    return (f"{info['model']} ({isa}), {info['cores']} cores, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads, CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}), kernel vector path "
+            f"{info['kernel_isa']}")
 
 
 #: The experiments' own shapes (issue 11): (name, layers, input size, hidden, bidirectional,
@@ -58,6 +99,13 @@ EXPERIMENT_SHAPES = (
 #: float32 model and input under torch.autocast(device, dtype) (mixed precision training)
 DTYPES = ("float32", "float64", "bfloat16", "float16", "autocast-bfloat16", "autocast-float16")
 
+#: --directions choices: how bidirectional variants run their two directions
+#: (``rnn_ablations.dispatch.set_concurrent_directions``): ``auto`` (the default policy:
+#: concurrently with 2 threads), ``sequential`` (one after the other), ``both`` (each
+#: bidirectional variant timed both ways, the second as ``"<variant> [sequential directions]"``).
+DIRECTIONS = ("auto", "sequential", "both")
+SEQUENTIAL_SUFFIX = " [sequential directions]"
+
 
 def _dtype_setup(name: str, device: str):
     """(storage dtype, context manager factory) for a --dtype choice."""
@@ -72,7 +120,7 @@ def _dtype_setup(name: str, device: str):
 def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: int = 64,
             repeats: int = 7, variants: Sequence[str] = VARIANTS, warmup: int = 2,
             device: str = "cpu", clock: str = "wall", dtype: str = "float32",
-            shapes: Optional[Sequence[Tuple]] = None) -> List[Dict]:
+            shapes: Optional[Sequence[Tuple]] = None, directions: str = "auto") -> List[Dict]:
     """Rows ``{hidden, model, mode, median_ms, ratio_vs_nn_lstm, dtype, ...}`` for mode in
     {train, inference}.
 
@@ -80,17 +128,22 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
     Shapes: input (batch, seq_len, hidden), ``batch_first=True``, one layer; or, with
     ``shapes`` (e.g. :data:`EXPERIMENT_SHAPES`), each ``(name, layers, input size, hidden,
     bidirectional, batch, seq_len)`` against an nn.LSTM of the same configuration.  ``dtype``:
-    one of :data:`DTYPES` (nn.LSTM runs in the same dtype).
+    one of :data:`DTYPES` (nn.LSTM runs in the same dtype).  ``directions``: one of
+    :data:`DIRECTIONS`.
     ``clock="cpu"`` times with the process's CPU time instead of the wall clock: with one thread
     (``torch.set_num_threads(1)``) that is the work done, whatever else loads the machine.
     """
     if clock not in ("wall", "cpu"):
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    if directions not in DIRECTIONS:
+        raise ValueError(f"directions must be one of {', '.join(DIRECTIONS)}, got {directions!r}")
     if clock == "cpu" and torch.get_num_threads() != 1:
         raise ValueError("clock='cpu' measures work only with one thread: use --threads 1")
     for name, v in (("batch", batch), ("seq_len", seq_len), ("repeats", repeats)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
     if any(h < 1 for h in hidden_sizes):
         raise ValueError(f"hidden sizes must be >= 1, got {list(hidden_sizes)}")
     variants = [get_variant(v).name for v in variants]
@@ -98,11 +151,12 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
         shapes = [(None, 1, h, h, False, batch, seq_len) for h in hidden_sizes]
     rows = []
     for shape in shapes:
-        rows += _measure_shape(shape, repeats, variants, warmup, device, clock, dtype)
+        rows += _measure_shape(shape, repeats, variants, warmup, device, clock, dtype, directions)
     return rows
 
 
-def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name) -> List[Dict]:
+def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
+                   directions="auto") -> List[Dict]:
     label, layers, d_in, hidden, bidirectional, batch, seq_len = shape
     storage, context = _dtype_setup(dtype_name, device)
     timer = time.perf_counter if clock == "wall" else time.process_time
@@ -112,6 +166,12 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name) 
     for v in variants:
         models[v] = AblatedRNN(v, d_in, hidden, **cfg)
     models = {k: m.to(device=device, dtype=storage) for k, m in models.items()}
+    # how each model runs its directions (nn.LSTM: its own way)
+    policy = {k: ("never" if directions == "sequential" else "auto") for k in models}
+    if directions == "both" and bidirectional:
+        for v in variants:
+            models[v + SEQUENTIAL_SUFFIX] = models[v]
+            policy[v + SEQUENTIAL_SUFFIX] = "never"
     x = torch.randn(batch, seq_len, d_in, device=device, dtype=storage, requires_grad=True)
     times = {(k, mode): [] for k in models for mode in ("train", "inference")}
 
@@ -129,12 +189,14 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name) 
             for mode, fn in (("train", train_step), ("inference", infer_step)):
                 if device != "cpu":
                     torch.cuda.synchronize()
-                t0 = timer()
-                fn(m)
-                if device != "cpu":
-                    torch.cuda.synchronize()
+                with use_concurrent_directions(policy[k]):
+                    t0 = timer()
+                    fn(m)
+                    if device != "cpu":
+                        torch.cuda.synchronize()
+                    elapsed = timer() - t0
                 if r >= warmup:
-                    times[(k, mode)].append(timer() - t0)
+                    times[(k, mode)].append(elapsed)
             m.zero_grad(set_to_none=True)
             x.grad = None
     rows = []
@@ -142,9 +204,13 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name) 
         base = statistics.median(times[("nn.LSTM", mode)])
         for k in models:
             med = statistics.median(times[(k, mode)])
+            spread = (min(times[(k, mode)]), max(times[(k, mode)]))
             row = {"hidden": hidden, "batch": batch, "seq_len": seq_len, "model": k,
                    "mode": mode, "dtype": dtype_name, "median_ms": round(med * 1e3, 3),
-                   "ratio_vs_nn_lstm": round(base / med, 3), "repeats": repeats}
+                   "min_ms": round(spread[0] * 1e3, 3), "max_ms": round(spread[1] * 1e3, 3),
+                   "ratio_vs_nn_lstm": round(base / med, 3), "repeats": repeats,
+                   "directions": ("-" if k == "nn.LSTM" or not bidirectional else
+                                  "sequential" if policy[k] == "never" else "auto")}
             if label is not None:
                 row.update(shape=label, layers=layers, input_size=d_in,
                            bidirectional=bidirectional)
@@ -200,7 +266,16 @@ def run(args) -> int:
     if args.cuda_graphs is not None:
         set_cuda_graphs(args.cuda_graphs == "on")
     shapes = EXPERIMENT_SHAPES if args.shapes == "experiments" else None
-    machine = _machine()
+    if args.shape_names:
+        if shapes is None:
+            raise ValueError("--shape-names picks rows of --shapes experiments")
+        known = {s[0] for s in EXPERIMENT_SHAPES}
+        bad = [n for n in args.shape_names if n not in known]
+        if bad:
+            raise ValueError(f"unknown shape name(s) {bad}; choose from {sorted(known)}")
+        shapes = [s for s in EXPERIMENT_SHAPES if s[0] in args.shape_names]
+    cpu = cpu_info()
+    machine = _machine(cpu)
     cuda_info = None
     if args.device != "cpu":
         cuda_info = _cuda_machine(args.device)
@@ -213,8 +288,8 @@ def run(args) -> int:
         shape_text = ("the experiments' shapes (layers, d_in, H, bi, B, T), batch_first, "
                       f"{', '.join(args.dtype)}")
     rows: List[Dict] = []
-    meta = {"machine": machine, "device": args.device, "kernel": kernel_available(),
-            "backend": get_backend(), "dtypes": list(args.dtype),
+    meta = {"machine": machine, "cpu": cpu, "device": args.device, "kernel": kernel_available(),
+            "backend": get_backend(), "dtypes": list(args.dtype), "directions": args.directions,
             "clock": args.clock, "threads": torch.get_num_threads(),
             "shapes": shape_text, "repeats": args.repeats, "rows": rows}
     if cuda_info is not None:
@@ -224,7 +299,8 @@ def run(args) -> int:
     print(f"# machine: {meta['machine']}; fused kernel: {meta['kernel']}")
     for d in args.dtype:  # the files are rewritten after each dtype (a cut-off run keeps its rows)
         rows += measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
-                        device=args.device, clock=args.clock, dtype=d, shapes=shapes)
+                        device=args.device, clock=args.clock, dtype=d, shapes=shapes,
+                        directions=args.directions, warmup=args.warmup)
         if args.out:
             _write(args, meta, rows, d == args.dtype[-1])
     print(format_table(rows))
@@ -234,15 +310,22 @@ def run(args) -> int:
 def _write(args, meta, rows, last: bool) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or (f"speed_{args.clock}_{meta['threads']}t" if args.device == "cpu"
-                         else f"speed_{args.device.replace(':', '')}")
+    if args.name:
+        stem = args.name
+    elif args.device != "cpu":
+        stem = f"speed_{args.device.replace(':', '')}"
+    elif args.shapes == "experiments":
+        stem = "speed_cpu_experiments"
+    else:
+        stem = f"speed_{args.clock}_{meta['threads']}t"
     done = sorted({r["dtype"] for r in rows}, key=list(args.dtype).index)
     meta = dict(meta, dtypes_done=done)
     table = format_table(rows)
     (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
     (out / f"{stem}.md").write_text(
         f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}; median of {args.repeats} "
-        f"interleaved rounds; {args.clock} clock, {meta['threads']} thread(s)"
+        f"interleaved rounds (min-max in the JSON); {args.clock} clock, {meta['threads']} "
+        f"thread(s); directions of bidirectional variants: {args.directions}"
         + ("" if last else f"; so far: {', '.join(done)}") + f"\n\n{table}\n")
     if last:
         print(f"# wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
@@ -272,12 +355,20 @@ def add_subparser(subparsers) -> None:
                    help="standard: one layer, input = hidden (--hidden, --batch, --seq-len); "
                         "experiments: the shapes of the experiments (PTB LMs, BiDAF, parser, "
                         "NMT encoder, DrQA)")
+    p.add_argument("--shape-names", nargs="+", default=None,
+                   help="with --shapes experiments: time only these rows (e.g. 'BiDAF phrase')")
+    p.add_argument("--directions", choices=DIRECTIONS, default="auto",
+                   help="bidirectional variants: auto (rnn_ablations.dispatch's policy: "
+                        "concurrent directions with 2 threads), "
+                        "sequential (one after the other), or both (each variant timed both "
+                        "ways, in the same interleaved rounds)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--cuda-graphs", choices=["on", "off"], default=None,
                    help="CUDA-graph replay of the CUDA kernel's step loop (default: "
                         "RNN_ABLATIONS_CUDA_GRAPHS, on)")
     p.add_argument("--name", default=None,
                    help="file stem of the results (default speed_<clock>_<threads>t on the CPU, "
-                        "speed_cuda on CUDA)")
+                        "speed_cpu_experiments with --shapes experiments, speed_cuda on CUDA)")
     p.add_argument("--out", default=None,
                    help="folder for <name>.{json,md}")
     p.set_defaults(func=run)

@@ -46,6 +46,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
         py::arg("in_place") = false);
   m.def("backward", &rnn_backward, "one layer, one direction: backward to the input projections");
+  m.def("forward_directions", &rnn_forward_directions,
+        "the directions of a bidirectional layer at once (one per thread): `forward` on the d-th "
+        "entry of each list; returns one result list per direction",
+        py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
+        py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
+        py::arg("in_place") = false);
+  m.def("backward_directions", &rnn_backward_directions,
+        "the directions of a bidirectional layer at once (one per thread): `backward` on the "
+        "d-th entry of each list; returns one result list per direction");
+  m.def("fused_forward_directions", &fused_forward_directions,
+        "the directions of a bidirectional layer at once (one per thread): `fused_forward` on "
+        "the d-th entry of each list; returns one result list per direction");
+  m.def("fused_backward_directions", &fused_backward_directions,
+        "the directions of a bidirectional layer at once (one per thread): `fused_backward` on "
+        "the d-th entry of each list; returns one result list per direction");
   m.def("fused_forward", &fused_forward,
         "one layer, one direction: pipelined input projection + recurrence");
   m.def("fused_backward", &fused_backward,

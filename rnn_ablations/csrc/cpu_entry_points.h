@@ -2,7 +2,9 @@
 // every variant with a step kernel, driven by its kernel spec (kernel_spec.h).
 //   plain (layer_plain.cpp): from the input projections of all steps, computed by the caller;
 //   pipelined (layer_pipelined.cpp): from the layer input, with the input projection (forward)
-//     and the input / weight gradients (backward) computed on the second core (pipeline.h).
+//     and the input / weight gradients (backward) computed on the second core (pipeline.h);
+//   directions (layer_pair.cpp): the plain entry points of a bidirectional layer's directions
+//     at once, one direction per thread.
 // Tensor names: see common.h.
 #pragma once
 
@@ -36,6 +38,33 @@ std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor gr
                                        at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
                                        at::Tensor rec_mask, bool need_dx, bool need_dw,
                                        bool need_bias, int64_t chunk);
+// Both directions of a bidirectional layer, concurrently (layer_pair.cpp): rnn_forward /
+// rnn_backward of direction d on the d-th entry of every list, one direction per thread.
+// Returns one result list per direction, as rnn_forward / rnn_backward return it.
+std::vector<std::vector<at::Tensor>> rnn_forward_directions(
+    int64_t spec, bool highway, std::vector<at::Tensor> proj, std::vector<at::Tensor> w_hh,
+    std::vector<at::Tensor> h0, std::vector<at::Tensor> c0, at::Tensor batch_sizes,
+    std::vector<at::Tensor> rec_mask, bool keep_hin, bool in_place);
+std::vector<std::vector<at::Tensor>> rnn_backward_directions(
+    int64_t spec, bool highway, std::vector<at::Tensor> grad_out, std::vector<at::Tensor> grad_hn,
+    std::vector<at::Tensor> grad_cn, std::vector<at::Tensor> gates, std::vector<at::Tensor> cs,
+    std::vector<at::Tensor> hin, std::vector<at::Tensor> out, std::vector<at::Tensor> proj,
+    std::vector<at::Tensor> w_hh, std::vector<at::Tensor> h0, std::vector<at::Tensor> c0,
+    at::Tensor batch_sizes, std::vector<at::Tensor> rec_mask);
+// The same from the layer input: fused_forward / fused_backward of every direction.
+std::vector<std::vector<at::Tensor>> fused_forward_directions(
+    int64_t spec, bool highway, std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih,
+    std::vector<at::Tensor> bias, std::vector<at::Tensor> w_hh, std::vector<at::Tensor> h0,
+    std::vector<at::Tensor> c0, at::Tensor batch_sizes, std::vector<at::Tensor> rec_mask,
+    bool keep_hin, int64_t chunk);
+std::vector<std::vector<at::Tensor>> fused_backward_directions(
+    int64_t spec, bool highway, std::vector<at::Tensor> grad_out, std::vector<at::Tensor> grad_hn,
+    std::vector<at::Tensor> grad_cn, std::vector<at::Tensor> gates, std::vector<at::Tensor> cs,
+    std::vector<at::Tensor> hin, std::vector<at::Tensor> xo, std::vector<at::Tensor> out,
+    std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih, std::vector<at::Tensor> w_hh,
+    std::vector<at::Tensor> h0, std::vector<at::Tensor> c0, at::Tensor batch_sizes,
+    std::vector<at::Tensor> rec_mask, bool need_dx, bool need_dw, bool need_bias,
+    int64_t chunk);
 // A weight gradient g^T in, for g (rows, M) and in (rows, K) (layer_plain.cpp).
 at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in);
 

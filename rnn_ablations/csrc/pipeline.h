@@ -3,6 +3,7 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
@@ -45,9 +46,14 @@ struct Pipeline {
     return true;
   }
 
+  // The caller's thread-local state (inference mode, dispatch keys) is carried into the team's
+  // threads, which at::parallel_for does not do: under torch.inference_mode() the roles write
+  // inference tensors, which ATen refuses outside inference mode.
   template <class F0, class F1>
   void run(F0&& role0, F1&& role1) {
+    const at::ThreadLocalState state;
     at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      at::ThreadLocalStateGuard guard(state);
       for (int64_t r = begin; r < end; ++r) {
         try {
           at::NoGradGuard no_grad;  // grad mode is thread-local: off in the team's threads too
