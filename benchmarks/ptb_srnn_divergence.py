@@ -59,6 +59,19 @@ class TorchRNNLayer(nn.Module):
         return out, (h, h)
 
 
+def _cpu_model() -> str:
+    """The CPU model and its widest vector ISA (lscpu), e.g. 'AMD EPYC (AVX2, no AVX-512)'."""
+    try:
+        import subprocess
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.machine()
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                  if ln.startswith("Model name")), platform.machine())
+    isa = "AVX-512" if "avx512f" in text else ("AVX2, no AVX-512" if "avx2" in text else "no AVX2")
+    return f"{model} ({isa})"
+
+
 def train(model, windows, cfg, lr, seed, report_every):
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -134,7 +147,7 @@ def main(argv=None):
     res = {"config": "medium", "variant": "srnn", "windows": len(windows),
            "batch": cfg.batch_size, "bptt": T, "clip": cfg.max_grad_norm,
            "init_scale": cfg.init_scale, "dropout": cfg.dropout, "seed": a.seed,
-           "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+           "machine": f"{_cpu_model()}, torch {torch.__version__}, "
                       f"{a.threads} thread(s)",
            "seconds": round(time.time() - t0, 1), "runs": runs}
     out = Path(a.out)
