@@ -9,8 +9,9 @@
 
 This module imports nothing from ``rnn_ablations`` (running it must not import the package,
 whose import would try to load the kernel being built).  The flags carry no ``-march``/``-mavx2``:
-the vector code is compiled per instruction set inside ``csrc/vec_kernels.cpp`` and chosen at
-run time, so one build runs on every x86-64 CPU.
+the vector code is compiled per instruction set (``csrc/vec_portable.cpp``, ``vec_avx2.cpp``,
+``vec_avx512.cpp``, each with GCC target pragmas) and chosen at run time
+(``csrc/vec_kernels.cpp``), so one build runs on every x86-64 CPU.
 """
 from __future__ import annotations
 

@@ -52,10 +52,13 @@ def kernel_available() -> bool:
 
 
 def kernel_isa() -> Optional[str]:
-    """The vector code the CPU kernel runs: ``"avx2"`` (AVX2 + FMA: the packed step GEMM and the
-    element-wise pass in 256-bit registers) or ``"portable"`` (the build's baseline; the step
-    GEMM is ATen's); ``None`` without a kernel.  Chosen at run time from the CPU (cpuid), or by
-    ``RNN_ABLATIONS_ISA=avx2|portable``; :func:`set_kernel_isa` switches it."""
+    """The vector code the CPU kernel runs: ``"avx512"`` (AVX-512F: the packed step GEMM in
+    8 x 32 register tiles and the element-wise pass in 512-bit registers), ``"avx2"`` (AVX2 +
+    FMA, 4 x 24 tiles, 256-bit) or ``"portable"`` (the build's baseline; the step GEMM is ATen's);
+    ``None`` without a kernel.  Chosen at run time from the CPU (cpuid, and whether the OS saves
+    the registers), not from the machine that compiled it, or by
+    ``RNN_ABLATIONS_ISA=avx512|avx2|portable``; :func:`set_kernel_isa` switches it.  The test
+    path ``"emulated_avx512"`` runs the AVX-512 path's GEMM blocking with AVX2 instructions."""
     return _C.kernel_isa() if _C is not None else None
 
 
@@ -65,7 +68,8 @@ def supported_kernel_isas() -> list:
 
 
 def set_kernel_isa(name: str) -> None:
-    """Use the vector path ``"avx2"``, ``"portable"`` or ``"auto"`` (the best this CPU supports).
+    """Use the vector path ``"avx512"``, ``"avx2"``, ``"portable"`` or ``"auto"`` (the best this
+    CPU supports), or the test path ``"emulated_avx512"`` (see :func:`kernel_isa`).
     Raises ``ValueError`` for a name this CPU/build cannot run, ``RuntimeError`` without a kernel."""
     if _C is None:
         raise RuntimeError(f"no compiled CPU kernel: {_KERNEL_ERROR}")

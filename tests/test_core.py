@@ -30,39 +30,97 @@ def test_kernel_is_built():
     assert ra.kernel_available(), "the C++ kernel was not built: run `bash scripts/setup.sh`"
 
 
-def _cpu_has_avx2_fma() -> bool:
+def _cpu_flags() -> set:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
     except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
+        pass
+    return set()
+
+
+def _cpu_has_avx2_fma() -> bool:
+    return {"avx2", "fma"} <= _cpu_flags()
+
+
+def _cpu_has_avx512() -> bool:
+    return _cpu_has_avx2_fma() and {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= _cpu_flags()
 
 
 #: the vector paths of the CPU kernel that this CPU runs (each is tested against float64 generic)
 ISAS = ra.supported_kernel_isas() if ra.kernel_available() else []
+#: ... plus the AVX-512 path's GEMM blocking emulated with AVX2 (where the CPU has AVX2 but no
+#: AVX-512), so that its row blocks, panels and tails run on every AVX2 machine
+TEST_ISAS = ISAS + (["emulated_avx512"] if "avx2" in ISAS else [])
+#: the paths with the packed step GEMM
+PACKED_ISAS = [i for i in TEST_ISAS if i != "portable"]
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
 def test_kernel_isa_follows_the_cpu():
-    """One build, the path chosen at run time: AVX2 + FMA (and the packed step GEMM) where
-    /proc/cpuinfo lists both, the portable path always; RNN_ABLATIONS_ISA / set_kernel_isa force
-    one, and a path this CPU cannot run is refused."""
+    """One build, the path chosen at run time: AVX-512 where the CPU (and its OS) has
+    AVX-512F/VL/BW/DQ, else AVX2 + FMA where it has both, the portable path always, each with
+    the packed step GEMM except the portable one; RNN_ABLATIONS_ISA / set_kernel_isa force one,
+    and a path this CPU cannot run is refused with the paths it can."""
     from rnn_ablations import _C
     assert ISAS[-1] == "portable"
-    assert ("avx2" in ISAS) == (_cpu_has_avx2_fma() and platform.machine() == "x86_64")
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    assert ("avx2" in ISAS) == (_cpu_has_avx2_fma() and x86)
+    assert ("avx512" in ISAS) == (_cpu_has_avx512() and x86)
+    assert "emulated_avx512" not in ISAS  # a test path: never listed, never chosen by "auto"
     import os
     assert ra.kernel_isa() == (os.environ.get("RNN_ABLATIONS_ISA") or ISAS[0])
-    for isa in ISAS:
+    for isa in TEST_ISAS:
         with ra.use_kernel_isa(isa):
             assert ra.kernel_isa() == isa
-            assert _C.packed_gemm() == (isa == "avx2")
-    with pytest.raises(ValueError, match="unknown kernel ISA 'avx512'.*avx2, portable, auto"):
-        ra.set_kernel_isa("avx512")
-    if "avx2" not in ISAS:
-        with pytest.raises(ValueError, match="avx2"):
-            ra.set_kernel_isa("avx2")
+            assert _C.packed_gemm() == (isa != "portable")
+    with pytest.raises(ValueError, match="unknown kernel ISA 'sse9'.*avx512, avx2, portable, auto"):
+        ra.set_kernel_isa("sse9")
+    for isa in ("avx512", "avx2"):
+        if isa not in ISAS:
+            with pytest.raises(ValueError, match=f"'{isa}' requested.*'portable' or 'auto'"):
+                ra.set_kernel_isa(isa)
     assert ra.kernel_isa() == (os.environ.get("RNN_ABLATIONS_ISA") or ISAS[0])
+
+
+@pytest.mark.skipif(not PACKED_ISAS, reason="no path with the packed step GEMM on this CPU")
+@pytest.mark.parametrize("isa", PACKED_ISAS)
+@pytest.mark.parametrize("transposed", [True, False])
+def test_packed_step_gemm_against_float64(isa, transposed):
+    """The packed step GEMM of every vector path (its panel width: 24 AVX2, 32 AVX-512; row
+    blocks of 4 or 8) against a float64 product, at every row count up to two blocks and more
+    (each leftover height), panel counts with and without a partial last panel, K = 1, strided
+    A and C (the step's views of proj), overwrite and accumulate, one panel range and the panels
+    split over 2 threads."""
+    from rnn_ablations import _C
+    torch.manual_seed(0)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with ra.use_kernel_isa(isa):
+            for n, k in [(1, 1), (7, 9), (24, 5), (31, 7), (32, 16), (33, 3), (48, 40), (100, 100),
+                         (400, 100), (650, 650)]:
+                for m in list(range(1, 18)) + [20, 32, 40]:
+                    a = torch.randn(m, k + 3)[:, :k]
+                    w = torch.randn(n, k) if transposed else torch.randn(k, n)
+                    b = w.double().t() if transposed else w.double()
+                    for accumulate in (False, True):
+                        for parallel in (False, True):
+                            base = torch.randn(m, n + 5)
+                            saved = base.clone()
+                            c = base[:, :n]
+                            before = c.double().clone()
+                            _C.packed_matmul(a, w, transposed, c, accumulate, parallel)
+                            want = a.double() @ b + (before if accumulate else 0)
+                            torch.testing.assert_close(c.double(), want, atol=1e-4 * (1 + k ** 0.5),
+                                                       rtol=1e-5, msg=lambda s: f"{isa} m={m} n={n} k={k} "
+                                                       f"acc={accumulate} par={parallel}: {s}")
+                            # the padding columns of C's rows are not written
+                            assert torch.equal(base[:, n:], saved[:, n:])
+    finally:
+        torch.set_num_threads(old)
 
 
 def _run(m, x, **kw):
@@ -209,18 +267,20 @@ def test_pipeline_policy():
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
-@pytest.mark.parametrize("isa,packed", [(i, p) for i in ISAS for p in (["1", "0"] if i == "avx2" else ["1"])])
+@pytest.mark.parametrize("isa,packed", [(i, p) for i in TEST_ISAS
+                                         for p in (["1", "0"] if i in ("avx2", "avx512") else ["1"])])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("variant,highway,recurrent_dropout", [
     ("lstm", False, 0.0), ("lstm_minus_srnn", True, 0.25), ("ran", False, 0.25), ("srnn", True, 0.0)])
 def test_float32_step_gemm_against_float64_generic(monkeypatch, isa, packed, kernel, variant,
                                                    highway, recurrent_dropout):
-    """Every vector path this CPU runs (``isa``: the AVX2 + FMA packed micro-kernel and
-    element-wise pass, also with ATen's GEMM via RNN_ABLATIONS_PACKED_GEMM=0; the portable
-    element-wise pass with ATen's GEMM) at shapes with several weight panels, a last partial
-    panel in both passes (R*H and H not multiples of 24), row blocks of 4 with 1-3 rows left over
-    as the batch shrinks, and the panels split over 2 threads; against the generic path in
-    float64 (test_float64_kernel_per_isa_equals_generic covers the float64 kernel per path)."""
+    """Every vector path this CPU runs (``isa``: the AVX-512 and AVX2 + FMA packed
+    micro-kernels and element-wise passes, also with ATen's GEMM via RNN_ABLATIONS_PACKED_GEMM=0;
+    the AVX-512 blocking emulated with AVX2; the portable element-wise pass with ATen's GEMM) at
+    shapes with several weight panels, a last partial panel in both passes (R*H and H not
+    multiples of 24 or 32), row blocks of 4 or 8 with rows left over as the batch shrinks, and
+    the panels split over 2 threads; against the generic path in float64
+    (test_float64_kernel_per_isa_equals_generic covers the float64 kernel per path)."""
     monkeypatch.setenv("RNN_ABLATIONS_PACKED_GEMM", packed)
     with ra.use_kernel_isa(isa):
         _float32_against_float64(kernel, variant, highway, recurrent_dropout)
@@ -254,7 +314,7 @@ def _float32_against_float64(kernel, variant, highway, recurrent_dropout):
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("isa", TEST_ISAS)
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_float64_kernel_per_isa_equals_generic(isa, kernel, variant):

@@ -118,7 +118,13 @@ def test_isa_environment_variable():
         assert proc.returncode == 0 and proc.stdout.strip() == isa, proc.stderr[-2000:]
     proc = _python("import rnn_ablations", RNN_ABLATIONS_ISA="sse9")
     assert proc.returncode != 0
-    assert "unknown kernel ISA 'sse9'" in proc.stderr and "avx2, portable, auto" in proc.stderr
+    assert "unknown kernel ISA 'sse9'" in proc.stderr and "avx512, avx2, portable, auto" in proc.stderr
+    # a path this CPU cannot run: refused at import, with the paths it can
+    for isa in ("avx512", "avx2"):
+        if isa not in ra.supported_kernel_isas():
+            proc = _python("import rnn_ablations", RNN_ABLATIONS_ISA=isa)
+            assert proc.returncode != 0 and f"kernel ISA '{isa}' requested" in proc.stderr, proc.stderr[-2000:]
+            assert "'portable' or 'auto'" in proc.stderr
 
 
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")

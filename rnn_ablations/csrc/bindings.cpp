@@ -27,6 +27,31 @@ py::dict describe_kernel_spec(int64_t spec, bool highway) {
 }
 
 
+// C (M x N) [+]= A (M x K) * B through the packed step GEMM of the path in use, for the tests
+// (tests/test_core.py: every path against a float64 product at the panel and row-block tails).
+// B = w^T for w (N, K) when `transposed` (the forward step), else w (K, N) (the backward step);
+// a and c may have a row stride larger than their width (as the step's views of proj do).
+at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& w, bool transposed, at::Tensor c,
+                         bool accumulate, bool parallel) {
+  const char* who = "packed_matmul";
+  TORCH_CHECK(packed_gemm_available(), who, ": the kernel ISA '", isa_name(),
+              "' has no packed GEMM");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&a, &w, &c}) {
+    TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
+                    t->stride(1) == 1,
+                who, ": a, w and c must be 2-d float32 CPU tensors with unit column stride");
+  }
+  TORCH_CHECK(w.is_contiguous(), who, ": w must be contiguous");
+  const int64_t K = transposed ? w.size(1) : w.size(0), N = transposed ? w.size(0) : w.size(1);
+  TORCH_CHECK(a.size(1) == K && c.size(0) == a.size(0) && c.size(1) == N, who,
+              ": shapes do not agree: a ", a.sizes(), ", w ", w.sizes(), " (transposed=",
+              transposed, "), c ", c.sizes());
+  const PackedB pb = pack_b(w, transposed);
+  gemm_packed(accumulate, a.size(0), a.data_ptr<float>(), a.stride(0), pb, c.data_ptr<float>(),
+              c.stride(0), parallel);
+  return c;
+}
+
 }  // namespace
 }  // namespace rnn_ablations
 
@@ -66,11 +91,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_backward", &fused_backward,
         "one layer, one direction: pipelined recurrence backward + input/weight gradients");
   m.def("packed_gemm", &packed_gemm_available,
-        "whether the vector path in use has the packed step GEMM (float32; AVX2 + FMA)");
+        "whether the vector path in use has the packed step GEMM (float32; AVX2 + FMA or AVX-512)");
+  m.def("packed_matmul", &packed_matmul,
+        "tests only: c (+)= a @ B with the packed step GEMM of the path in use (B = w.T when "
+        "transposed, else w); returns c", py::arg("a"), py::arg("w"), py::arg("transposed"),
+        py::arg("c"), py::arg("accumulate"), py::arg("parallel"));
   m.def("kernel_isa", &isa_name,
-        "the vector path in use: 'avx2' or 'portable' (RNN_ABLATIONS_ISA, else the best the "
+        "the vector path in use: 'avx512', 'avx2' or 'portable' (RNN_ABLATIONS_ISA, else the best the "
         "CPU supports)");
-  m.def("set_kernel_isa", &set_isa, "switch the vector path: 'avx2', 'portable' or 'auto'",
+  m.def("set_kernel_isa", &set_isa, "switch the vector path: 'avx512', 'avx2', 'portable', 'auto' or the test path 'emulated_avx512'",
         py::arg("name"));
   m.def("supported_isas", &supported_isas,
         "the vector paths this CPU and build can run, best first");

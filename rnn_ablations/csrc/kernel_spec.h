@@ -21,7 +21,7 @@
 // [content if input-only], [hw with highway].  Without memory: recurrent [content], [r].
 #pragma once
 
-#include <torch/extension.h>
+#include <c10/util/Exception.h>  // TORCH_CHECK (light: the vector-path files include this)
 
 #include <cstdint>
 #include <string>

@@ -28,8 +28,8 @@
 // (at::parallel_for), each runs its steps in order with a loop over the H units; its running c
 // stays in its c_n row (L1-resident).  The backward recomputes the activations from proj
 // (cheaper than storing them: the pass is memory-bound) and reads the saved memories c_t.
-// float32 rows run the AVX2 + FMA copy in scan_vec.cpp when the kernel's vector path is "avx2"
-// (rnn_ablations::isa_name(): the CPU has it, RNN_ABLATIONS_ISA does not say "portable"); the
+// float32 rows run the AVX2 + FMA copy in scan_vec.cpp when the kernel's vector path executes
+// AVX2 (avx2 or avx512: rnn_ablations::isa_runs_avx2(); RNN_ABLATIONS_ISA=portable not); the
 // loops here are the portable path (any CPU, and float64).
 
 #include <torch/extension.h>
@@ -348,9 +348,11 @@ void dispatch_rule(const Layout& L, bool highway, F&& f) {
   else with_hw(std::integral_constant<int64_t, kIdentity>());
 }
 
-// Whether float32 rows run the AVX2 + FMA copy (scan_vec.cpp): the kernel's vector path.
+// Whether float32 rows run the AVX2 + FMA copy (scan_vec.cpp): the kernel's vector path is one
+// that executes AVX2 (avx2, and avx512, whose CPUs all have AVX2: the scan is bound by memory,
+// not by the vector width).
 bool use_avx2_rows() {
-  return rnn_ablations::scan::avx2_rows_built() && rnn_ablations::isa_name() == "avx2";
+  return rnn_ablations::scan::avx2_rows_built() && rnn_ablations::isa_runs_avx2();
 }
 
 // The AVX2 rows exist for float32; float64 always runs the portable rows.

@@ -1,5 +1,5 @@
 // AVX2 + FMA rows of the element-wise scan (float32), chosen at run time by csrc/scan.cpp when
-// the kernel's vector path is "avx2" (rnn_ablations::isa_name(); RNN_ABLATIONS_ISA=portable
+// the kernel's vector path executes AVX2 (avx2, avx512: isa_runs_avx2(); RNN_ABLATIONS_ISA=portable
 // forces the portable loops of scan.cpp).  Only the functions below are compiled for AVX2 + FMA
 // (`#pragma GCC target`), after every header is included, so the module never executes an AVX2
 // instruction on a CPU without it (the same scheme as vec_kernels.cpp).

@@ -42,7 +42,7 @@ struct ScanArgs {
 };
 
 // Whether this build has the AVX2 + FMA rows (GCC on x86-64); the caller checks that the CPU
-// runs them (rnn_ablations::isa_name() == "avx2").
+// runs them (rnn_ablations::isa_runs_avx2(): the path in use is avx2 or avx512).
 bool avx2_rows_built();
 // Tasks k in [k0, k1) (direction k / B, row k % B), float32 only.
 void forward_rows_avx2(const ScanArgs<float>& a, int64_t k0, int64_t k1);

@@ -2,8 +2,9 @@
 // per instruction set by vec_kernels.cpp, which includes this file inside a namespace per path
 // (no include guard on purpose; it includes nothing itself: vec_kernels.cpp includes the
 // standard headers first, so that no standard-library template is instantiated under a target
-// pragma).  RNN_ABLATIONS_VEC_AVX2 is 1 in the AVX2 + FMA copy, which also gets the
-// register-blocked micro-kernel; the other copy leaves the step GEMM to ATen.
+// pragma).  RNN_ABLATIONS_VEC_KIND says which copy this is: 0 portable (the step GEMM is ATen's),
+// 1 AVX2 + FMA, 2 AVX-512F, 3 the AVX-512 blocking emulated with AVX2 (test only); 1-3 get the
+// register-blocked micro-kernel of the step GEMM.
 //
 // The loops over contiguous memory are written so that GCC vectorises them for the target in
 // force (checked with -fopt-info-vec); the variant-specific combinations are plain arithmetic.
@@ -229,81 +230,140 @@ void pointwise_backward(const KernelSpec& ks, const Dims& d, const T* gates, con
 
 //
 
-#if RNN_ABLATIONS_VEC_AVX2
+#if RNN_ABLATIONS_VEC_KIND != 0
 // ---------------------------------------------------------------------------------------------
-// The per-step GEMM of the recurrence (float32, AVX2 + FMA).  Its shape is small and skinny
-// (M = batch rows, e.g. 32; K = H; N = R*H, or K = R*H and N = H in the backward pass).  The
-// weight is packed once per layer call into panels of kNr columns (each panel K x kNr,
-// contiguous, zero padded; see pack_b), and every step streams the panels through a 4 x 24
-// register-blocked micro-kernel (12 accumulators, 3 loads + 4 broadcasts per 12 FMAs).  For the
-// LSTM at H = 650 this made the forward recurrence 1.17x (1 thread) and 1.45x (2 threads) faster
-// than MKL's sgemm on the same data (README, "How it is fast").
-// C[0:MR, 0:nc] (+)= A[0:MR, 0:K] * panel, for MR in 1..4 rows.
+// The per-step GEMM of the recurrence (float32).  Its shape is small and skinny (M = batch rows,
+// e.g. 32; K = H; N = R*H, or K = R*H and N = H in the backward pass).  The weight is packed
+// once per layer call into panels of kPanel columns (each panel K x kPanel, contiguous, zero
+// padded; see pack_b), and every step streams the panels through a kMr x kPanel
+// register-blocked micro-kernel: per k, kNv vector loads of the panel row, one broadcast of A per
+// row and kMr * kNv FMAs into accumulators that stay in registers.
+//   AVX2 + FMA (16 ymm registers): 4 x 24 = 4 rows x 3 vectors of 8, 12 accumulators.  For the
+//     LSTM at H = 650 this made the forward recurrence 1.17x (1 thread) and 1.45x (2 threads)
+//     faster than MKL's sgemm on the same data (README, "How it is fast").
+//   AVX-512F (32 zmm registers): 8 x 32 = 8 rows x 2 vectors of 16, 16 accumulators (2 loads +
+//     8 broadcasts per 16 FMAs); 32-column panels waste less of the last panel than 48 would at
+//     the experiments' N = 100..2600.
+//   emulated AVX-512 (test only, see vec_kernels.h): the AVX-512 blocking with each 16-lane
+//     vector held as two 8-lane AVX2 halves, so that the CPUs without AVX-512 run the 8-row
+//     blocks, 32-column panels and their tails of the AVX-512 path.
+// The micro-kernel below is written once against the vector type VecF of the copy.
+#if RNN_ABLATIONS_VEC_KIND == 1
+struct VecF {
+  using T = __m256;
+  static constexpr int W = 8;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+};
+constexpr int kMr = 4, kNv = 3;
+#elif RNN_ABLATIONS_VEC_KIND == 2
+struct VecF {
+  using T = __m512;
+  static constexpr int W = 16;
+  static T zero() { return _mm512_setzero_ps(); }
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+};
+constexpr int kMr = 8, kNv = 2;
+#elif RNN_ABLATIONS_VEC_KIND == 3
+struct VecF {
+  struct T { __m256 lo, hi; };
+  static constexpr int W = 16;
+  static T zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static T load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+  static T bcast(const float* p) { const __m256 a = _mm256_broadcast_ss(p); return {a, a}; }
+  static T fma(T a, T b, T c) {
+    return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+  }
+  static T add(T a, T b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+};
+constexpr int kMr = 8, kNv = 2;
+#else
+#error "unknown RNN_ABLATIONS_VEC_KIND"
+#endif
+constexpr int64_t kPanel = kNv * VecF::W;  // columns per packed panel of this copy
+
+// C[0:MR, 0:nc] (+)= A[0:MR, 0:K] * panel, for MR in 1..kMr rows (the loops over r and j have
+// constant bounds and are unrolled, so the accumulators live in registers).
 template <int MR, bool Acc>
 inline void micro_kernel(int64_t K, const float* A, int64_t lda, const float* Bp, float* C,
                          int64_t ldc, int64_t nc) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
-  __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
-  const float* a0 = A;
-  const float* a1 = A + (MR > 1 ? lda : 0);
-  const float* a2 = A + (MR > 2 ? 2 * lda : 0);
-  const float* a3 = A + (MR > 3 ? 3 * lda : 0);
+  using V = typename VecF::T;
+  V acc[MR][kNv];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kNv; ++j) acc[r][j] = VecF::zero();
+  }
   for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(Bp), b1 = _mm256_loadu_ps(Bp + 8);
-    const __m256 b2 = _mm256_loadu_ps(Bp + 16);
-    Bp += kNr;
-    __m256 a = _mm256_broadcast_ss(a0 + k);
-    c00 = _mm256_fmadd_ps(a, b0, c00); c01 = _mm256_fmadd_ps(a, b1, c01); c02 = _mm256_fmadd_ps(a, b2, c02);
-    if (MR > 1) {
-      a = _mm256_broadcast_ss(a1 + k);
-      c10 = _mm256_fmadd_ps(a, b0, c10); c11 = _mm256_fmadd_ps(a, b1, c11); c12 = _mm256_fmadd_ps(a, b2, c12);
-    }
-    if (MR > 2) {
-      a = _mm256_broadcast_ss(a2 + k);
-      c20 = _mm256_fmadd_ps(a, b0, c20); c21 = _mm256_fmadd_ps(a, b1, c21); c22 = _mm256_fmadd_ps(a, b2, c22);
-    }
-    if (MR > 3) {
-      a = _mm256_broadcast_ss(a3 + k);
-      c30 = _mm256_fmadd_ps(a, b0, c30); c31 = _mm256_fmadd_ps(a, b1, c31); c32 = _mm256_fmadd_ps(a, b2, c32);
+    V b[kNv];
+#pragma GCC unroll 4
+    for (int j = 0; j < kNv; ++j) b[j] = VecF::load(Bp + j * VecF::W);
+    Bp += kPanel;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const V a = VecF::bcast(A + r * lda + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < kNv; ++j) acc[r][j] = VecF::fma(a, b[j], acc[r][j]);
     }
   }
-  const __m256 acc[4][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
-  if (nc == kNr) {
+  if (nc == kPanel) {
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       float* c = C + r * ldc;
-      for (int j = 0; j < 3; ++j) {
-        __m256 v = acc[r][j];
-        if (Acc) v = _mm256_add_ps(_mm256_loadu_ps(c + 8 * j), v);
-        _mm256_storeu_ps(c + 8 * j, v);
+#pragma GCC unroll 4
+      for (int j = 0; j < kNv; ++j) {
+        V v = acc[r][j];
+        if (Acc) v = VecF::add(VecF::load(c + j * VecF::W), v);
+        VecF::store(c + j * VecF::W, v);
       }
     }
-  } else {  // last panel: only nc < kNr columns exist in C
-    alignas(32) float tmp[kNr];
+  } else {  // last panel: only nc < kPanel columns exist in C
+    // (constant-bound, unrolled loops here too: an accumulator indexed by a run-time r or j
+    // would keep the whole array in memory, stored at every k.)
+    alignas(64) float tmp[kPanel];
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      for (int j = 0; j < 3; ++j) _mm256_store_ps(tmp + 8 * j, acc[r][j]);
+#pragma GCC unroll 4
+      for (int j = 0; j < kNv; ++j) VecF::store(tmp + j * VecF::W, acc[r][j]);
       float* c = C + r * ldc;
       for (int64_t j = 0; j < nc; ++j) c[j] = Acc ? c[j] + tmp[j] : tmp[j];
     }
   }
 }
 
+// The rows left over after the blocks of kMr (rows < kMr): one micro-kernel of that height.
+template <bool Acc, int MR>
+inline void micro_kernel_rows(int64_t rows, int64_t K, const float* A, int64_t lda,
+                              const float* Bp, float* C, int64_t ldc, int64_t nc) {
+  if constexpr (MR > 0) {
+    if (rows == MR) micro_kernel<MR, Acc>(K, A, lda, Bp, C, ldc, nc);
+    else micro_kernel_rows<Acc, MR - 1>(rows, K, A, lda, Bp, C, ldc, nc);
+  }
+}
+
 // C (M x N, row stride ldc) = [C +] A (M x K, row stride lda) * B, B packed by pack_b (panels
-// of K x kNr from bp0); panels [p0, p1) only (the plain schedule splits them over threads).
+// of K x kPanel from bp0); panels [p0, p1) only (the plain schedule splits them over threads).
 template <bool Acc>
 void gemm_panels_t(int64_t M, const float* A, int64_t lda, const float* bp0, int64_t K, int64_t N,
                    float* C, int64_t ldc, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
-    const float* bp = bp0 + p * K * kNr;
-    const int64_t nc = std::min(kNr, N - p * kNr);
-    float* cp = C + p * kNr;
+    const float* bp = bp0 + p * K * kPanel;
+    const int64_t nc = std::min(kPanel, N - p * kPanel);
+    float* cp = C + p * kPanel;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) micro_kernel<4, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc);
-    switch (M - m) {
-      case 3: micro_kernel<3, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
-      case 2: micro_kernel<2, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
-      case 1: micro_kernel<1, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc); break;
-      default: break;
+    for (; m + kMr <= M; m += kMr) {
+      micro_kernel<kMr, Acc>(K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc);
     }
+    micro_kernel_rows<Acc, kMr - 1>(M - m, K, A + m * lda, lda, bp, cp + m * ldc, ldc, nc);
   }
 }
 
@@ -312,4 +372,4 @@ inline void gemm_panels(bool acc, int64_t M, const float* A, int64_t lda, const 
   if (acc) gemm_panels_t<true>(M, A, lda, bp0, K, N, C, ldc, p0, p1);
   else gemm_panels_t<false>(M, A, lda, bp0, K, N, C, ldc, p0, p1);
 }
-#endif  // RNN_ABLATIONS_VEC_AVX2
+#endif  // RNN_ABLATIONS_VEC_KIND != 0

@@ -1,17 +1,23 @@
 // The vector code of the CPU kernel: the element-wise pass of every variant and the packed
 // per-step GEMM, compiled for several instruction sets in one build and chosen at run time.
 //
-// vec_kernels.cpp compiles vec_impl.h twice: once for the build's baseline (portable x86-64 /
-// any other CPU) and, with GCC on x86-64, once more with AVX2 + FMA enabled for those functions
-// only (`#pragma GCC target`), so the .so never executes an AVX2 instruction on a CPU without it.
-// The running CPU picks (cpuid, `__builtin_cpu_supports`); RNN_ABLATIONS_ISA=avx2|portable
-// forces a path (an error when this CPU or this build lacks it); set_isa() switches in-process
-// (the tests run every path the CPU supports).
+// vec_kernels.cpp compiles vec_impl.h once for the build's baseline (portable x86-64 / any other
+// CPU) and, with GCC on x86-64, once with AVX2 + FMA and once with AVX-512F enabled for those
+// functions only (`#pragma GCC target`), so one .so (and one wheel) runs on every x86-64 CPU and
+// never executes an instruction the CPU lacks.  The running CPU picks (cpuid,
+// `__builtin_cpu_supports`, which also checks that the OS saves the registers), not the build
+// machine; RNN_ABLATIONS_ISA=avx512|avx2|portable forces a path (an error when this CPU or this
+// build lacks it); set_isa() switches in-process (the tests run every path the CPU supports).
+// A fourth copy, "emulated_avx512", runs the AVX-512 path's GEMM blocking (8-row blocks,
+// 32-column panels, their tails) with AVX2 instructions: never chosen automatically, it lets
+// the tests exercise that code on CPUs without AVX-512 (only the 512-bit instructions themselves
+// then go unexecuted).
 #pragma once
 
 #include <torch/extension.h>
 
 #include "kernel_spec.h"
+#include "vec_dims.h"
 
 #include <cstdint>
 #include <string>
@@ -19,41 +25,34 @@
 
 namespace rnn_ablations {
 
-// Sizes of one layer call: T steps, B rows, H hidden units, R recurrent and X input-only blocks
-// of H rows (KernelSpec), and the row strides of the three row-major buffers a step reads.
-struct Dims {
-  int64_t T, B, H, R, X;
-  int64_t proj_stride;   // row stride of proj / d_proj: (R + X) * H
-  int64_t xo_stride;     // row stride of the input-only blocks ("xo": proj_stride inside proj,
-                         // X*H in a buffer of their own)
-  int64_t gates_stride;  // row stride of the gate activations: R*H in a buffer of their own,
-                         // proj_stride when they live in proj
-};
-
 // ---- instruction-set selection ----------------------------------------------------------
-// Name of the path in use ("avx2" or "portable"); the first call chooses it (RNN_ABLATIONS_ISA,
-// else the best this CPU and build support) and throws if RNN_ABLATIONS_ISA names a path that
-// this CPU or build cannot run.
+// Name of the path in use ("avx512", "avx2", "portable" or the test path "emulated_avx512");
+// the first call chooses it (RNN_ABLATIONS_ISA, else the best this CPU and build support) and
+// throws if RNN_ABLATIONS_ISA names a path that this CPU or build cannot run.
 std::string isa_name();
-// Switch to "avx2", "portable" or "auto" (the best supported); throws for an unknown or
-// unsupported name.  Not thread-safe against running kernels: call between layer calls.
+// Switch to "avx512", "avx2", "portable", "emulated_avx512" or "auto" (the best supported);
+// throws for an unknown or unsupported name.  Not thread-safe against running kernels: call
+// between layer calls.
 void set_isa(const std::string& name);
-// The paths this CPU and build can run, best first (always ends with "portable").
+// The paths this CPU and build can run, best first (always ends with "portable"; the test path
+// is not listed).
 std::vector<std::string> supported_isas();
+// Whether the path in use executes AVX2 + FMA code (avx2, avx512, emulated_avx512): the scan's
+// hand-vectorised AVX2 rows (scan_vec.h) follow it.
+bool isa_runs_avx2();
 
 // ---- packed per-step GEMM (float32) -------------------------------------------------------
-constexpr int64_t kNr = 24;  // columns per packed panel
-
 struct PackedB {
-  at::Tensor buf;  // (panels * K * kNr) float32
+  at::Tensor buf;  // (panels * K * panel) float32
   int64_t K = 0, N = 0;
+  int64_t panel = 0;  // columns per panel: the path's micro-kernel width (24 AVX2, 32 AVX-512)
   bool defined() const { return buf.defined(); }
 };
 
-// Whether the path in use has a packed micro-kernel (AVX2 + FMA); otherwise the step GEMM is
-// ATen's.
+// Whether the path in use has a packed micro-kernel (AVX2 or AVX-512); otherwise the step GEMM
+// is ATen's.
 bool packed_gemm_available();
-// Pack B (K x N) for gemm_packed.  `w` is float32, contiguous, either (N, K) with B = w^T
+// Pack B (K x N) for gemm_packed, in the panel width of the path in use.  `w` is float32, contiguous, either (N, K) with B = w^T
 // (the forward step: gates += h W_hh^T) or (K, N) with B = w (the backward step: dh = dg W_hh).
 PackedB pack_b(const at::Tensor& w, bool transposed);
 // C (M x N, row stride ldc) = [C +] A (M x K, row stride lda) * B; `parallel` splits the panels
