@@ -355,3 +355,23 @@ def test_cpu_autocast_keeps_the_sequential_way(counting):
             results.append(m(x)[0])
     assert counting.calls["forward_directions"] == 0
     torch.testing.assert_close(results[0], results[1])
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+def test_speed_command_isas_ab():
+    """--isas times every variant once per CPU kernel vector path in the same rounds (an A/B of
+    the AVX-512 path against the AVX2 one on an AVX-512 machine); each row names its path, the
+    path in use is restored, and a path this CPU lacks is refused with the ones it has."""
+    from rnn_ablations.commands import speed
+    isas = ra.supported_kernel_isas()
+    before = ra.kernel_isa()
+    rows = speed.measure(repeats=1, warmup=0, variants=["ran"], isas=isas,
+                         shapes=[("tiny", 1, 6, 5, True, 3, 4)])
+    want = {("nn.LSTM", "-")} | {(f"ran [{i}]" if len(isas) > 1 else "ran", i) for i in isas}
+    assert {(r["model"], r["kernel_isa"]) for r in rows} == want
+    assert ra.kernel_isa() == before
+    missing = [i for i in ("avx512", "avx2") if i not in isas]
+    if missing:
+        with pytest.raises(ValueError, match=rf"\['{missing[0]}'\] not available.*choose from"):
+            speed.measure(repeats=1, warmup=0, variants=["ran"], isas=[missing[0]],
+                          shapes=[("tiny", 1, 6, 5, True, 3, 4)])

@@ -11,6 +11,9 @@ rounds and the ratio is ``time(nn.LSTM) / time(variant)`` (> 1 = faster than nn.
     python benchmarks/speed.py --shapes experiments --threads 2 --directions both
         # also each bidirectional variant with its directions one after the other
         # ("<variant> [sequential directions]"), for an A/B of the concurrent directions
+    python benchmarks/speed.py --shapes experiments --threads 2 --isas avx512 avx2
+        # every variant once per CPU kernel vector path ("<variant> [avx2]"), interleaved in the
+        # same rounds, for an A/B of the AVX-512 path against the AVX2 one
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import torch
 
 from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
 from ..dispatch import (cuda_kernel_available, get_backend, kernel_available, kernel_isa,
-                        supported_kernel_isas, use_concurrent_directions)
+                        supported_kernel_isas, use_concurrent_directions, use_kernel_isa)
 from ..rnn import AblatedRNN
 from ..variants import VARIANTS, get_variant
 
@@ -120,7 +123,8 @@ def _dtype_setup(name: str, device: str):
 def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: int = 64,
             repeats: int = 7, variants: Sequence[str] = VARIANTS, warmup: int = 2,
             device: str = "cpu", clock: str = "wall", dtype: str = "float32",
-            shapes: Optional[Sequence[Tuple]] = None, directions: str = "auto") -> List[Dict]:
+            shapes: Optional[Sequence[Tuple]] = None, directions: str = "auto",
+            isas: Optional[Sequence[str]] = None) -> List[Dict]:
     """Rows ``{hidden, model, mode, median_ms, ratio_vs_nn_lstm, dtype, ...}`` for mode in
     {train, inference}.
 
@@ -129,7 +133,9 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
     ``shapes`` (e.g. :data:`EXPERIMENT_SHAPES`), each ``(name, layers, input size, hidden,
     bidirectional, batch, seq_len)`` against an nn.LSTM of the same configuration.  ``dtype``:
     one of :data:`DTYPES` (nn.LSTM runs in the same dtype).  ``directions``: one of
-    :data:`DIRECTIONS`.
+    :data:`DIRECTIONS`.  ``isas``: CPU kernel vector paths (:func:`rnn_ablations.kernel_isa`);
+    with several, every variant is timed once per path in the same rounds, as
+    ``"<variant> [<isa>]"`` (each row records its ``kernel_isa``).
     ``clock="cpu"`` times with the process's CPU time instead of the wall clock: with one thread
     (``torch.set_num_threads(1)``) that is the work done, whatever else loads the machine.
     """
@@ -147,16 +153,29 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
     if any(h < 1 for h in hidden_sizes):
         raise ValueError(f"hidden sizes must be >= 1, got {list(hidden_sizes)}")
     variants = [get_variant(v).name for v in variants]
+    if isas is not None:
+        isas = list(dict.fromkeys(isas))
+        if not isas:
+            raise ValueError("isas must name at least one kernel vector path")
+        supported = supported_kernel_isas()
+        supported += ["emulated_avx512"] if "avx2" in supported else []
+        bad = [i for i in isas if i not in supported]
+        if bad:
+            raise ValueError(f"kernel vector path(s) {bad} not available on this CPU/build; "
+                             f"choose from {supported}")
+        if device != "cpu":
+            raise ValueError("isas picks the CPU kernel's vector path: use device='cpu'")
     if shapes is None:
         shapes = [(None, 1, h, h, False, batch, seq_len) for h in hidden_sizes]
     rows = []
     for shape in shapes:
-        rows += _measure_shape(shape, repeats, variants, warmup, device, clock, dtype, directions)
+        rows += _measure_shape(shape, repeats, variants, warmup, device, clock, dtype, directions,
+                               isas)
     return rows
 
 
 def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
-                   directions="auto") -> List[Dict]:
+                   directions="auto", isas=None) -> List[Dict]:
     label, layers, d_in, hidden, bidirectional, batch, seq_len = shape
     storage, context = _dtype_setup(dtype_name, device)
     timer = time.perf_counter if clock == "wall" else time.process_time
@@ -172,6 +191,18 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
         for v in variants:
             models[v + SEQUENTIAL_SUFFIX] = models[v]
             policy[v + SEQUENTIAL_SUFFIX] = "never"
+    # the CPU kernel's vector path of each timed model (None: as it is; nn.LSTM: not ours)
+    isa_of = {k: None for k in models}
+    if isas is not None:
+        isa_of = {"nn.LSTM": None}
+        timed = {"nn.LSTM": models["nn.LSTM"]}
+        for k, m in models.items():
+            if k == "nn.LSTM":
+                continue
+            for isa in isas:
+                key = k if len(isas) == 1 else f"{k} [{isa}]"
+                timed[key], policy[key], isa_of[key] = m, policy[k], isa
+        models = timed
     x = torch.randn(batch, seq_len, d_in, device=device, dtype=storage, requires_grad=True)
     times = {(k, mode): [] for k in models for mode in ("train", "inference")}
 
@@ -189,7 +220,8 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
             for mode, fn in (("train", train_step), ("inference", infer_step)):
                 if device != "cpu":
                     torch.cuda.synchronize()
-                with use_concurrent_directions(policy[k]):
+                isa = use_kernel_isa(isa_of[k]) if isa_of[k] else contextlib.nullcontext()
+                with use_concurrent_directions(policy[k]), isa:
                     t0 = timer()
                     fn(m)
                     if device != "cpu":
@@ -210,7 +242,8 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                    "min_ms": round(spread[0] * 1e3, 3), "max_ms": round(spread[1] * 1e3, 3),
                    "ratio_vs_nn_lstm": round(base / med, 3), "repeats": repeats,
                    "directions": ("-" if k == "nn.LSTM" or not bidirectional else
-                                  "sequential" if policy[k] == "never" else "auto")}
+                                  "sequential" if policy[k] == "never" else "auto"),
+                   "kernel_isa": ("-" if k == "nn.LSTM" else isa_of[k] or kernel_isa())}
             if label is not None:
                 row.update(shape=label, layers=layers, input_size=d_in,
                            bidirectional=bidirectional)
@@ -300,7 +333,7 @@ def run(args) -> int:
     for d in args.dtype:  # the files are rewritten after each dtype (a cut-off run keeps its rows)
         rows += measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
                         device=args.device, clock=args.clock, dtype=d, shapes=shapes,
-                        directions=args.directions, warmup=args.warmup)
+                        directions=args.directions, warmup=args.warmup, isas=args.isas)
         if args.out:
             _write(args, meta, rows, d == args.dtype[-1])
     print(format_table(rows))
@@ -362,6 +395,10 @@ def add_subparser(subparsers) -> None:
                         "concurrent directions with 2 threads), "
                         "sequential (one after the other), or both (each variant timed both "
                         "ways, in the same interleaved rounds)")
+    p.add_argument("--isas", nargs="+", default=None,
+                   help="CPU kernel vector paths to time each variant with (e.g. avx512 avx2: an "
+                        "A/B in the same rounds, rows '<variant> [avx2]'); default: the one in use "
+                        "(rnn_ablations.kernel_isa(); RNN_ABLATIONS_ISA)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--cuda-graphs", choices=["on", "off"], default=None,
                    help="CUDA-graph replay of the CUDA kernel's step loop (default: "
