@@ -542,3 +542,404 @@ def test_caller_captures_a_training_step(fresh_graphs, dtype):
         torch.testing.assert_close(static_x.grad, x_ref.grad, **tol)
         for p, q in zip(m.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **tol)
+
+
+# --------------------------------------------------------------------------- persistent kernel
+# rnn_ablations/cuda_recurrence.py selects it (off by default); csrc/persistent_cuda.cu.  The
+# policy tests run on the CPU; the kernel tests need a GPU (issue 12).
+from rnn_ablations import cuda_recurrence  # noqa: E402
+from rnn_ablations.cuda_recurrence import use_cuda_recurrence  # noqa: E402
+
+
+def test_cuda_recurrence_switch_validates_and_restores():
+    old = cuda_recurrence.get_cuda_recurrence()
+    for bad in ("fast", "", None, "Persistent"):
+        with pytest.raises(ValueError, match="auto, persistent, steps"):
+            cuda_recurrence.set_cuda_recurrence(bad)
+    assert cuda_recurrence.get_cuda_recurrence() == old
+    with use_cuda_recurrence("persistent"):
+        assert cuda_recurrence.get_cuda_recurrence() == "persistent"
+        with use_cuda_recurrence("steps"):
+            assert cuda_recurrence.get_cuda_recurrence() == "steps"
+        assert cuda_recurrence.get_cuda_recurrence() == "persistent"
+    assert cuda_recurrence.get_cuda_recurrence() == old
+
+
+def test_cuda_recurrence_env(monkeypatch):
+    monkeypatch.delenv("RNN_ABLATIONS_CUDA_RECURRENCE", raising=False)
+    assert cuda_recurrence._env_mode() == "auto"  # untested code is never the default
+    for value, want in (("persistent", "persistent"), (" Steps ", "steps"), ("", "auto")):
+        monkeypatch.setenv("RNN_ABLATIONS_CUDA_RECURRENCE", value)
+        assert cuda_recurrence._env_mode() == want
+    monkeypatch.setenv("RNN_ABLATIONS_CUDA_RECURRENCE", "cooperative")
+    with pytest.raises(ValueError, match="RNN_ABLATIONS_CUDA_RECURRENCE must be one of auto, "
+                                         "persistent, steps"):
+        cuda_recurrence._env_mode()
+    for value, want in (("0", 0), ("12", 12), ("", 0)):
+        monkeypatch.setenv("RNN_ABLATIONS_PERSISTENT_BLOCKS", value)
+        assert cuda_recurrence._env_count("RNN_ABLATIONS_PERSISTENT_BLOCKS") == want
+    for value in ("-1", "many"):
+        monkeypatch.setenv("RNN_ABLATIONS_PERSISTENT_BLOCKS", value)
+        with pytest.raises(ValueError, match="integer >= 0"):
+            cuda_recurrence._env_count("RNN_ABLATIONS_PERSISTENT_BLOCKS")
+
+
+class _CudaLike:
+    """Stands for a CUDA projection tensor in the selection (which reads only device/dtype)."""
+    device = torch.device("cuda")
+    dtype = torch.float32
+    shape = (3, 2, 16)
+
+
+class _FakePersistentExt:
+    def __init__(self, ok=True, why=""):
+        self.ok, self.why, self.calls = ok, why, []
+
+    def persistent_plan(self, spec, highway, proj, w_hh, blocks, batch_tile):
+        self.calls.append(("plan", spec, highway, blocks, batch_tile))
+        return (self.ok, self.why, 4, 2, 2, 1024)
+
+    def persistent_forward(self, *args):
+        self.calls.append(("persistent_forward",) + args)
+        return "persistent result"
+
+    def backward(self, *args):
+        self.calls.append(("backward",) + args)
+        return "step backward"
+
+
+def test_cuda_recurrence_selection(monkeypatch):
+    """auto and steps keep the step kernel; persistent asks the plan, runs the persistent
+    forward and the step kernel's backward, or says why it cannot and what to do."""
+    from rnn_ablations import backend
+    v = get_variant("ran")
+    step_kernel = object()
+    fake = _FakePersistentExt()
+    monkeypatch.setattr(backend, "_C_cuda", fake)
+    for mode in ("auto", "steps"):
+        with use_cuda_recurrence(mode):
+            assert cuda_recurrence.select(step_kernel, v, False, _CudaLike(), None) is step_kernel
+    assert fake.calls == []  # auto = steps: the persistent kernel is not even asked
+    with use_cuda_recurrence("persistent"):
+        # CPU tensors, the generic path (None): unchanged
+        assert cuda_recurrence.select(step_kernel, v, False, torch.zeros(1), None) is step_kernel
+        assert cuda_recurrence.select(None, v, False, _CudaLike(), None) is None
+        monkeypatch.setattr(cuda_recurrence, "PERSISTENT_BLOCKS", 3)
+        with cuda_graphs.use_cuda_graphs(False):
+            ext = cuda_recurrence.select(step_kernel, v, True, _CudaLike(), None)
+        assert isinstance(ext, cuda_recurrence.PersistentKernel)
+        assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0)
+        before = cuda_recurrence.persistent_stats()["persistent_forward"]
+        assert ext.forward(v.kernel_spec, True, "p", "w", "h", "c", "bs", "m", True) == \
+            "persistent result"
+        assert fake.calls[-1] == ("persistent_forward", v.kernel_spec, True, "p", "w", "h", "c",
+                                  "bs", "m", True, 3, 0)
+        assert cuda_recurrence.persistent_stats()["persistent_forward"] == before + 1
+        assert ext.backward(1, 2, 3) == "step backward"
+        with cuda_graphs.use_cuda_graphs(True):
+            graphed = cuda_recurrence.select(step_kernel, v, True, _CudaLike(), None)
+        assert isinstance(graphed, cuda_graphs.GraphedKernel) and graphed.tag == "persistent"
+        fake.ok, fake.why = False, "the W_hh slice does not fit"
+        with pytest.raises(ValueError, match="does not fit.*'steps'"):
+            cuda_recurrence.select(step_kernel, v, False, _CudaLike(), None)
+        monkeypatch.setattr(backend, "_C_cuda", None)
+        with pytest.raises(RuntimeError, match="no persistent kernel"):
+            cuda_recurrence.select(step_kernel, v, False, _CudaLike(), None)
+
+
+def test_graph_keys_separate_kernels(monkeypatch):
+    """Two GraphedKernels with the same entry points (step and persistent) never replay each
+    other's graphs: the tag is part of the key."""
+    _FakeGraphs.install(monkeypatch)
+    cuda_graphs.clear_graphs()
+
+    class Other(_FakeGraphs.Ext):
+        def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
+            outs = [torch.empty_like(proj) for _ in range(6)]
+
+            def compute():
+                for o in outs:
+                    o.copy_(-proj)
+            return _FakeGraphs.op(outs, compute)
+
+    exts = {"steps": _FakeGraphs.Ext(), "persistent": Other()}
+    kernels = {tag: cuda_graphs.GraphedKernel(e, tag=tag) for tag, e in exts.items()}
+    bs, empty = torch.tensor([2, 2]), torch.empty(0)
+    with cuda_graphs.use_cuda_graphs(True):
+        for _ in range(3):
+            for tag, gk in kernels.items():
+                args = [torch.randn(2, 2, 4), torch.randn(4, 4), torch.randn(2, 4), torch.randn(2, 4)]
+                got = gk.forward(1, False, *args, bs, empty, True)
+                want = exts[tag].forward(1, False, *args, bs, empty, True)
+                for a, b in zip(got, want):
+                    assert torch.equal(a, b), tag
+        assert cuda_graphs.graph_stats()["captures"] == 2
+    cuda_graphs.clear_graphs()
+
+
+#: float32 against the float64 generic path: relative error of the norms (T = 13 steps)
+PERSISTENT_TOL = {torch.float32: 2e-5, **HALF_TOL}
+PERSISTENT_DTYPES = [torch.float32] + HALF_DTYPES
+#: (blocks, batch tile) forced on the kernel (0 = automatic): with H = 24 and B = 6, 5 blocks
+#: of 5 units leave the last block a unit past H, tiles of 4 rows leave a partial tile; one
+#: block runs every unit, one row per tile
+PERSISTENT_CONFIGS = {"auto": (0, 0), "tiles": (5, 4), "one_block": (1, 1)}
+
+
+@contextlib.contextmanager
+def _persistent(config="auto", graphs=False):
+    blocks, tile = PERSISTENT_CONFIGS[config]
+    old = cuda_recurrence.PERSISTENT_BLOCKS, cuda_recurrence.PERSISTENT_BATCH_TILE
+    cuda_recurrence.PERSISTENT_BLOCKS, cuda_recurrence.PERSISTENT_BATCH_TILE = blocks, tile
+    try:
+        with use_cuda_recurrence("persistent"), cuda_graphs.use_cuda_graphs(graphs):
+            yield
+    finally:
+        cuda_recurrence.PERSISTENT_BLOCKS, cuda_recurrence.PERSISTENT_BATCH_TILE = old
+
+
+def _persistent_ran(fn):
+    """fn() under the persistent kernel; asserts that its forward ran."""
+    before = cuda_recurrence.persistent_stats()["persistent_forward"]
+    result = fn()
+    assert cuda_recurrence.persistent_stats()["persistent_forward"] > before, \
+        "the persistent kernel did not run"
+    return result
+
+
+@requires_cuda
+@needs_cuda_kernel
+def test_persistent_kernel_is_built():
+    assert hasattr(dispatch._C_cuda, "persistent_forward"), \
+        "rnn_ablations._C_cuda was built without csrc/persistent_cuda.cu: rebuild it"
+
+
+def _persistent_case(variant, highway, dtype, use_mask, padded, config):
+    v, t = _layer_tensors(variant, highway, dtype)
+    T, B = t["x"].shape[:2]
+    batch_sizes = (torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 2, 1]) if padded
+                   else torch.full((T,), B, dtype=torch.int64))
+    if not v.has_memory:  # the S-RNN has no cell: c0 is h0
+        t["c0"] = t["h0"]
+    with use_backend("kernel"), _persistent(config):
+        got = _persistent_ran(lambda: _layer_run(v, highway, t, batch_sizes, use_mask))
+    t64 = {k: a.double() for k, a in t.items()}
+    with use_backend("generic"):
+        want = _layer_run(v, highway, t64, batch_sizes, use_mask)
+    names = ["out", "h_n", "c_n", "dx", "dw_ih", "dbias", "dw_hh", "dh0", "dc0"]
+    for name, a, b in zip(names, got, want):
+        assert a is None or a.dtype == dtype, f"{name} came back in {a.dtype}, not {dtype}"
+        err = _rel_err(a, b)
+        tol = PERSISTENT_TOL[dtype]
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.1e}"
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", PERSISTENT_DTYPES, ids=str)
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+@pytest.mark.parametrize("highway,use_mask,padded", [(False, False, False), (True, True, True),
+                                                     (False, True, True)])
+def test_persistent_matches_float64_generic(dtype, variant, highway, use_mask, padded):
+    """Every step-kernel variant of the table: outputs, final states (h0/c0 given) and, through
+    the step kernel's backward from the persistent kernel's saved tensors, every gradient."""
+    _persistent_case(variant, highway, dtype, use_mask, padded, "auto")
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("config", ["tiles", "one_block"])
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+@pytest.mark.parametrize("highway,use_mask,padded", [(False, False, False), (True, True, True)])
+def test_persistent_forced_grid_and_tiles(config, variant, highway, use_mask, padded):
+    """Partial blocks (units past H), partial batch tiles, one block for all units."""
+    _persistent_case(variant, highway, torch.float32, use_mask, padded, config)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+@pytest.mark.parametrize("highway", [False, True])
+def test_persistent_saves_what_the_step_kernel_saves(variant, highway):
+    """The raw entry points, float32: out, h_n, c_n, cs, hin and the gate activations of the
+    active rows as the step kernel's forward returns them (its backward reads them); inference
+    (keep_hin=False) returns no gates."""
+    ext = dispatch._C_cuda
+    v, t = _layer_tensors(variant, highway, torch.float32)
+    proj = torch.nn.functional.linear(t["x"], t["w_ih"], torch.cat(
+        [t["bias"], t["bias"].new_zeros(t["w_ih"].shape[0] - t["bias"].shape[0])])).contiguous()
+    c0 = t["c0"] if v.has_memory else t["h0"]
+    bs = torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 0, 0])  # the last two steps: no row
+    args = (v.kernel_spec, highway, proj, t["w_hh"], t["h0"], c0, bs, t["mask"])
+    want = ext.forward(*args, True)
+    for blocks, tile in PERSISTENT_CONFIGS.values():
+        got = ext.persistent_forward(*args, True, blocks, tile)
+        for i, name in enumerate(["out", "h_n", "c_n"]):
+            torch.testing.assert_close(got[i], want[i], atol=1e-5, rtol=1e-5, msg=name)
+        for step, n in enumerate(bs.tolist()):
+            torch.testing.assert_close(got[3][step, :n], want[3][step, :n], atol=1e-5,
+                                       rtol=1e-5, msg=f"gates, step {step}")
+            torch.testing.assert_close(got[4][step, :n], want[4][step, :n], atol=1e-5,
+                                       rtol=1e-5, msg=f"cs, step {step}")
+            if highway:
+                torch.testing.assert_close(got[5][step, :n], want[5][step, :n], atol=1e-5,
+                                           rtol=1e-5, msg=f"hin, step {step}")
+        inference = ext.persistent_forward(*args, False, blocks, tile)
+        assert inference[3].numel() == 0 and inference[5].numel() == 0
+        for a, b in zip(inference[:3], got[:3]):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("variant", ["ran", "lstm", "srnn"])
+def test_persistent_module_matches_float64(dtype, variant):
+    """A whole module: 2 layers, both directions, highway, padding, given h0/c0, training
+    (gradients) and inference."""
+    m = AblatedRNN(variant, 10, 32, num_layers=2, bidirectional=True, highway=True,
+                   batch_first=True).cuda()
+    m_half = copy.deepcopy(m).to(dtype)
+    m64 = copy.deepcopy(m_half).double()
+    x = torch.randn(5, 17, 10, device="cuda").to(dtype)
+    h0 = (0.5 * torch.randn(4, 5, 32, device="cuda")).to(dtype)
+    c0 = (0.5 * torch.randn(4, 5, 32, device="cuda")).to(dtype)
+    lengths = torch.tensor([17, 9, 12, 3, 17])
+
+    def run(model, x, state):
+        out, (h, c) = model(x, state, lengths=lengths)
+        (out.double().square().sum() + h.double().sum() + 2 * c.double().sum()).backward()
+        return [out, h, c, x.grad] + [p.grad for p in model.parameters()]
+
+    with use_backend("kernel"), _persistent():
+        got = _persistent_ran(lambda: run(m_half, x.clone().requires_grad_(), (h0, c0)))
+        with torch.no_grad():
+            inf_out, (inf_h, inf_c) = m_half(x, (h0, c0), lengths=lengths)
+    with use_backend("generic"):
+        want = run(m64, x.double().requires_grad_(), (h0.double(), c0.double()))
+    tol = PERSISTENT_TOL[dtype]
+    for a, b in zip(got, want):
+        assert a.dtype == dtype
+        assert _rel_err(a, b) < tol
+    for a, b in zip((inf_out, inf_h, inf_c), got[:3]):  # the same kernel without saving
+        torch.testing.assert_close(a, b)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("variant", ["ran", "lstm"])
+def test_persistent_long_sequence_spans_launches(variant):
+    """More steps than one launch carries (1024): the second launch continues the first; a row
+    ends exactly at the first launch's last step."""
+    m = AblatedRNN(variant, 4, 8).cuda()
+    x = torch.randn(1030, 3, 4, device="cuda")
+    lengths = torch.tensor([1030, 1024, 3])
+    with use_backend("kernel"), torch.no_grad():
+        with use_cuda_recurrence("steps"), cuda_graphs.use_cuda_graphs(False):
+            want = m(x, lengths=lengths)
+        with _persistent():
+            got = _persistent_ran(lambda: m(x, lengths=lengths))
+    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1][0], want[1][0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1][1], want[1][1], atol=1e-4, rtol=1e-4)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_persistent_graph_replay(fresh_graphs, dtype):
+    """With CUDA graphs on, the persistent forward (a cooperative launch) is captured and
+    replayed, giving the eager numbers (training and inference)."""
+    m = AblatedRNN("ran", 8, 16, num_layers=2, bidirectional=True, recurrent_dropout=0.25,
+                   batch_first=True).cuda().to(dtype)
+    xs = [torch.randn(4, 7, 8, device="cuda").to(dtype) for _ in range(4)]
+    lengths = torch.tensor([7, 3, 5, 7])
+    results = {}
+    for graphs in (False, True):
+        torch.manual_seed(3)
+        with use_backend("kernel"), _persistent(graphs=graphs):
+            results[graphs] = (_repeat_calls(m, xs, lengths, True)
+                               + _repeat_calls(m, xs, lengths, False))
+            stats = cuda_graphs.graph_stats()
+    assert stats["captures"] > 0 and stats["replays"] > 0, stats
+    assert stats["failed"] == 0, f"capture of the persistent kernel failed: {stats}"
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    for g, w in zip(results[True], results[False]):
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b, **tol)
+
+
+@requires_cuda
+@needs_cuda_kernel
+def test_persistent_under_autocast():
+    m = AblatedRNN("ran", 12, 32, num_layers=2).cuda()
+    x = torch.randn(9, 4, 12, device="cuda")
+    ref = _run_and_grads(m, x.clone().requires_grad_())
+    m.zero_grad()
+    xg = x.clone().requires_grad_()
+    with _persistent(), torch.autocast("cuda", dtype=torch.bfloat16):
+        out, (h, c) = _persistent_ran(lambda: m(xg))
+    assert out.dtype == torch.bfloat16
+    (out.float().square().sum() + h.float().sum() + 2 * c.float().sum()).backward()
+    got = [out, h, c, xg.grad] + [p.grad for p in m.parameters()]
+    for a, b in zip(got, ref):
+        assert _rel_err(a, b) < 2 * HALF_TOL[torch.bfloat16]
+
+
+@requires_cuda
+@needs_cuda_kernel
+def test_persistent_forced_where_it_cannot_run():
+    """float64, and a W_hh slice too large for one block's shared memory: a clear error that
+    names the fix; the step kernel runs the same layer under auto."""
+    m = AblatedRNN("lstm", 8, 512).cuda()
+    x = torch.randn(3, 2, 8, device="cuda")
+    with _persistent(), pytest.raises(ValueError, match="float64.*'steps'"):
+        m.double()(x.double())
+    m.float()
+    with _persistent("one_block"), pytest.raises(ValueError, match="shared memory"):
+        m(x)  # all 512 units in one block: 4 MiB of W_hh
+    with use_cuda_recurrence("auto"):
+        m(x)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("dtype", PERSISTENT_DTYPES, ids=str)
+@pytest.mark.parametrize("variant,hidden", [("ran", 256), ("ran", 650), ("lstm", 650)])
+def test_persistent_applies_to_the_benchmark_shapes(dtype, variant, hidden):
+    """Issue 12's shapes (B = 32) fit: every unit in a block, all blocks resident."""
+    v = get_variant(variant)
+    proj = torch.empty(2, 32, v.num_recurrent(False) * hidden + v.num_input_only(False) * hidden,
+                       device="cuda", dtype=dtype)
+    w_hh = torch.empty(v.num_recurrent(False) * hidden, hidden, device="cuda", dtype=dtype)
+    ok, why, blocks, units, tile, smem = dispatch._C_cuda.persistent_plan(
+        v.kernel_spec, False, proj, w_hh, 0, 0)
+    assert ok, why
+    assert blocks * units >= hidden > (blocks - 1) * units
+    assert blocks <= torch.cuda.get_device_properties(0).multi_processor_count
+    assert 1 <= tile <= 32 and smem > 0
+
+
+def test_speed_recurrence_choices():
+    from rnn_ablations.commands.speed import measure
+    with pytest.raises(ValueError, match="recurrence must be one of auto, steps, persistent, both"):
+        measure(hidden_sizes=(4,), batch=1, seq_len=2, repeats=1, variants=["ran"],
+                recurrence="fast")
+    rows = measure(hidden_sizes=(4,), batch=1, seq_len=2, repeats=1, warmup=0, variants=["ran"],
+                   recurrence="both")  # on the CPU: no CUDA recurrence, no persistent rows
+    assert {r["model"] for r in rows} == {"nn.LSTM", "ran"}
+    assert {r["recurrence"] for r in rows} == {"-"}
+
+
+@requires_cuda
+@needs_cuda_kernel
+def test_speed_rows_of_the_persistent_kernel():
+    from rnn_ablations.commands.speed import measure
+    rows = measure(hidden_sizes=(16,), batch=2, seq_len=3, repeats=1, warmup=0,
+                   variants=["ran"], device="cuda", recurrence="both", dtype="bfloat16")
+    got = {(r["model"], r["mode"]): r for r in rows}
+    assert set(got) == {(m, mode) for m in ("nn.LSTM", "ran", "ran [persistent]")
+                        for mode in ("train", "inference")}
+    assert got[("ran", "train")]["recurrence"] == "steps"
+    assert got[("ran [persistent]", "inference")]["recurrence"] == "persistent"
+    assert all(r["dtype"] == "bfloat16" for r in rows)

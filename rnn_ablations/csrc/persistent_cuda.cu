@@ -261,7 +261,8 @@ Plan make_plan(const KernelSpec& ks, int64_t H, int64_t rows, at::ScalarType dty
   const void* fn = kernel_for(dtype);
   if (fn == nullptr) {
     p.why = std::string("the persistent kernel runs float32, bfloat16 and float16, not ") +
-            c10::toString(dtype) + " (the step kernel runs it)";
+            (dtype == at::kDouble ? "float64" : c10::toString(dtype)) +
+            " (the step kernel runs it)";
     return p;
   }
   if (rows > kMaxRows) {
