@@ -943,3 +943,5 @@ def test_speed_rows_of_the_persistent_kernel():
     assert got[("ran", "train")]["recurrence"] == "steps"
     assert got[("ran [persistent]", "inference")]["recurrence"] == "persistent"
     assert all(r["dtype"] == "bfloat16" for r in rows)
+    calls = got[("ran [persistent]", "train")]["cuda_graph_calls"]
+    assert calls["replays"] + calls["eager"] >= 2  # the forward and backward of the round

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
+from ..cuda_graphs import clear_graphs, get_cuda_graphs, graph_stats, set_cuda_graphs
 from ..cuda_recurrence import get_cuda_recurrence, use_cuda_recurrence
 from ..dispatch import (cuda_kernel_available, get_backend, kernel_available, kernel_isa,
                         supported_kernel_isas, use_concurrent_directions)
@@ -204,6 +204,14 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                 print(f"# {k}, hidden {hidden}, {dtype_name}: no persistent row ({exc})")
                 del models[k]
     times = {(k, mode): [] for k in models for mode in ("train", "inference")}
+    # CUDA: each shape starts with no recorded graphs.  The graph cache is bounded (32 graphs,
+    # and after 32 evictions a shape is recorded only on its 8th call), so graphs left by the
+    # shapes and dtypes timed before would make the later ones run their steps eagerly for
+    # most of their rounds; the rows count the kernel calls replayed vs. run eagerly.
+    if device != "cpu":
+        clear_graphs()
+    graph_calls = {(k, mode): {"replays": 0, "eager": 0} for k in models
+                   for mode in ("train", "inference")}
 
     def train_step(m):
         with context():
@@ -219,6 +227,7 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
             for mode, fn in (("train", train_step), ("inference", infer_step)):
                 if device != "cpu":
                     torch.cuda.synchronize()
+                before = graph_stats() if device != "cpu" else None
                 with use_concurrent_directions(policy[k]), use_cuda_recurrence(rec[k]):
                     t0 = timer()
                     fn(m)
@@ -227,6 +236,10 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                     elapsed = timer() - t0
                 if r >= warmup:
                     times[(k, mode)].append(elapsed)
+                    if before is not None:
+                        after = graph_stats()
+                        for key in ("replays", "eager"):
+                            graph_calls[(k, mode)][key] += after[key] - before[key]
             m.zero_grad(set_to_none=True)
             x.grad = None
     rows = []
@@ -242,6 +255,8 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                    "directions": ("-" if k == "nn.LSTM" or not bidirectional else
                                   "sequential" if policy[k] == "never" else "auto"),
                    "recurrence": ("-" if k == "nn.LSTM" or device == "cpu" else rec[k])}
+            if device != "cpu" and k != "nn.LSTM":  # kernel calls in the timed rounds
+                row["cuda_graph_calls"] = graph_calls[(k, mode)]
             if label is not None:
                 row.update(shape=label, layers=layers, input_size=d_in,
                            bidirectional=bidirectional)
