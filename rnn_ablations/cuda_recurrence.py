@@ -5,7 +5,9 @@
 * ``"persistent"``: the persistent kernel (``csrc/persistent_cuda.cu``): the whole forward in one
   cooperative launch, each thread block keeping its slice of W_hh in shared memory and the grid
   synchronising once per step.  Its saved tensors are the step kernel's, so the backward is the
-  step kernel's hand-written one.  It applies to float32, bfloat16 and float16 where the slices
+  step kernel's hand-written one, or, with :data:`PERSISTENT_BACKWARD`
+  (``RNN_ABLATIONS_PERSISTENT_BACKWARD=1``; off by default), its recurrence in one persistent
+  launch too (the W_hh columns of each block's units on chip).  It applies to float32, bfloat16 and float16 where the slices
   fit on chip (``_C_cuda.persistent_plan`` says why not otherwise); forcing it where it does not
   apply raises ``ValueError`` naming the reason.
 * ``"auto"`` (the default): today the step kernel everywhere.  The persistent kernel has not run
@@ -47,6 +49,15 @@ def _env_mode() -> str:
     return value
 
 
+def _env_flag(name: str) -> bool:
+    value = os.environ.get(name, "0").strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no", ""):
+        return False
+    raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+
+
 def _env_count(name: str) -> int:
     value = os.environ.get(name, "0").strip() or "0"
     try:
@@ -63,7 +74,9 @@ _mode = _env_mode()
 PERSISTENT_BLOCKS = _env_count("RNN_ABLATIONS_PERSISTENT_BLOCKS")
 #: batch rows per tile of the persistent kernel (0 = as many as the shared memory holds)
 PERSISTENT_BATCH_TILE = _env_count("RNN_ABLATIONS_PERSISTENT_BATCH_TILE")
-_calls = {"persistent_forward": 0}
+#: the backward of a persistent forward also persistent (else the step kernel's backward)
+PERSISTENT_BACKWARD = _env_flag("RNN_ABLATIONS_PERSISTENT_BACKWARD")
+_calls = {"persistent_forward": 0, "persistent_backward": 0}
 
 
 def set_cuda_recurrence(mode: str) -> None:
@@ -89,38 +102,46 @@ def use_cuda_recurrence(mode: str):
 
 
 def persistent_stats() -> dict:
-    """``{"persistent_forward": calls}``: forwards that went to the persistent kernel since
-    import (the tests check that it ran)."""
+    """``{"persistent_forward": calls, "persistent_backward": calls}``: the calls that went to
+    the persistent kernels since import (the tests check that they ran)."""
     return dict(_calls)
 
 
 class PersistentKernel:
     """The entry points of ``rnn_ablations._C_cuda`` (``forward`` / ``backward``, same arguments
-    and results) with the forward on the persistent kernel and the step kernel's backward."""
+    and results) with the forward on the persistent kernel and the backward on the step kernel,
+    or (``backward=True``) on the persistent kernel too; ``blocks`` / ``batch_tile``: the
+    kernels' grid and rows per tile (0 = automatic).  Fixed per instance, so that a CUDA graph
+    recorded through one instance always replays the same kernels."""
 
-    def __init__(self, ext):
-        self.ext = ext
+    def __init__(self, ext, backward: bool = False, blocks: int = 0, batch_tile: int = 0):
+        self.ext, self.persistent_backward = ext, backward
+        self.blocks, self.batch_tile = blocks, batch_tile
 
     def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
         _calls["persistent_forward"] += 1
         return self.ext.persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
-                                           rec_mask, keep_hin, PERSISTENT_BLOCKS,
-                                           PERSISTENT_BATCH_TILE)
+                                           rec_mask, keep_hin, self.blocks, self.batch_tile)
 
     def backward(self, *args):
+        if self.persistent_backward:
+            _calls["persistent_backward"] += 1
+            return self.ext.persistent_backward(*args, self.blocks, self.batch_tile)
         return self.ext.backward(*args)
 
 
-_persistent: Optional[PersistentKernel] = None
-_graphed_persistent: Optional[cuda_graphs.GraphedKernel] = None
+_modules = {}
 
 
-def _persistent_modules(ext):
-    global _persistent, _graphed_persistent
-    if _persistent is None or _persistent.ext is not ext:
-        _persistent = PersistentKernel(ext)
-        _graphed_persistent = cuda_graphs.GraphedKernel(_persistent, tag="persistent")
-    return _persistent, _graphed_persistent
+def _persistent_modules(ext, backward: bool, blocks: int, batch_tile: int):
+    """(plain, graphed) persistent modules for these settings (kept, so graphs are reused)."""
+    key = (id(ext), backward, blocks, batch_tile)
+    got = _modules.get(key)
+    if got is None or got[0].ext is not ext:
+        plain = PersistentKernel(ext, backward, blocks, batch_tile)
+        tag = f"persistent(backward={backward}, blocks={blocks}, batch_tile={batch_tile})"
+        got = _modules[key] = (plain, cuda_graphs.GraphedKernel(plain, tag=tag))
+    return got
 
 
 def select(ext, variant, highway: bool, proj, w_hh):
@@ -135,11 +156,16 @@ def select(ext, variant, highway: bool, proj, w_hh):
             "set_cuda_recurrence('persistent'): this build of rnn_ablations._C_cuda has no "
             "persistent kernel (rebuild it: `python setup.py build_ext --inplace` with a CUDA "
             "torch and nvcc), or use set_cuda_recurrence('steps')")
-    ok, why = raw.persistent_plan(variant.kernel_spec, highway, proj, w_hh, PERSISTENT_BLOCKS,
-                                  PERSISTENT_BATCH_TILE)[:2]
+    blocks, tile, bwd = PERSISTENT_BLOCKS, PERSISTENT_BATCH_TILE, bool(PERSISTENT_BACKWARD)
+    ok, why = raw.persistent_plan(variant.kernel_spec, highway, proj, w_hh, blocks, tile,
+                                  False)[:2]
+    if ok and bwd:
+        ok, why = raw.persistent_plan(variant.kernel_spec, highway, proj, w_hh, blocks, tile,
+                                      True)[:2]
+        why = f"(its backward, PERSISTENT_BACKWARD) {why}"
     if not ok:
         raise ValueError(f"set_cuda_recurrence('persistent'): the persistent CUDA kernel does "
                          f"not apply to this layer: {why}; use set_cuda_recurrence('auto') or "
                          "'steps' (the step kernel runs every shape)")
-    plain, graphed = _persistent_modules(raw)
+    plain, graphed = _persistent_modules(raw, bwd, blocks, tile)
     return graphed if cuda_graphs.get_cuda_graphs() else plain

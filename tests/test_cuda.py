@@ -595,9 +595,9 @@ class _FakePersistentExt:
     def __init__(self, ok=True, why=""):
         self.ok, self.why, self.calls = ok, why, []
 
-    def persistent_plan(self, spec, highway, proj, w_hh, blocks, batch_tile):
-        self.calls.append(("plan", spec, highway, blocks, batch_tile))
-        return (self.ok, self.why, 4, 2, 2, 1024)
+    def persistent_plan(self, spec, highway, proj, w_hh, blocks, batch_tile, backward):
+        self.calls.append(("plan", spec, highway, blocks, batch_tile, backward))
+        return (self.ok or backward, self.why, 4, 2, 2, 1024)
 
     def persistent_forward(self, *args):
         self.calls.append(("persistent_forward",) + args)
@@ -606,6 +606,10 @@ class _FakePersistentExt:
     def backward(self, *args):
         self.calls.append(("backward",) + args)
         return "step backward"
+
+    def persistent_backward(self, *args):
+        self.calls.append(("persistent_backward",) + args)
+        return "persistent backward"
 
 
 def test_cuda_recurrence_selection(monkeypatch):
@@ -628,7 +632,7 @@ def test_cuda_recurrence_selection(monkeypatch):
         with cuda_graphs.use_cuda_graphs(False):
             ext = cuda_recurrence.select(step_kernel, v, True, _CudaLike(), None)
         assert isinstance(ext, cuda_recurrence.PersistentKernel)
-        assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0)
+        assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, False)
         before = cuda_recurrence.persistent_stats()["persistent_forward"]
         assert ext.forward(v.kernel_spec, True, "p", "w", "h", "c", "bs", "m", True) == \
             "persistent result"
@@ -636,9 +640,18 @@ def test_cuda_recurrence_selection(monkeypatch):
                                   "bs", "m", True, 3, 0)
         assert cuda_recurrence.persistent_stats()["persistent_forward"] == before + 1
         assert ext.backward(1, 2, 3) == "step backward"
+        monkeypatch.setattr(cuda_recurrence, "PERSISTENT_BACKWARD", True)
+        with cuda_graphs.use_cuda_graphs(False):
+            ext_b = cuda_recurrence.select(step_kernel, v, True, _CudaLike(), None)
+        assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, True)
+        assert ext_b is not ext and ext_b.backward(1, 2) == "persistent backward"
+        assert fake.calls[-1] == ("persistent_backward", 1, 2, 3, 0)
+        assert ext.backward(1, 2, 3) == "step backward"  # chosen at the forward, kept
         with cuda_graphs.use_cuda_graphs(True):
             graphed = cuda_recurrence.select(step_kernel, v, True, _CudaLike(), None)
-        assert isinstance(graphed, cuda_graphs.GraphedKernel) and graphed.tag == "persistent"
+        assert isinstance(graphed, cuda_graphs.GraphedKernel)
+        assert graphed.tag.startswith("persistent(backward=True, blocks=3")
+        monkeypatch.setattr(cuda_recurrence, "PERSISTENT_BACKWARD", False)
         fake.ok, fake.why = False, "the W_hh slice does not fit"
         with pytest.raises(ValueError, match="does not fit.*'steps'"):
             cuda_recurrence.select(step_kernel, v, False, _CudaLike(), None)
@@ -686,24 +699,34 @@ PERSISTENT_DTYPES = [torch.float32] + HALF_DTYPES
 PERSISTENT_CONFIGS = {"auto": (0, 0), "tiles": (5, 4), "one_block": (1, 1)}
 
 
+_PERSISTENT_SETTINGS = ("PERSISTENT_BLOCKS", "PERSISTENT_BATCH_TILE", "PERSISTENT_BACKWARD")
+
+
 @contextlib.contextmanager
-def _persistent(config="auto", graphs=False):
+def _persistent(config="auto", graphs=False, backward=False):
+    """The persistent forward (and with ``backward`` the persistent backward) forced."""
     blocks, tile = PERSISTENT_CONFIGS[config]
-    old = cuda_recurrence.PERSISTENT_BLOCKS, cuda_recurrence.PERSISTENT_BATCH_TILE
-    cuda_recurrence.PERSISTENT_BLOCKS, cuda_recurrence.PERSISTENT_BATCH_TILE = blocks, tile
+    old = [getattr(cuda_recurrence, k) for k in _PERSISTENT_SETTINGS]
+    for k, value in zip(_PERSISTENT_SETTINGS, (blocks, tile, backward)):
+        setattr(cuda_recurrence, k, value)
     try:
         with use_cuda_recurrence("persistent"), cuda_graphs.use_cuda_graphs(graphs):
             yield
     finally:
-        cuda_recurrence.PERSISTENT_BLOCKS, cuda_recurrence.PERSISTENT_BATCH_TILE = old
+        for k, value in zip(_PERSISTENT_SETTINGS, old):
+            setattr(cuda_recurrence, k, value)
 
 
-def _persistent_ran(fn):
-    """fn() under the persistent kernel; asserts that its forward ran."""
-    before = cuda_recurrence.persistent_stats()["persistent_forward"]
+def _persistent_ran(fn, backward=False):
+    """fn() under the persistent kernel; asserts that its forward (and backward) ran."""
+    before = cuda_recurrence.persistent_stats()
     result = fn()
-    assert cuda_recurrence.persistent_stats()["persistent_forward"] > before, \
+    after = cuda_recurrence.persistent_stats()
+    assert after["persistent_forward"] > before["persistent_forward"], \
         "the persistent kernel did not run"
+    if backward:
+        assert after["persistent_backward"] > before["persistent_backward"], \
+            "the persistent backward did not run"
     return result
 
 
@@ -714,15 +737,15 @@ def test_persistent_kernel_is_built():
         "rnn_ablations._C_cuda was built without csrc/persistent_cuda.cu: rebuild it"
 
 
-def _persistent_case(variant, highway, dtype, use_mask, padded, config):
+def _persistent_case(variant, highway, dtype, use_mask, padded, config, backward=False):
     v, t = _layer_tensors(variant, highway, dtype)
     T, B = t["x"].shape[:2]
     batch_sizes = (torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 2, 1]) if padded
                    else torch.full((T,), B, dtype=torch.int64))
     if not v.has_memory:  # the S-RNN has no cell: c0 is h0
         t["c0"] = t["h0"]
-    with use_backend("kernel"), _persistent(config):
-        got = _persistent_ran(lambda: _layer_run(v, highway, t, batch_sizes, use_mask))
+    with use_backend("kernel"), _persistent(config, backward=backward):
+        got = _persistent_ran(lambda: _layer_run(v, highway, t, batch_sizes, use_mask), backward)
     t64 = {k: a.double() for k, a in t.items()}
     with use_backend("generic"):
         want = _layer_run(v, highway, t64, batch_sizes, use_mask)
@@ -748,12 +771,50 @@ def test_persistent_matches_float64_generic(dtype, variant, highway, use_mask, p
 
 @requires_cuda
 @needs_cuda_kernel
+@pytest.mark.parametrize("dtype", PERSISTENT_DTYPES, ids=str)
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+@pytest.mark.parametrize("highway,use_mask,padded", [(False, False, False), (True, True, True),
+                                                     (False, True, True)])
+def test_persistent_backward_matches_float64_generic(dtype, variant, highway, use_mask, padded):
+    """The persistent backward (PERSISTENT_BACKWARD) after the persistent forward."""
+    _persistent_case(variant, highway, dtype, use_mask, padded, "auto", backward=True)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("config", ["tiles", "one_block"])
 @pytest.mark.parametrize("variant", STEP_VARIANTS)
 @pytest.mark.parametrize("highway,use_mask,padded", [(False, False, False), (True, True, True)])
-def test_persistent_forced_grid_and_tiles(config, variant, highway, use_mask, padded):
+def test_persistent_forced_grid_and_tiles(backward, config, variant, highway, use_mask, padded):
     """Partial blocks (units past H), partial batch tiles, one block for all units."""
-    _persistent_case(variant, highway, torch.float32, use_mask, padded, config)
+    _persistent_case(variant, highway, torch.float32, use_mask, padded, config, backward)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+@pytest.mark.parametrize("highway", [False, True])
+def test_persistent_backward_equals_step_backward(variant, highway):
+    """The raw entry points, float32, from the same saved tensors and incoming gradients (padded
+    rows, steps without any row, mask, grad_hn, grad_cn): the step kernel's results."""
+    ext = dispatch._C_cuda
+    v, t = _layer_tensors(variant, highway, torch.float32)
+    pbias = torch.cat([t["bias"], t["bias"].new_zeros(t["w_ih"].shape[0] - t["bias"].shape[0])])
+    proj = torch.nn.functional.linear(t["x"], t["w_ih"], pbias).contiguous()
+    c0 = t["c0"] if v.has_memory else t["h0"]
+    bs = torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 0, 0])
+    out, h_n, c_n, gates, cs, hin = ext.forward(v.kernel_spec, highway, proj.clone(), t["w_hh"],
+                                                t["h0"], c0, bs, t["mask"], True)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    grads = [torch.randn(x.shape, device="cuda", generator=g) for x in (out, h_n, c_n)]
+    args = (v.kernel_spec, highway, *grads, gates, cs, hin, out, proj, t["w_hh"], t["h0"], c0,
+            bs, t["mask"])
+    want = ext.backward(*args)
+    for blocks, tile in PERSISTENT_CONFIGS.values():
+        got = ext.persistent_backward(*args, blocks, tile)
+        for name, a, b in zip(["dproj", "dw_hh", "dh0", "dc0"], got, want):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @requires_cuda
@@ -829,25 +890,27 @@ def test_persistent_module_matches_float64(dtype, variant):
 @needs_cuda_kernel
 @pytest.mark.parametrize("variant", ["ran", "lstm"])
 def test_persistent_long_sequence_spans_launches(variant):
-    """More steps than one launch carries (1024): the second launch continues the first; a row
-    ends exactly at the first launch's last step."""
+    """More steps than one launch carries (1024): the second launch continues the first (forward
+    and backward); a row ends exactly at the first forward launch's last step."""
     m = AblatedRNN(variant, 4, 8).cuda()
     x = torch.randn(1030, 3, 4, device="cuda")
     lengths = torch.tensor([1030, 1024, 3])
-    with use_backend("kernel"), torch.no_grad():
+    with use_backend("kernel"):
         with use_cuda_recurrence("steps"), cuda_graphs.use_cuda_graphs(False):
-            want = m(x, lengths=lengths)
-        with _persistent():
-            got = _persistent_ran(lambda: m(x, lengths=lengths))
-    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got[1][0], want[1][0], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got[1][1], want[1][1], atol=1e-4, rtol=1e-4)
+            want = _run_and_grads(m, x.clone().requires_grad_(), lengths=lengths)
+        m.zero_grad()
+        with _persistent(backward=True):
+            got = _persistent_ran(
+                lambda: _run_and_grads(m, x.clone().requires_grad_(), lengths=lengths), True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
 
 
 @requires_cuda
 @needs_cuda_kernel
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_persistent_graph_replay(fresh_graphs, dtype):
+def test_persistent_graph_replay(fresh_graphs, dtype, backward):
     """With CUDA graphs on, the persistent forward (a cooperative launch) is captured and
     replayed, giving the eager numbers (training and inference)."""
     m = AblatedRNN("ran", 8, 16, num_layers=2, bidirectional=True, recurrent_dropout=0.25,
@@ -857,7 +920,7 @@ def test_persistent_graph_replay(fresh_graphs, dtype):
     results = {}
     for graphs in (False, True):
         torch.manual_seed(3)
-        with use_backend("kernel"), _persistent(graphs=graphs):
+        with use_backend("kernel"), _persistent(graphs=graphs, backward=backward):
             results[graphs] = (_repeat_calls(m, xs, lengths, True)
                                + _repeat_calls(m, xs, lengths, False))
             stats = cuda_graphs.graph_stats()

@@ -60,6 +60,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -70,7 +71,8 @@ using namespace rnn_ablations;  // KernelSpec, input checks
 namespace cg = cooperative_groups;
 
 #include "elementwise.h"         // cell_update, highway_mix (shared with the CPU kernel)
-#include "step_forward_cuda.h"  // forward_element (shared with the step kernel)
+#include "step_forward_cuda.h"   // forward_element (shared with the step kernel)
+#include "step_backward_cuda.h"  // backward_element (shared with the step kernel)
 
 constexpr int kThreads = 512;  // threads per block (16 warps)
 constexpr int kWarps = kThreads / 32;
@@ -109,11 +111,15 @@ template <> __device__ __forceinline__ float load_cg<float>(const float* p) { re
 
 __host__ __device__ inline size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// Dynamic shared memory of a block: the W_hh slice (R*U rows of H, storage dtype), the staged
-// h_{t-1} (bt rows of H, acc_t) and the pre-activations (bt rows of R*U, acc_t).
-inline size_t smem_bytes(int64_t R, int64_t U, int64_t H, int64_t bt, size_t elem, size_t acc) {
-  return align16(static_cast<size_t>(R * U * H) * elem) + static_cast<size_t>(bt * H) * acc +
-         static_cast<size_t>(bt * R * U) * acc;
+// Dynamic shared memory of a block.  Forward: the W_hh slice (R*U rows of H, storage dtype),
+// the staged h_{t-1} (bt rows of H, acc_t) and the pre-activations (bt rows of R*U, acc_t).
+// Backward: the W_hh columns of the block's units (U columns of R*H, storage dtype), the staged
+// d_proj_t (bt rows of R*H, acc_t) and dh_{t-1} of the block's units (bt rows of U, acc_t).
+inline size_t smem_bytes(bool backward, int64_t R, int64_t U, int64_t H, int64_t bt, size_t elem,
+                         size_t acc) {
+  const size_t w = align16(static_cast<size_t>(R * U * H) * elem);
+  return backward ? w + static_cast<size_t>(bt * R * H) * acc + static_cast<size_t>(bt * U) * acc
+                  : w + static_cast<size_t>(bt * H) * acc + static_cast<size_t>(bt * R * U) * acc;
 }
 
 template <typename T, typename A>
@@ -231,6 +237,137 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The backward's arguments (as PersistentArgs; steps run from t_hi down).
+template <typename T, typename A>
+struct PersistentBackwardArgs {
+  KernelSpec ks;
+  int H, B, P, U, bt;
+  int t_hi, steps;         // steps t_hi, t_hi - 1, ..., t_hi - steps + 1
+  const T* proj;           // (T, B, P): the input-only blocks (content, highway projection)
+  const T* w_hh;           // (R*H, H)
+  const A* gates;          // (T, B, R*H) the forward's activations
+  const A* cs;             // (T, B, H)
+  const A* c0;             // (B, H)
+  const A* hin;            // (T, B, H) with highway, else null
+  const T* g_out;          // (T, B, H) dL/d out
+  const T* mask;           // (B, H) or null
+  T* dproj;                // (T, B, P), zero-initialised
+  A* dh;                   // (B, H) carried dL/dh: grad_hn on entry, dL/dh0 on exit
+  A* dc;                   // (B, H) carried dL/dc: grad_cn on entry, dL/dc0 on exit
+  uint16_t n[kChunkSteps];  // active rows of step t_hi - s
+};
+
+// The step kernel's backward (cuda_backward) in one launch.  Block q owns units [q*U, q*U + U):
+// per step (from the last) it runs backward_element for its units (d_proj_t of its units, its
+// dL/dc), the grid synchronises (d_proj_t complete), then it computes dh_{t-1} of its units,
+// sum_q d_proj_t(b, q) W_hh(q, j) over the R*H recurrent rows q, from the W_hh columns of its
+// units held in shared memory (and d_proj_t staged from L2), times the mask.  The next step
+// reads only its own units of dh and dc, so one grid barrier per step suffices.
+template <typename T, typename A>
+__global__ void __launch_bounds__(kThreads)
+    persistent_backward_kernel(const __grid_constant__ PersistentBackwardArgs<T, A> a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const KernelSpec& ks = a.ks;
+  const int H = a.H, U = a.U, bt = a.bt;
+  const int RH = static_cast<int>(ks.R) * H;
+  const int64_t B = a.B, P = a.P;
+  T* wc = reinterpret_cast<T*>(smem);  // wc[u * RH + q] = W_hh(q, j0 + u)
+  A* ds = reinterpret_cast<A*>(smem + align16(static_cast<size_t>(U) * RH * sizeof(T)));
+  A* sums = ds + static_cast<int64_t>(bt) * RH;  // bt rows of U
+  const int j0 = blockIdx.x * U;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(U) * RH; i += kThreads) {
+    const int u = static_cast<int>(i / RH), q = static_cast<int>(i % RH);
+    wc[i] = j0 + u < H ? a.w_hh[static_cast<int64_t>(q) * H + j0 + u] : T(0);
+  }
+  __syncthreads();
+
+  cg::grid_group grid = cg::this_grid();
+  for (int s = 0; s < a.steps; ++s) {
+    const int64_t t = a.t_hi - s;
+    const int n = a.n[s];
+    // 1. the element-wise backward of rows [0, n) and this block's units
+    for (int i = threadIdx.x; i < n * U; i += kThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      if (j >= H) continue;
+      const int64_t row = t * B + b;
+      const A gh = a.dh[b * H + j] + static_cast<A>(a.g_out[row * H + j]);
+      const A* c_cur = ks.memory ? a.cs + row * H + j : nullptr;
+      const A* c_prev = !ks.memory ? nullptr
+                        : t == 0   ? a.c0 + b * H + j
+                                   : a.cs + row * H - B * H + j;
+      const A dc_prev = backward_element<T, A>(
+          ks, H, j, a.gates + row * RH, ks.X > 0 ? a.proj + row * P + RH : nullptr, c_cur,
+          c_prev, ks.highway ? a.hin[row * H + j] : A(0), gh, a.dc[b * H + j],
+          a.dproj + row * P);
+      if (ks.memory) a.dc[b * H + j] = dc_prev;
+    }
+    grid.sync();  // d_proj_t of every unit written
+    // 2. dh_{t-1} of this block's units, rows [0, n), bt rows at a time
+    for (int cb = 0; cb < n; cb += bt) {
+      const int bn = min(bt, n - cb);
+      for (int i = threadIdx.x; i < bn * RH; i += kThreads) {
+        const int bl = i / RH, q = i % RH;
+        ds[i] = static_cast<A>(load_cg(a.dproj + (t * B + cb + bl) * P + q));
+      }
+      __syncthreads();
+      const int col_tiles = (U + kTileRows - 1) / kTileRows;
+      const int tiles = col_tiles * ((bn + kTileBatch - 1) / kTileBatch);
+      for (int tile = warp; tile < tiles; tile += kWarps) {
+        const int u0 = (tile % col_tiles) * kTileRows;
+        const int b0 = (tile / col_tiles) * kTileBatch;
+        const T* wr[kTileRows];
+        const A* dr[kTileBatch];
+#pragma unroll
+        for (int x = 0; x < kTileRows; ++x) wr[x] = wc + static_cast<int64_t>(min(u0 + x, U - 1)) * RH;
+#pragma unroll
+        for (int y = 0; y < kTileBatch; ++y) dr[y] = ds + static_cast<int64_t>(min(b0 + y, bn - 1)) * RH;
+        A acc[kTileRows][kTileBatch];
+#pragma unroll
+        for (int x = 0; x < kTileRows; ++x)
+#pragma unroll
+          for (int y = 0; y < kTileBatch; ++y) acc[x][y] = A(0);
+        for (int q = lane; q < RH; q += 32) {
+          A w[kTileRows], d[kTileBatch];
+#pragma unroll
+          for (int x = 0; x < kTileRows; ++x) w[x] = static_cast<A>(wr[x][q]);
+#pragma unroll
+          for (int y = 0; y < kTileBatch; ++y) d[y] = dr[y][q];
+#pragma unroll
+          for (int x = 0; x < kTileRows; ++x)
+#pragma unroll
+            for (int y = 0; y < kTileBatch; ++y) acc[x][y] = fma(w[x], d[y], acc[x][y]);
+        }
+        A mine = A(0);
+#pragma unroll
+        for (int x = 0; x < kTileRows; ++x)
+#pragma unroll
+          for (int y = 0; y < kTileBatch; ++y) {
+            A v = acc[x][y];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == x * kTileBatch + y) mine = v;
+          }
+        if (lane < kTileRows * kTileBatch) {
+          const int x = lane / kTileBatch, y = lane % kTileBatch;
+          if (u0 + x < U && b0 + y < bn) sums[(b0 + y) * U + u0 + x] = mine;
+        }
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < bn * U; i += kThreads) {
+        const int bl = i / U, u = i % U, j = j0 + u;
+        if (j >= H) continue;
+        const int64_t b = cb + bl;
+        A v = sums[bl * U + u];
+        if (a.mask) v = v * static_cast<A>(a.mask[b * H + j]);  // as the step kernel's mul_kernel
+        a.dh[b * H + j] = v;
+      }
+      __syncthreads();  // ds and sums are reused by the next tile of rows
+    }
+  }
+}
+
 // The launch configuration of one call, or why there is none.
 struct Plan {
   bool ok = false;
@@ -240,25 +377,26 @@ struct Plan {
 };
 
 template <typename T, typename A>
-const void* kernel_ptr() {
-  return reinterpret_cast<const void*>(&persistent_forward_kernel<T, A>);
+const void* kernel_ptr(bool backward) {
+  return backward ? reinterpret_cast<const void*>(&persistent_backward_kernel<T, A>)
+                  : reinterpret_cast<const void*>(&persistent_forward_kernel<T, A>);
 }
 
-const void* kernel_for(at::ScalarType dtype) {
+const void* kernel_for(at::ScalarType dtype, bool backward) {
   switch (dtype) {
-    case at::kFloat: return kernel_ptr<float, float>();
-    case at::kBFloat16: return kernel_ptr<at::BFloat16, float>();
-    case at::kHalf: return kernel_ptr<at::Half, float>();
+    case at::kFloat: return kernel_ptr<float, float>(backward);
+    case at::kBFloat16: return kernel_ptr<at::BFloat16, float>(backward);
+    case at::kHalf: return kernel_ptr<at::Half, float>(backward);
     default: return nullptr;
   }
 }
 
 // rows: the most rows active at a step (batch_sizes[0]); blocks / batch_tile: 0 = automatic
 // (one block per SM; as many rows per tile as the shared memory holds), else forced.
-Plan make_plan(const KernelSpec& ks, int64_t H, int64_t rows, at::ScalarType dtype,
-               int device, int64_t blocks, int64_t batch_tile) {
+Plan make_plan(bool backward, const KernelSpec& ks, int64_t H, int64_t rows,
+               at::ScalarType dtype, int device, int64_t blocks, int64_t batch_tile) {
   Plan p;
-  const void* fn = kernel_for(dtype);
+  const void* fn = kernel_for(dtype, backward);
   if (fn == nullptr) {
     p.why = std::string("the persistent kernel runs float32, bfloat16 and float16, not ") +
             (dtype == at::kDouble ? "float64" : c10::toString(dtype)) +
@@ -285,19 +423,19 @@ Plan make_plan(const KernelSpec& ks, int64_t H, int64_t rows, at::ScalarType dty
   const int64_t nb = (H + U - 1) / U;
   const size_t elem = c10::elementSize(dtype), acc = sizeof(float);
   const size_t limit = prop->sharedMemPerBlockOptin;
-  const size_t w_bytes = smem_bytes(ks.R, U, H, 0, elem, acc);
-  const size_t row_bytes = smem_bytes(ks.R, U, H, 1, elem, acc) - w_bytes;
+  const size_t w_bytes = smem_bytes(backward, ks.R, U, H, 0, elem, acc);
+  const size_t row_bytes = smem_bytes(backward, ks.R, U, H, 1, elem, acc) - w_bytes;
   if (w_bytes + row_bytes > limit) {
     p.why = "the W_hh slice of one block (" + std::to_string(ks.R) + " gate blocks x " +
             std::to_string(U) + " units x H = " + std::to_string(H) + ", " +
-            std::to_string(w_bytes / 1024) + " KiB) and one row of h_{t-1} do not fit in the " +
+            std::to_string(w_bytes / 1024) + " KiB) and one batch row do not fit in the " +
             std::to_string(limit / 1024) + " KiB of shared memory of a block on " + prop->name;
     return p;
   }
   int64_t bt = static_cast<int64_t>((limit - w_bytes) / row_bytes);
   bt = std::max<int64_t>(1, std::min<int64_t>(bt, std::max<int64_t>(rows, 1)));
   if (batch_tile > 0) bt = std::min<int64_t>(bt, batch_tile);
-  const size_t smem = smem_bytes(ks.R, U, H, bt, elem, acc);
+  const size_t smem = smem_bytes(backward, ks.R, U, H, bt, elem, acc);
   C10_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   int per_sm = 0;
@@ -316,20 +454,21 @@ Plan make_plan(const KernelSpec& ks, int64_t H, int64_t rows, at::ScalarType dty
   return p;
 }
 
-template <typename T, typename A>
-void launch(PersistentArgs<T, A>& args, const Plan& p, cudaStream_t stream) {
+template <typename T, typename A, typename Args>
+void launch(bool backward, Args& args, const Plan& p, cudaStream_t stream) {
   void* params[] = {&args};
-  C10_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_ptr<T, A>(), dim3(p.blocks), dim3(kThreads),
-                                             params, p.smem, stream));
+  C10_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_ptr<T, A>(backward), dim3(p.blocks),
+                                             dim3(kThreads), params, p.smem, stream));
 }
 
 }  // namespace
 
 // (applicable, reason, blocks, units per block, batch rows per tile, shared memory bytes) of the
-// persistent kernel for a call with these tensors (proj (T, B, (R+X)*H), w_hh (R*H, H) on CUDA).
+// persistent forward (or, with `backward`, backward) kernel for a call with these tensors
+// (proj (T, B, (R+X)*H), w_hh (R*H, H) on CUDA).
 std::tuple<bool, std::string, int64_t, int64_t, int64_t, int64_t> persistent_plan(
     int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh, int64_t blocks,
-    int64_t batch_tile) {
+    int64_t batch_tile, bool backward) {
   const char* who = "rnn_ablations persistent CUDA kernel";
   TORCH_CHECK(proj.is_cuda() && w_hh.is_cuda() && proj.dim() == 3, who,
               ": proj (T, B, (R+X)*H) and w_hh must be CUDA tensors");
@@ -338,8 +477,8 @@ std::tuple<bool, std::string, int64_t, int64_t, int64_t, int64_t> persistent_pla
               ": proj width must be (R+X)*H");
   const KernelSpec ks = check_kernel_spec(spec, highway, R, proj.size(2) / H - R, who);
   const c10::cuda::CUDAGuard guard(proj.device());
-  const Plan p = make_plan(ks, H, proj.size(1), proj.scalar_type(), proj.get_device(), blocks,
-                           batch_tile);
+  const Plan p = make_plan(backward, ks, H, proj.size(1), proj.scalar_type(), proj.get_device(),
+                           blocks, batch_tile);
   return {p.ok, p.why, p.blocks, p.units, p.batch_tile, static_cast<int64_t>(p.smem)};
 }
 
@@ -361,8 +500,8 @@ std::vector<at::Tensor> persistent_forward(int64_t spec, bool highway, at::Tenso
   const int64_t* bs = batch_sizes.data_ptr<int64_t>();
   int64_t steps = 0;  // as the step kernel: up to the first step without an active row
   while (steps < T && bs[steps] > 0) ++steps;
-  const Plan p = make_plan(ks, H, steps > 0 ? bs[0] : 0, proj.scalar_type(), proj.get_device(),
-                           blocks, batch_tile);
+  const Plan p = make_plan(false, ks, H, steps > 0 ? bs[0] : 0, proj.scalar_type(),
+                           proj.get_device(), blocks, batch_tile);
   TORCH_CHECK(p.ok, who, " does not apply: ", p.why,
               " (rnn_ablations.set_cuda_recurrence('steps') runs the step kernel)");
   TORCH_CHECK(H <= INT32_MAX / (R + X) && B * H <= INT32_MAX, who, ": shape too large");
@@ -404,18 +543,106 @@ std::vector<at::Tensor> persistent_forward(int64_t spec, bool highway, at::Tenso
         args.steps = static_cast<int>(len);
         args.n_after = t0 + len < T ? static_cast<int>(bs[t0 + len]) : 0;
         for (int64_t s = 0; s < len; ++s) args.n[s] = static_cast<uint16_t>(bs[t0 + s]);
-        launch(args, p, stream);
+        launch<scalar_t, acc_t>(false, args, p, stream);
       }
     }
   });
   return {out, h_n, c_n, gates, cs, hin};
 }
 
+// As cuda_backward (ablated_rnn_cuda.cu): {d_proj, d_w_hh, d_h0, d_c0} from what the forward
+// (either kernel, with keep_hin) saved, the recurrence in one persistent launch per kChunkSteps
+// steps; the weight gradient is one GEMM after it, as there.
+std::vector<at::Tensor> persistent_backward(int64_t spec, bool highway, at::Tensor grad_out,
+                                            at::Tensor grad_hn, at::Tensor grad_cn,
+                                            at::Tensor gates, at::Tensor cs, at::Tensor hin,
+                                            at::Tensor out, at::Tensor proj, at::Tensor w_hh,
+                                            at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
+                                            at::Tensor rec_mask, int64_t blocks,
+                                            int64_t batch_tile) {
+  const char* who = "rnn_ablations persistent CUDA kernel (backward)";
+  TORCH_CHECK(proj.dim() == 3, who, ": proj must be (T, B, (R+X)*H)");
+  const KernelSpec ks = check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
+                                              out, w_hh, h0, c0, batch_sizes, rec_mask,
+                                              proj.size(2), at::kCUDA, who);
+  check_like(proj, {out.size(0), out.size(1), proj.size(2)}, out, "proj", who);
+  const c10::cuda::CUDAGuard guard(proj.device());
+  const int64_t H = w_hh.size(1), R = w_hh.size(0) / H;
+  const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2);
+  const at::ScalarType acc = at::toOpMathType(proj.scalar_type());
+  TORCH_CHECK(gates.scalar_type() == acc && gates.is_contiguous() && gates.is_cuda() &&
+                  gates.dim() == 3 && gates.size(0) == T && gates.size(1) == B &&
+                  gates.size(2) == R * H,
+              who, ": gates must be the contiguous ", acc, " (T, B, R*H) tensor the forward "
+              "returned with keep_hin=True");
+  TORCH_CHECK(cs.scalar_type() == acc && cs.is_cuda(), who, ": cs must be the forward's ", acc,
+              " tensor");
+  TORCH_CHECK(!highway || (hin.scalar_type() == acc && hin.numel() == T * B * H), who,
+              ": hin must be the ", acc, " tensor returned by the forward (keep_hin=True)");
+  const bool has_mask = rec_mask.defined() && rec_mask.numel() > 0;
+  const int64_t* bs = batch_sizes.data_ptr<int64_t>();
+  int64_t steps = 0;
+  while (steps < T && bs[steps] > 0) ++steps;
+  const Plan p = make_plan(true, ks, H, steps > 0 ? bs[0] : 0, proj.scalar_type(),
+                           proj.get_device(), blocks, batch_tile);
+  TORCH_CHECK(p.ok, who, " does not apply: ", p.why,
+              " (rnn_ablations.cuda_recurrence.PERSISTENT_BACKWARD = False runs the step "
+              "kernel's backward)");
+  TORCH_CHECK(R * H <= INT32_MAX && B * H <= INT32_MAX, who, ": shape too large");
+  grad_out = grad_out.to(proj.scalar_type()).contiguous();
+  at::Tensor dproj = at::zeros_like(proj);
+  at::Tensor dh = grad_hn.to(acc, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  at::Tensor dc = grad_cn.to(acc, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  at::Tensor c0a = c0.to(acc).contiguous();
+  if (!ks.memory) dh.add_(dc);  // c_n is a copy of h_n for a cell without memory
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, proj.scalar_type(),
+                                  "rnn_ablations_persistent_backward", [&] {
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      using acc_t = at::opmath_type<scalar_t>;
+      PersistentBackwardArgs<scalar_t, acc_t> args{};
+      args.ks = ks;
+      args.H = static_cast<int>(H);
+      args.B = static_cast<int>(B);
+      args.P = static_cast<int>(P);
+      args.U = p.units;
+      args.bt = p.batch_tile;
+      args.proj = proj.data_ptr<scalar_t>();
+      args.w_hh = w_hh.data_ptr<scalar_t>();
+      args.gates = gates.data_ptr<acc_t>();
+      args.cs = cs.data_ptr<acc_t>();
+      args.c0 = c0a.data_ptr<acc_t>();
+      args.hin = highway ? hin.data_ptr<acc_t>() : nullptr;
+      args.g_out = grad_out.data_ptr<scalar_t>();
+      args.mask = has_mask ? rec_mask.data_ptr<scalar_t>() : nullptr;
+      args.dproj = dproj.data_ptr<scalar_t>();
+      args.dh = dh.data_ptr<acc_t>();
+      args.dc = dc.data_ptr<acc_t>();
+      for (int64_t hi = steps - 1; hi >= 0; hi -= kChunkSteps) {
+        const int64_t len = std::min<int64_t>(kChunkSteps, hi + 1);
+        args.t_hi = static_cast<int>(hi);
+        args.steps = static_cast<int>(len);
+        for (int64_t s = 0; s < len; ++s) args.n[s] = static_cast<uint16_t>(bs[hi - s]);
+        launch<scalar_t, acc_t>(true, args, p, stream);
+      }
+    }
+  });
+  // dW_hh = sum_t dproj_t(recurrent blocks)^T h_{t-1}: one GEMM, as the step kernel's backward
+  at::Tensor dw = at::mm(dproj.view({T * B, P}).narrow(1, 0, R * H).t(),
+                         previous_hidden(out, h0, rec_mask, has_mask, 0, T));
+  if (!ks.memory) dc.zero_();
+  return {dproj, dw, dh.to(proj.scalar_type()), dc.to(proj.scalar_type())};
+}
+
 void register_persistent(pybind11::module_& m) {
   m.def("persistent_plan", &persistent_plan,
         "(applicable, reason, blocks, units, batch_tile, smem_bytes) of the persistent forward "
-        "kernel for (spec, highway, proj, w_hh, blocks, batch_tile); 0 = automatic");
+        "(backward=True: backward) kernel for (spec, highway, proj, w_hh, blocks, batch_tile, "
+        "backward); 0 = automatic");
   m.def("persistent_forward", &persistent_forward,
         "one layer, one direction: the forward in one persistent cooperative launch (W_hh on "
         "chip, a grid barrier per step); same results as forward, gates only with keep_hin");
+  m.def("persistent_backward", &persistent_backward,
+        "one layer, one direction: backward's recurrence in one persistent cooperative launch "
+        "(W_hh columns on chip); same arguments as backward plus blocks, batch_tile");
 }
