@@ -975,12 +975,13 @@ def test_persistent_applies_to_the_benchmark_shapes(dtype, variant, hidden):
     proj = torch.empty(2, 32, v.num_recurrent(False) * hidden + v.num_input_only(False) * hidden,
                        device="cuda", dtype=dtype)
     w_hh = torch.empty(v.num_recurrent(False) * hidden, hidden, device="cuda", dtype=dtype)
-    ok, why, blocks, units, tile, smem = dispatch._C_cuda.persistent_plan(
-        v.kernel_spec, False, proj, w_hh, 0, 0)
-    assert ok, why
-    assert blocks * units >= hidden > (blocks - 1) * units
-    assert blocks <= torch.cuda.get_device_properties(0).multi_processor_count
-    assert 1 <= tile <= 32 and smem > 0
+    for backward in (False, True):
+        ok, why, blocks, units, tile, smem = dispatch._C_cuda.persistent_plan(
+            v.kernel_spec, False, proj, w_hh, 0, 0, backward)
+        assert ok, why
+        assert blocks * units >= hidden > (blocks - 1) * units
+        assert blocks <= torch.cuda.get_device_properties(0).multi_processor_count
+        assert 1 <= tile <= 32 and smem > 0
 
 
 def test_speed_recurrence_choices():

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..cuda_graphs import clear_graphs, get_cuda_graphs, graph_stats, set_cuda_graphs
+from .. import cuda_recurrence
 from ..cuda_recurrence import get_cuda_recurrence, use_cuda_recurrence
 from ..dispatch import (cuda_kernel_available, get_backend, kernel_available, kernel_isa,
                         supported_kernel_isas, use_concurrent_directions)
@@ -111,8 +112,9 @@ SEQUENTIAL_SUFFIX = " [sequential directions]"
 #: variant on the step kernel (``steps``), on the persistent kernel (``persistent``), as the
 #: policy picks (``auto``), or ``both``: each variant timed on the step kernel and again as
 #: ``"<variant> [persistent]"``, in the same interleaved rounds.  Every row carries its
-#: ``recurrence``; a shape the persistent kernel does not apply to gets no persistent row (the
-#: reason is printed).
+#: ``recurrence`` (``"persistent"``: the persistent forward and the step kernel's backward;
+#: ``"persistent forward and backward"`` with ``RNN_ABLATIONS_PERSISTENT_BACKWARD=1``); a shape
+#: the persistent kernel does not apply to gets no persistent row (the reason is printed).
 RECURRENCES = ("auto", "steps", "persistent", "both")
 PERSISTENT_SUFFIX = " [persistent]"
 
@@ -254,7 +256,9 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                    "ratio_vs_nn_lstm": round(base / med, 3), "repeats": repeats,
                    "directions": ("-" if k == "nn.LSTM" or not bidirectional else
                                   "sequential" if policy[k] == "never" else "auto"),
-                   "recurrence": ("-" if k == "nn.LSTM" or device == "cpu" else rec[k])}
+                   "recurrence": ("-" if k == "nn.LSTM" or device == "cpu" else
+                                  "persistent forward and backward" if rec[k] == "persistent"
+                                  and cuda_recurrence.PERSISTENT_BACKWARD else rec[k])}
             if device != "cpu" and k != "nn.LSTM":  # kernel calls in the timed rounds
                 row["cuda_graph_calls"] = graph_calls[(k, mode)]
             if label is not None:

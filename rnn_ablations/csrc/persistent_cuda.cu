@@ -1,11 +1,12 @@
-// Persistent recurrent kernel (CUDA): the FORWARD pass of one layer in one direction of every
+// Persistent recurrent kernels (CUDA): the FORWARD pass of one layer in one direction of every
 // step-kernel variant in ONE cooperative launch that keeps W_hh on chip and loops over the time
-// steps (Diamos et al. 2016, "Persistent RNNs"; cuDNN's persistent algorithms).  Same function,
-// arguments and results as cuda_forward in ablated_rnn_cuda.cu (the step kernel: one cuBLAS GEMM
-// and one element-wise kernel per step, 2+ launches per step); the saved tensors (gates, cs, hin)
-// are laid out as that kernel saves them, so its hand-written backward (cuda_backward) consumes
-// them unchanged.  Status: compiled, NOT yet run on a GPU; off by default
-// (rnn_ablations/cuda_recurrence.py selects it only when asked: set_cuda_recurrence("persistent")).
+// steps (Diamos et al. 2016, "Persistent RNNs"; cuDNN's persistent algorithms), and the
+// recurrence of its BACKWARD pass the same way.  Same functions, arguments and results as
+// cuda_forward / cuda_backward in ablated_rnn_cuda.cu (the step kernel: one cuBLAS GEMM and one
+// element-wise kernel per step, 2+ launches per step); the saved tensors (gates, cs, hin) are laid
+// out as that kernel saves them, so either backward consumes either forward's.  Status: compiled,
+// NOT yet run on a GPU; off by default (rnn_ablations/cuda_recurrence.py selects the forward only
+// when asked: set_cuda_recurrence("persistent"), and the backward only with PERSISTENT_BACKWARD).
 //
 // Work split.  Block q owns the hidden units j in [q*U, q*U + U) and holds, in shared memory in
 // the storage dtype, the rows of ALL R recurrent gate blocks for those units (local row r*U + u
@@ -22,7 +23,8 @@
 //   3. one thread per (row, unit) adds the input projection and runs forward_element
 //      (step_forward_cuda.h, the step kernel's own per-element code) and writes h_t, c_t, the
 //      saved activations and, on a row's last step, its final states h_n / c_n.
-// Then the grid synchronises once, and the next step reads h_t.
+// Then the grid synchronises once, and the next step reads h_t.  The backward
+// (persistent_backward_kernel) mirrors it with the W_hh COLUMNS of the block's units: see there.
 //
 // Grid barrier: cooperative_groups' grid.sync() under cudaLaunchCooperativeKernel.  Chosen over
 // an own atomic-counter barrier because (a) a grid-wide barrier is only safe when every block of
