@@ -60,6 +60,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -393,6 +395,29 @@ const void* kernel_for(at::ScalarType dtype, bool backward) {
   }
 }
 
+// Blocks of `fn` with `smem` bytes of dynamic shared memory resident per SM on the current
+// device.  Cached, so that only a call's first use queries the driver (the later ones, e.g. the
+// calls that cuda_graphs.py records, make no CUDA API call besides the launch); the kernel's
+// shared-memory limit is raised to the device's opt-in maximum once per device.
+int resident_per_sm(const void* fn, int device, size_t smem, size_t limit) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, size_t>, int> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, fn, smem);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  const auto limit_key = std::make_tuple(device, fn, size_t{0});
+  if (cache.find(limit_key) == cache.end()) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(limit)));
+    cache[limit_key] = -1;  // marks the attribute as set (smem 0 is never a real query)
+  }
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem));
+  cache[key] = per_sm;
+  return per_sm;
+}
+
 // rows: the most rows active at a step (batch_sizes[0]); blocks / batch_tile: 0 = automatic
 // (one block per SM; as many rows per tile as the shared memory holds), else forced.
 Plan make_plan(bool backward, const KernelSpec& ks, int64_t H, int64_t rows,
@@ -438,10 +463,7 @@ Plan make_plan(bool backward, const KernelSpec& ks, int64_t H, int64_t rows,
   bt = std::max<int64_t>(1, std::min<int64_t>(bt, std::max<int64_t>(rows, 1)));
   if (batch_tile > 0) bt = std::min<int64_t>(bt, batch_tile);
   const size_t smem = smem_bytes(backward, ks.R, U, H, bt, elem, acc);
-  C10_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)));
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem));
+  const int per_sm = resident_per_sm(fn, device, smem, limit);
   if (per_sm < 1 || nb > per_sm * sms) {
     p.why = std::to_string(nb) + " blocks of " + std::to_string(kThreads) + " threads with " +
             std::to_string(smem / 1024) + " KiB of shared memory cannot all be resident (" +
