@@ -4,6 +4,11 @@ and against nn.LSTM / nn.RNN (cuDNN); gradcheck on the GPU.
 Half precision (bfloat16, float16, torch.autocast) and CUDA-graph replay of the kernel's step
 loop (rnn_ablations/cuda_graphs.py) are tested here too: the half kernel against the float64
 generic path, graphs on against graphs off, a caller's own capture of a training step.
+The persistent kernels (csrc/persistent_cuda.cu, selected by rnn_ablations/cuda_recurrence.py,
+off by default) are tested at the end (`-k persistent`): every step-kernel variant against the
+float64 generic path in float32/bfloat16/float16, forced grids and batch tiles, the saved tensors
+and the backward against the step kernel's, sequences longer than one launch, graph replay,
+autocast; they had not run on a GPU when written (issue 12).
 
 These tests skip on machines without a GPU (CI has none), except the switch tests at the top;
 they were run on a lent GPU machine with `bash benchmarks/gpu_check.sh` (see the README's speed
