@@ -7,9 +7,9 @@
   synchronising once per step.  Its saved tensors are the step kernel's, so the backward is the
   step kernel's hand-written one, or, with :data:`PERSISTENT_BACKWARD`
   (``RNN_ABLATIONS_PERSISTENT_BACKWARD=1``; off by default), its recurrence in one persistent
-  launch too (the W_hh columns of each block's units on chip).  It applies to float32, bfloat16 and float16 where the slices
-  fit on chip (``_C_cuda.persistent_plan`` says why not otherwise); forcing it where it does not
-  apply raises ``ValueError`` naming the reason.
+  launch too (the W_hh columns of each block's units on chip).  It applies to float32, bfloat16
+  and float16 where the slices fit on chip (``_C_cuda.persistent_plan`` says why not
+  otherwise); forcing it where it does not apply raises ``ValueError`` naming the reason.
 * ``"auto"`` (the default): today the step kernel everywhere.  The persistent kernel has not run
   on a GPU yet; ``auto`` will pick it only for the shapes where it is measured faster.
 
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Optional
-
 from . import backend, cuda_graphs
 
 __all__ = ["set_cuda_recurrence", "get_cuda_recurrence", "use_cuda_recurrence",

@@ -686,7 +686,8 @@ def test_graph_keys_separate_kernels(monkeypatch):
     with cuda_graphs.use_cuda_graphs(True):
         for _ in range(3):
             for tag, gk in kernels.items():
-                args = [torch.randn(2, 2, 4), torch.randn(4, 4), torch.randn(2, 4), torch.randn(2, 4)]
+                args = [torch.randn(2, 2, 4), torch.randn(4, 4), torch.randn(2, 4),
+                        torch.randn(2, 4)]
                 got = gk.forward(1, False, *args, bs, empty, True)
                 want = exts[tag].forward(1, False, *args, bs, empty, True)
                 for a, b in zip(got, want):
