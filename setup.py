@@ -50,9 +50,11 @@ if _cpu_kernel or _cuda_kernel:
     if _cuda_kernel:
         ext_modules.append(CUDAExtension(
             "rnn_ablations._C_cuda",
-            ["rnn_ablations/csrc/ablated_rnn_cuda.cu", "rnn_ablations/csrc/scan_cuda.cu"],
+            ["rnn_ablations/csrc/ablated_rnn_cuda.cu", "rnn_ablations/csrc/scan_cuda.cu",
+             "rnn_ablations/csrc/persistent_cuda.cu"],
             depends=["rnn_ablations/csrc/common.h", "rnn_ablations/csrc/kernel_spec.h",
-                     "rnn_ablations/csrc/elementwise.h"],
+                     "rnn_ablations/csrc/elementwise.h", "rnn_ablations/csrc/step_forward_cuda.h",
+                     "rnn_ablations/csrc/step_backward_cuda.h"],
             extra_compile_args={"cxx": ["-O3", "-g0"], "nvcc": ["-O3"]},
             extra_link_args=["-Wl,--strip-debug"],
             libraries=["cublas"],

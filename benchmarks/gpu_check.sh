@@ -11,7 +11,14 @@
 #           carried in with its stamp to save the build's minute (GPU_CHECK_STAMP_ONLY=1 bash
 #           benchmarks/gpu_check.sh writes the stamp of the current sources and exits);
 #   tests   tests/test_cuda.py with CUDA graphs on (the default), then the kernel tests again
-#           with RNN_ABLATIONS_CUDA_GRAPHS=0;
+#           with RNN_ABLATIONS_CUDA_GRAPHS=0 (both without the persistent kernels' tests, which
+#           the persistent step runs);
+#   persistent  the persistent kernels (csrc/persistent_cuda.cu, off by default): their tests
+#           (tests/test_cuda.py -k persistent, graphs off and on inside the tests), then
+#           speed_cuda_persistent.{json,md}: ran and lstm at B=32, T=64, H=256/650, float32 and
+#           bfloat16, each on the step kernel and as "<variant> [persistent]" (persistent
+#           forward, step backward), against cuDNN, graphs on; speed_cuda_persistent_bwd: the
+#           same with the persistent backward too (RNN_ABLATIONS_PERSISTENT_BACKWARD=1);
 #   speed   speed_cuda.{json,md}: B=32, T=64, H=256/650, one layer, every variant against cuDNN's
 #           nn.LSTM in float32, bfloat16, float16 and under autocast(bfloat16), graphs on;
 #           speed_cuda_nographs.{json,md}: the same in float32 and bfloat16 with graphs off;
@@ -25,7 +32,7 @@
 # Time: the steps share GPU_CHECK_BUDGET seconds (default 170): each runs under the smaller of
 # its own limit and what is left, and a step that would start with under 15 s left is skipped
 # (said so in the summary).  GPU_CHECK_STEPS picks the steps (default: all, in this order:
-# build tests speed nographs tests_nographs experiments core).
+# build tests persistent speed nographs tests_nographs experiments core).
 set -o pipefail
 out=${1:-benchmarks/results}
 mkdir -p "$out"
@@ -35,7 +42,7 @@ declare -a summary
 failed=0
 t_start=$(date +%s)
 budget=${GPU_CHECK_BUDGET:-170}
-steps=" ${GPU_CHECK_STEPS:-build tests speed nographs tests_nographs experiments core} "
+steps=" ${GPU_CHECK_STEPS:-build tests persistent speed nographs tests_nographs experiments core} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 note() { summary+=("$1"); echo "== $1"; }
 step() {  # step NAME LIMIT_S LOG CMD...: run CMD under a time limit, log it, record the result
@@ -106,7 +113,20 @@ fi
 xdist=()
 if "$py" -c "import xdist" 2>/dev/null && [ "$has_cuda" = 1 ]; then xdist=(-n 4); fi
 want tests && step "tests/test_cuda.py, CUDA graphs on" 90 gpu_tests.log \
-    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py
+    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py -k "not persistent"
+if [ "$has_cuda" = 1 ] && want persistent; then
+    step "persistent kernel tests" 150 gpu_persistent_tests.log \
+        "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py -k persistent
+    step "speed, persistent kernel beside the step kernel" 60 gpu_speed_persistent.log \
+        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on \
+        --cuda-recurrence both --name speed_cuda_persistent --dtype float32 bfloat16 \
+        --variants ran lstm --out "$out"
+    RNN_ABLATIONS_PERSISTENT_BACKWARD=1 \
+        step "speed, persistent forward and backward" 60 gpu_speed_persistent_bwd.log \
+        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on \
+        --cuda-recurrence both --name speed_cuda_persistent_bwd --dtype float32 bfloat16 \
+        --variants ran lstm --out "$out"
+fi
 if [ "$has_cuda" = 1 ]; then
     want speed && step "speed, standard shapes, graphs on" 60 gpu_speed.log \
         "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on --name speed_cuda \
@@ -117,7 +137,7 @@ if [ "$has_cuda" = 1 ]; then
     want tests_nographs && RNN_ABLATIONS_CUDA_GRAPHS=0 \
         step "tests/test_cuda.py kernel tests, CUDA graphs off" 60 gpu_tests_nographs.log \
         "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" tests/test_cuda.py \
-        -k "kernel or half or autocast or gradcheck or caller"
+        -k "(kernel or half or autocast or gradcheck or caller) and not persistent"
     want experiments && step "speed, experiments' shapes" 90 gpu_speed_experiments.log \
         "$py" benchmarks/speed.py --device cuda --repeats 5 --cuda-graphs on --shapes experiments \
         --name speed_cuda_experiments --dtype float32 bfloat16 --variants ran lstm_minus_srnn lstm \
@@ -139,7 +159,7 @@ fi
 echo
 echo "================ gpu_check summary ($(( $(date +%s) - t_start )) s) ================"
 printf '%s\n' "${summary[@]}" | tee "$out/gpu_check_summary.txt"
-for f in gpu_tests.log gpu_tests_nographs.log; do
+for f in gpu_tests.log gpu_persistent_tests.log gpu_tests_nographs.log; do
     [ -f "$out/$f" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/$f" | tail -15 \
         | sed "s|^|$f: |" | tee -a "$out/gpu_check_summary.txt"
 done

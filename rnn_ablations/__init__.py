@@ -11,6 +11,7 @@ from .dispatch import (cuda_kernel_available, kernel_available, kernel_isa, set_
                        set_kernel_isa, set_pipeline, supported_kernel_isas, use_backend,
                        use_kernel_isa, use_pipeline)
 from .cuda_graphs import set_cuda_graphs, use_cuda_graphs
+from .cuda_recurrence import get_cuda_recurrence, set_cuda_recurrence, use_cuda_recurrence
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,7 @@ __all__ = [
     "weighted_sum", "WeightedSum", "kernel_available", "cuda_kernel_available", "set_backend",
     "use_backend",
     "set_pipeline", "use_pipeline", "set_cuda_graphs", "use_cuda_graphs",
+    "set_cuda_recurrence", "get_cuda_recurrence", "use_cuda_recurrence",
     "kernel_isa", "supported_kernel_isas", "set_kernel_isa",
     "use_kernel_isa",
 ]

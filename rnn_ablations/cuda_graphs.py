@@ -164,13 +164,14 @@ class GraphedKernel:
     """Drop-in for the module ``rnn_ablations._C_cuda`` (``forward`` / ``backward``) that replays
     CUDA graphs of repeated shapes (see the module docstring)."""
 
-    def __init__(self, ext):
+    def __init__(self, ext, tag: str = "steps"):
         self.ext = ext
+        self.tag = tag  # in every key: kernels behind one entry-point name record apart
 
     # forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin)
     def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
         tensors = (proj, w_hh, h0, c0, rec_mask)
-        head = ("forward", int(spec), bool(highway), bool(keep_hin))
+        head = (self.tag, "forward", int(spec), bool(highway), bool(keep_hin))
 
         def call(p, w, h, c, m):
             return self.ext.forward(spec, highway, p, w, h, c, batch_sizes, m, keep_hin)
@@ -184,7 +185,7 @@ class GraphedKernel:
     def backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
                  batch_sizes, rec_mask):
         tensors = (g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0, rec_mask)
-        head = ("backward", int(spec), bool(highway))
+        head = (self.tag, "backward", int(spec), bool(highway))
 
         def call(go, gh, gc, ga, cs_, hi, o, p, w, h, c, m):
             return self.ext.backward(spec, highway, go, gh, gc, ga, cs_, hi, o, p, w, h, c,

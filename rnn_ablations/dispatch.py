@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from . import backend
+from . import backend, cuda_recurrence
 from .backend import (_temporarily, _KERNEL_ERROR, _KERNEL_SOURCE, _CUDA_KERNEL_ERROR, _C, _C_cuda,  # noqa: F401
                       _cuda_autocast_dtype, _kernel_applies, _plain_kernel, cuda_kernel_available,
                       get_backend, kernel_available, kernel_isa, set_backend,
@@ -141,7 +141,7 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
         # (differentiably: their gradients flow back to the float32 parameters).
         w_hh, h0, c0 = w_hh.to(proj.dtype), h0.to(proj.dtype), c0.to(proj.dtype)
         rec_mask = rec_mask.to(proj.dtype) if rec_mask is not None else None
-    ext = _plain_kernel(proj)
+    ext = cuda_recurrence.select(_plain_kernel(proj), variant, highway, proj, w_hh)
     if ext is not None:
         proj, w_hh, h0, c0 = proj.contiguous(), w_hh.contiguous(), h0.contiguous(), c0.contiguous()
         rec_mask = rec_mask.contiguous() if rec_mask is not None else None

@@ -30,14 +30,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
+from ..cuda_graphs import clear_graphs, get_cuda_graphs, graph_stats, set_cuda_graphs
+from .. import cuda_recurrence
+from ..cuda_recurrence import get_cuda_recurrence, use_cuda_recurrence
 from ..dispatch import (cuda_kernel_available, get_backend, kernel_available, kernel_isa,
                         supported_kernel_isas, use_concurrent_directions, use_kernel_isa)
 from ..rnn import AblatedRNN
 from ..variants import VARIANTS, get_variant
 
 __all__ = ["measure", "format_table", "add_subparser", "cpu_info", "EXPERIMENT_SHAPES", "DTYPES",
-           "DIRECTIONS"]
+           "DIRECTIONS", "RECURRENCES"]
 
 
 def cpu_info() -> Dict:
@@ -109,6 +111,16 @@ DTYPES = ("float32", "float64", "bfloat16", "float16", "autocast-bfloat16", "aut
 DIRECTIONS = ("auto", "sequential", "both")
 SEQUENTIAL_SUFFIX = " [sequential directions]"
 
+#: --cuda-recurrence choices (``rnn_ablations.cuda_recurrence``): the CUDA forward of every
+#: variant on the step kernel (``steps``), on the persistent kernel (``persistent``), as the
+#: policy picks (``auto``), or ``both``: each variant timed on the step kernel and again as
+#: ``"<variant> [persistent]"``, in the same interleaved rounds.  Every row carries its
+#: ``recurrence`` (``"persistent"``: the persistent forward and the step kernel's backward;
+#: ``"persistent forward and backward"`` with ``RNN_ABLATIONS_PERSISTENT_BACKWARD=1``); a shape
+#: the persistent kernel does not apply to gets no persistent row (the reason is printed).
+RECURRENCES = ("auto", "steps", "persistent", "both")
+PERSISTENT_SUFFIX = " [persistent]"
+
 
 def _dtype_setup(name: str, device: str):
     """(storage dtype, context manager factory) for a --dtype choice."""
@@ -124,7 +136,7 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
             repeats: int = 7, variants: Sequence[str] = VARIANTS, warmup: int = 2,
             device: str = "cpu", clock: str = "wall", dtype: str = "float32",
             shapes: Optional[Sequence[Tuple]] = None, directions: str = "auto",
-            isas: Optional[Sequence[str]] = None) -> List[Dict]:
+            recurrence: str = "auto", isas: Optional[Sequence[str]] = None) -> List[Dict]:
     """Rows ``{hidden, model, mode, median_ms, ratio_vs_nn_lstm, dtype, ...}`` for mode in
     {train, inference}.
 
@@ -133,9 +145,10 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
     ``shapes`` (e.g. :data:`EXPERIMENT_SHAPES`), each ``(name, layers, input size, hidden,
     bidirectional, batch, seq_len)`` against an nn.LSTM of the same configuration.  ``dtype``:
     one of :data:`DTYPES` (nn.LSTM runs in the same dtype).  ``directions``: one of
-    :data:`DIRECTIONS`.  ``isas``: CPU kernel vector paths (:func:`rnn_ablations.kernel_isa`);
-    with several, every variant is timed once per path in the same rounds, as
-    ``"<variant> [<isa>]"`` (each row records its ``kernel_isa``).
+    :data:`DIRECTIONS`; ``recurrence``: one of :data:`RECURRENCES` (CUDA).  ``isas``: CPU
+    kernel vector paths (:func:`rnn_ablations.kernel_isa`); with several, every variant is timed
+    once per path in the same rounds, as ``"<variant> [<isa>]"`` (each row records its
+    ``kernel_isa``).
     ``clock="cpu"`` times with the process's CPU time instead of the wall clock: with one thread
     (``torch.set_num_threads(1)``) that is the work done, whatever else loads the machine.
     """
@@ -143,6 +156,8 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
     if directions not in DIRECTIONS:
         raise ValueError(f"directions must be one of {', '.join(DIRECTIONS)}, got {directions!r}")
+    if recurrence not in RECURRENCES:
+        raise ValueError(f"recurrence must be one of {', '.join(RECURRENCES)}, got {recurrence!r}")
     if clock == "cpu" and torch.get_num_threads() != 1:
         raise ValueError("clock='cpu' measures work only with one thread: use --threads 1")
     for name, v in (("batch", batch), ("seq_len", seq_len), ("repeats", repeats)):
@@ -170,12 +185,12 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
     rows = []
     for shape in shapes:
         rows += _measure_shape(shape, repeats, variants, warmup, device, clock, dtype, directions,
-                               isas)
+                               recurrence, isas)
     return rows
 
 
 def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
-                   directions="auto", isas=None) -> List[Dict]:
+                   directions="auto", recurrence="auto", isas=None) -> List[Dict]:
     label, layers, d_in, hidden, bidirectional, batch, seq_len = shape
     storage, context = _dtype_setup(dtype_name, device)
     timer = time.perf_counter if clock == "wall" else time.process_time
@@ -204,7 +219,31 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                 timed[key], policy[key], isa_of[key] = m, policy[k], isa
         models = timed
     x = torch.randn(batch, seq_len, d_in, device=device, dtype=storage, requires_grad=True)
+    # which CUDA recurrence each model's forward runs (nn.LSTM: cuDNN; the CPU: none)
+    base_rec = "steps" if recurrence == "both" else recurrence
+    rec = {k: base_rec for k in models}
+    if recurrence == "both" and device != "cpu":
+        for v in variants:
+            models[v + PERSISTENT_SUFFIX] = models[v]
+            policy[v + PERSISTENT_SUFFIX] = policy[v]
+            rec[v + PERSISTENT_SUFFIX] = "persistent"
+    for k in list(models):  # a shape the persistent kernel does not apply to: no row
+        if k != "nn.LSTM" and rec[k] == "persistent" and device != "cpu":
+            try:
+                with torch.no_grad(), context(), use_cuda_recurrence("persistent"):
+                    models[k](x)
+            except ValueError as exc:
+                print(f"# {k}, hidden {hidden}, {dtype_name}: no persistent row ({exc})")
+                del models[k]
     times = {(k, mode): [] for k in models for mode in ("train", "inference")}
+    # CUDA: each shape starts with no recorded graphs.  The graph cache is bounded (32 graphs,
+    # and after 32 evictions a shape is recorded only on its 8th call), so graphs left by the
+    # shapes and dtypes timed before would make the later ones run their steps eagerly for
+    # most of their rounds; the rows count the kernel calls replayed vs. run eagerly.
+    if device != "cpu":
+        clear_graphs()
+    graph_calls = {(k, mode): {"replays": 0, "eager": 0} for k in models
+                   for mode in ("train", "inference")}
 
     def train_step(m):
         with context():
@@ -220,8 +259,9 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
             for mode, fn in (("train", train_step), ("inference", infer_step)):
                 if device != "cpu":
                     torch.cuda.synchronize()
-                isa = use_kernel_isa(isa_of[k]) if isa_of[k] else contextlib.nullcontext()
-                with use_concurrent_directions(policy[k]), isa:
+                before = graph_stats() if device != "cpu" else None
+                isa = use_kernel_isa(isa_of[k]) if isa_of.get(k) else contextlib.nullcontext()
+                with use_concurrent_directions(policy[k]), use_cuda_recurrence(rec[k]), isa:
                     t0 = timer()
                     fn(m)
                     if device != "cpu":
@@ -229,6 +269,10 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                     elapsed = timer() - t0
                 if r >= warmup:
                     times[(k, mode)].append(elapsed)
+                    if before is not None:
+                        after = graph_stats()
+                        for key in ("replays", "eager"):
+                            graph_calls[(k, mode)][key] += after[key] - before[key]
             m.zero_grad(set_to_none=True)
             x.grad = None
     rows = []
@@ -243,7 +287,13 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                    "ratio_vs_nn_lstm": round(base / med, 3), "repeats": repeats,
                    "directions": ("-" if k == "nn.LSTM" or not bidirectional else
                                   "sequential" if policy[k] == "never" else "auto"),
-                   "kernel_isa": ("-" if k == "nn.LSTM" else isa_of[k] or kernel_isa())}
+                   "recurrence": ("-" if k == "nn.LSTM" or device == "cpu" else
+                                  "persistent forward and backward" if rec[k] == "persistent"
+                                  and cuda_recurrence.PERSISTENT_BACKWARD else rec[k]),
+                   "kernel_isa": ("-" if k == "nn.LSTM" or device != "cpu" else
+                                  isa_of.get(k) or kernel_isa())}
+            if device != "cpu" and k != "nn.LSTM":  # kernel calls in the timed rounds
+                row["cuda_graph_calls"] = graph_calls[(k, mode)]
             if label is not None:
                 row.update(shape=label, layers=layers, input_size=d_in,
                            bidirectional=bidirectional)
@@ -298,6 +348,8 @@ def run(args) -> int:
                              "(on the CPU it runs the generic path)")
     if args.cuda_graphs is not None:
         set_cuda_graphs(args.cuda_graphs == "on")
+    if args.cuda_recurrence is not None and args.device == "cpu":
+        raise ValueError("--cuda-recurrence picks the CUDA recurrence; use it with --device cuda")
     shapes = EXPERIMENT_SHAPES if args.shapes == "experiments" else None
     if args.shape_names:
         if shapes is None:
@@ -323,6 +375,7 @@ def run(args) -> int:
     rows: List[Dict] = []
     meta = {"machine": machine, "cpu": cpu, "device": args.device, "kernel": kernel_available(),
             "backend": get_backend(), "dtypes": list(args.dtype), "directions": args.directions,
+            "cuda_recurrence": args.cuda_recurrence or get_cuda_recurrence(),
             "clock": args.clock, "threads": torch.get_num_threads(),
             "shapes": shape_text, "repeats": args.repeats, "rows": rows}
     if cuda_info is not None:
@@ -333,7 +386,8 @@ def run(args) -> int:
     for d in args.dtype:  # the files are rewritten after each dtype (a cut-off run keeps its rows)
         rows += measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
                         device=args.device, clock=args.clock, dtype=d, shapes=shapes,
-                        directions=args.directions, warmup=args.warmup, isas=args.isas)
+                        directions=args.directions, warmup=args.warmup,
+                        recurrence=args.cuda_recurrence or get_cuda_recurrence(), isas=args.isas)
         if args.out:
             _write(args, meta, rows, d == args.dtype[-1])
     print(format_table(rows))
@@ -403,6 +457,11 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--cuda-graphs", choices=["on", "off"], default=None,
                    help="CUDA-graph replay of the CUDA kernel's step loop (default: "
                         "RNN_ABLATIONS_CUDA_GRAPHS, on)")
+    p.add_argument("--cuda-recurrence", choices=RECURRENCES, default=None,
+                   help="CUDA: the variants' forward on the step kernel (steps), the persistent "
+                        "kernel (persistent), the policy's choice (auto; default: "
+                        "RNN_ABLATIONS_CUDA_RECURRENCE, auto), or both (each variant also "
+                        "timed as '<variant> [persistent]')")
     p.add_argument("--name", default=None,
                    help="file stem of the results (default speed_<clock>_<threads>t on the CPU, "
                         "speed_cpu_experiments with --shapes experiments, speed_cuda on CUDA)")

@@ -42,8 +42,8 @@ namespace {
 using namespace rnn_ablations;  // KernelSpec, input checks, final_states, previous_hidden
 
 #include "elementwise.h"  // the per-element maths shared with the CPU kernel (vec_impl.h)
-
-template <typename T> __device__ __forceinline__ T sigm(T x) { return T(1) / (T(1) + exp(-x)); }
+#include "step_forward_cuda.h"   // sigm, forward_element (shared with persistent_cuda.cu)
+#include "step_backward_cuda.h"  // backward_element (shared with persistent_cuda.cu)
 
 // Forward of element (b, j) of one step; gates (acc_t) hold the pre-activations of the R
 // recurrent blocks on entry and their activations on exit (the backward reads them).  The
@@ -57,47 +57,11 @@ __global__ void forward_kernel(KernelSpec ks, int64_t n, int64_t H, int64_t xo_s
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * H) return;
   const int64_t b = idx / H, j = idx % H;
-  const int64_t R = ks.R, X = ks.X;
-  A* g = gates + b * R * H;
-  const T* xob = xo ? xo + b * xo_stride : nullptr;
-  A content;
-  if (ks.content_recurrent) {
-    const int64_t k = ks.content_block * H + j;
-    content = ks.content_tanh ? tanh(g[k]) : g[k];
-    g[k] = content;
-  } else {
-    content = static_cast<A>(xob[ks.content_block * H + j]);
-  }
-  A h, c;
-  if (!ks.memory) {  // h_t = c~_t
-    h = content;
-    c = h;
-  } else {
-    const A i = sigm(g[j]);
-    const A f = sigm(g[H + j]);
-    g[j] = i;
-    g[H + j] = f;
-    c = cell_update<A>(i, content, f, c_prev[b * H + j]);
-    if (ks.output == kOutCell) {
-      h = c;
-    } else {
-      h = tanh(c);
-      if (ks.output == kOutGatedTanh) {
-        const int64_t k = ks.out_gate_block * H + j;
-        const A o = sigm(g[k]);
-        g[k] = o;
-        h *= o;
-      }
-    }
-  }
-  if (ks.highway) {
-    const A r = sigm(g[(R - 1) * H + j]);
-    g[(R - 1) * H + j] = r;
-    const A hw = static_cast<A>(xob[(X - 1) * H + j]);
-    if (h_pre_out) h_pre_out[b * H + j] = h;
-    h = highway_mix<A>(r, h, hw);
-    if (!ks.memory) c = h;
-  }
+  A c, h_pre;
+  const A h = forward_element<T, A>(ks, gates + b * ks.R * H + j, H,
+                                    xo ? xo + b * xo_stride + j : nullptr, H,
+                                    ks.memory ? c_prev[b * H + j] : A(0), c, h_pre);
+  if (ks.highway && h_pre_out) h_pre_out[b * H + j] = h_pre;
   c_out[b * H + j] = c;
   h_out[b * H + j] = static_cast<T>(h);
 }
@@ -115,53 +79,12 @@ __global__ void backward_kernel(KernelSpec ks, int64_t n, int64_t H, int64_t P,
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * H) return;
   const int64_t b = idx / H, j = idx % H;
-  const int64_t R = ks.R, X = ks.X;
-  const A* g = gates + b * R * H;
-  const T* xob = xo ? xo + b * P : nullptr;
-  T* dab = da + b * P;
-  T* dxob = dab + R * H;
-  A gh = dh[b * H + j] + static_cast<A>(g_out[b * H + j]);
-  if (ks.highway) {
-    const A r = g[(R - 1) * H + j];
-    const A hw = static_cast<A>(xob[(X - 1) * H + j]);
-    A d_r, d_hw;
-    gh = highway_backward<A>(gh, r, h_pre[b * H + j], hw, d_r, d_hw);
-    dab[(R - 1) * H + j] = static_cast<T>(d_r);
-    dxob[(X - 1) * H + j] = static_cast<T>(d_hw);
-  }
-  const int64_t k = ks.content_block * H + j;
-  if (!ks.memory) {  // h_t = c~_t, a recurrent block (activated)
-    const A hv = g[k];
-    dab[k] = static_cast<T>(ks.content_tanh ? content_output_grad<true, A>(gh, hv)
-                                            : content_output_grad<false, A>(gh, hv));
-    return;
-  }
-  const A i = g[j], f = g[H + j];
-  A gc = dc[b * H + j];
-  if (ks.output == kOutCell) {
-    gc = cell_grad<kOutCell, A>(gc, gh, A(0), A(0));
-  } else {
-    const A tc = tanh(c_cur[b * H + j]);
-    if (ks.output == kOutTanh) {
-      gc = cell_grad<kOutTanh, A>(gc, gh, A(0), tc);
-    } else {
-      const int64_t ko = ks.out_gate_block * H + j;
-      const A o = g[ko];
-      gc = cell_grad<kOutGatedTanh, A>(gc, gh, o, tc);
-      dab[ko] = static_cast<T>(out_gate_grad<A>(gh, tc, o));
-    }
-  }
-  const A content = ks.content_recurrent ? g[k] : static_cast<A>(xob[k]);
-  A d_i, d_f, d_c;
-  const A dc_prev =
-      ks.content_recurrent && ks.content_tanh
-          ? memory_backward<true, A>(gc, i, f, content, c_prev[b * H + j], d_i, d_f, d_c)
-          : memory_backward<false, A>(gc, i, f, content, c_prev[b * H + j], d_i, d_f, d_c);
-  dab[j] = static_cast<T>(d_i);
-  dab[H + j] = static_cast<T>(d_f);
-  if (ks.content_recurrent) dab[k] = static_cast<T>(d_c);
-  else dxob[k] = static_cast<T>(d_c);
-  dc[b * H + j] = dc_prev;
+  const A gh = dh[b * H + j] + static_cast<A>(g_out[b * H + j]);
+  const A dc_prev = backward_element<T, A>(
+      ks, H, j, gates + b * ks.R * H, xo ? xo + b * P : nullptr,
+      c_cur ? c_cur + b * H + j : nullptr, c_prev ? c_prev + b * H + j : nullptr,
+      ks.highway ? h_pre[b * H + j] : A(0), gh, dc[b * H + j], da + b * P);
+  if (ks.memory) dc[b * H + j] = dc_prev;
 }
 
 // dst[i] = src[i] * m[i] for i < count (the recurrent-dropout mask on h_{t-1} or on dh_{t-1}).
@@ -364,10 +287,12 @@ std::vector<at::Tensor> cuda_backward(int64_t spec, bool highway, at::Tensor gra
 }
 
 void register_scan(pybind11::module_& m);  // scan_cuda.cu: the element-wise scan (no step GEMM)
+void register_persistent(pybind11::module_& m);  // persistent_cuda.cu: one-launch forward
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rnn_ablations CUDA recurrence (forward and hand-written backward)";
   register_scan(m);
+  register_persistent(m);
   m.def("forward", &cuda_forward, "one layer, one direction: forward from the input projections");
   m.def("backward", &cuda_backward, "one layer, one direction: backward to the input projections");
 }
