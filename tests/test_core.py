@@ -85,6 +85,27 @@ def test_kernel_isa_follows_the_cpu():
     assert ra.kernel_isa() == (os.environ.get("RNN_ABLATIONS_ISA") or ISAS[0])
 
 
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+def test_one_build_holds_every_x86_path():
+    """The module compiled here holds the AVX-512 code (zmm registers) beside the AVX2 and
+    portable code, whatever this CPU has, and this process (which ran the kernel on the path
+    the CPU picked, e.g. AVX2 on an AVX2-only CPU) did not execute it: one build, and one wheel,
+    for every x86-64 CPU."""
+    import shutil
+    import subprocess
+    from rnn_ablations import _C
+    if platform.machine() not in ("x86_64", "AMD64") or shutil.which("objdump") is None:
+        pytest.skip("x86-64 with objdump only")
+    if "avx2" not in ISAS and not _cpu_has_avx2_fma():
+        pytest.skip("GCC target paths are checked where the CPU runs at least one")
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", _C.__file__],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "zmm" in text, "no AVX-512 code in the module: was vec_avx512.cpp compiled?"
+    assert "ymm" in text
+    m = AblatedRNN("lstm", 8, 40)
+    m(torch.randn(3, 2, 8))[0].sum().backward()  # ran on the path the CPU picked, without SIGILL
+
+
 @pytest.mark.skipif(not PACKED_ISAS, reason="no path with the packed step GEMM on this CPU")
 @pytest.mark.parametrize("isa", PACKED_ISAS)
 @pytest.mark.parametrize("transposed", [True, False])
