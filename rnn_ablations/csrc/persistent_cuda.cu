@@ -126,6 +126,59 @@ inline size_t smem_bytes(bool backward, int64_t R, int64_t U, int64_t H, int64_t
                   : w + static_cast<size_t>(bt * H) * acc + static_cast<size_t>(bt * R * U) * acc;
 }
 
+// out[b * rows + r] = sum_{k < K} w[r * K + k] * v[b * K + k] for r < rows, b < bn (w in shared
+// memory in the storage type, v in the accumulation type): the block's warps take the
+// (kTileRows x kTileBatch) output tiles in turn; in a tile the lanes stride over k, and the
+// warp's sums are reduced with shuffles, lane x * kTileBatch + y keeping entry (x, y).  The
+// forward's h_{t-1} W_hh^T and the backward's dh_{t-1} = dproj W_hh both run it.
+template <typename T, typename A>
+__device__ __forceinline__ void block_tile_products(const T* __restrict__ w, int rows, int K,
+                                                    const A* __restrict__ v, int bn,
+                                                    A* __restrict__ out, int warp, int lane) {
+  const int row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int tiles = row_tiles * ((bn + kTileBatch - 1) / kTileBatch);
+  for (int tile = warp; tile < tiles; tile += kWarps) {
+    const int r0 = (tile % row_tiles) * kTileRows;
+    const int b0 = (tile / row_tiles) * kTileBatch;
+    const T* wr[kTileRows];
+    const A* vr[kTileBatch];
+#pragma unroll
+    for (int x = 0; x < kTileRows; ++x) wr[x] = w + static_cast<int64_t>(min(r0 + x, rows - 1)) * K;
+#pragma unroll
+    for (int y = 0; y < kTileBatch; ++y) vr[y] = v + static_cast<int64_t>(min(b0 + y, bn - 1)) * K;
+    A acc[kTileRows][kTileBatch];
+#pragma unroll
+    for (int x = 0; x < kTileRows; ++x)
+#pragma unroll
+      for (int y = 0; y < kTileBatch; ++y) acc[x][y] = A(0);
+    for (int k = lane; k < K; k += 32) {
+      A wk[kTileRows], vk[kTileBatch];
+#pragma unroll
+      for (int x = 0; x < kTileRows; ++x) wk[x] = static_cast<A>(wr[x][k]);
+#pragma unroll
+      for (int y = 0; y < kTileBatch; ++y) vk[y] = vr[y][k];
+#pragma unroll
+      for (int x = 0; x < kTileRows; ++x)
+#pragma unroll
+        for (int y = 0; y < kTileBatch; ++y) acc[x][y] = fma(wk[x], vk[y], acc[x][y]);
+    }
+    A mine = A(0);
+#pragma unroll
+    for (int x = 0; x < kTileRows; ++x)
+#pragma unroll
+      for (int y = 0; y < kTileBatch; ++y) {
+        A sum = acc[x][y];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (lane == x * kTileBatch + y) mine = sum;
+      }
+    if (lane < kTileRows * kTileBatch) {
+      const int x = lane / kTileBatch, y = lane % kTileBatch;
+      if (r0 + x < rows && b0 + y < bn) out[(b0 + y) * rows + r0 + x] = mine;
+    }
+  }
+}
+
 template <typename T, typename A>
 __global__ void __launch_bounds__(kThreads)
     persistent_forward_kernel(const __grid_constant__ PersistentArgs<T, A> a) {
@@ -166,48 +219,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
       // 2. pre[bl * RU + lr] = sum_k W(lr, k) h_{t-1}(cb + bl, k)
-      const int row_tiles = (RU + kTileRows - 1) / kTileRows;
-      const int tiles = row_tiles * ((bn + kTileBatch - 1) / kTileBatch);
-      for (int tile = warp; tile < tiles; tile += kWarps) {
-        const int r0 = (tile % row_tiles) * kTileRows;
-        const int b0 = (tile / row_tiles) * kTileBatch;
-        const T* wr[kTileRows];
-        const A* hr[kTileBatch];
-#pragma unroll
-        for (int x = 0; x < kTileRows; ++x) wr[x] = ws + static_cast<int64_t>(min(r0 + x, RU - 1)) * H;
-#pragma unroll
-        for (int y = 0; y < kTileBatch; ++y) hr[y] = hs + static_cast<int64_t>(min(b0 + y, bn - 1)) * H;
-        A acc[kTileRows][kTileBatch];
-#pragma unroll
-        for (int x = 0; x < kTileRows; ++x)
-#pragma unroll
-          for (int y = 0; y < kTileBatch; ++y) acc[x][y] = A(0);
-        for (int k = lane; k < H; k += 32) {
-          A w[kTileRows], h[kTileBatch];
-#pragma unroll
-          for (int x = 0; x < kTileRows; ++x) w[x] = static_cast<A>(wr[x][k]);
-#pragma unroll
-          for (int y = 0; y < kTileBatch; ++y) h[y] = hr[y][k];
-#pragma unroll
-          for (int x = 0; x < kTileRows; ++x)
-#pragma unroll
-            for (int y = 0; y < kTileBatch; ++y) acc[x][y] = fma(w[x], h[y], acc[x][y]);
-        }
-        A mine = A(0);  // lane x * kTileBatch + y keeps the warp's sum of acc[x][y]
-#pragma unroll
-        for (int x = 0; x < kTileRows; ++x)
-#pragma unroll
-          for (int y = 0; y < kTileBatch; ++y) {
-            A v = acc[x][y];
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == x * kTileBatch + y) mine = v;
-          }
-        if (lane < kTileRows * kTileBatch) {
-          const int x = lane / kTileBatch, y = lane % kTileBatch;
-          if (r0 + x < RU && b0 + y < bn) pre[(b0 + y) * RU + r0 + x] = mine;
-        }
-      }
+      block_tile_products<T, A>(ws, RU, H, hs, bn, pre, warp, lane);
       __syncthreads();
       // 3. the element-wise step of (row cb + bl, unit j0 + u)
       for (int i = threadIdx.x; i < bn * U; i += kThreads) {
@@ -316,48 +328,7 @@ __global__ void __launch_bounds__(kThreads)
         ds[i] = static_cast<A>(load_cg(a.dproj + (t * B + cb + bl) * P + q));
       }
       __syncthreads();
-      const int col_tiles = (U + kTileRows - 1) / kTileRows;
-      const int tiles = col_tiles * ((bn + kTileBatch - 1) / kTileBatch);
-      for (int tile = warp; tile < tiles; tile += kWarps) {
-        const int u0 = (tile % col_tiles) * kTileRows;
-        const int b0 = (tile / col_tiles) * kTileBatch;
-        const T* wr[kTileRows];
-        const A* dr[kTileBatch];
-#pragma unroll
-        for (int x = 0; x < kTileRows; ++x) wr[x] = wc + static_cast<int64_t>(min(u0 + x, U - 1)) * RH;
-#pragma unroll
-        for (int y = 0; y < kTileBatch; ++y) dr[y] = ds + static_cast<int64_t>(min(b0 + y, bn - 1)) * RH;
-        A acc[kTileRows][kTileBatch];
-#pragma unroll
-        for (int x = 0; x < kTileRows; ++x)
-#pragma unroll
-          for (int y = 0; y < kTileBatch; ++y) acc[x][y] = A(0);
-        for (int q = lane; q < RH; q += 32) {
-          A w[kTileRows], d[kTileBatch];
-#pragma unroll
-          for (int x = 0; x < kTileRows; ++x) w[x] = static_cast<A>(wr[x][q]);
-#pragma unroll
-          for (int y = 0; y < kTileBatch; ++y) d[y] = dr[y][q];
-#pragma unroll
-          for (int x = 0; x < kTileRows; ++x)
-#pragma unroll
-            for (int y = 0; y < kTileBatch; ++y) acc[x][y] = fma(w[x], d[y], acc[x][y]);
-        }
-        A mine = A(0);
-#pragma unroll
-        for (int x = 0; x < kTileRows; ++x)
-#pragma unroll
-          for (int y = 0; y < kTileBatch; ++y) {
-            A v = acc[x][y];
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == x * kTileBatch + y) mine = v;
-          }
-        if (lane < kTileRows * kTileBatch) {
-          const int x = lane / kTileBatch, y = lane % kTileBatch;
-          if (u0 + x < U && b0 + y < bn) sums[(b0 + y) * U + u0 + x] = mine;
-        }
-      }
+      block_tile_products<T, A>(wc, U, RH, ds, bn, sums, warp, lane);
       __syncthreads();
       for (int i = threadIdx.x; i < bn * U; i += kThreads) {
         const int bl = i / U, u = i % U, j = j0 + u;
