@@ -342,6 +342,19 @@ def _layer_run(v, highway, t, batch_sizes, use_mask):
     return [out, h_n, c_n] + [leaves[k].grad for k in ("x", "w_ih", "bias", "w_hh", "h0", "c0")]
 
 
+def _check_against_float64_generic(v, highway, t, batch_sizes, use_mask, got, dtype, tol):
+    """``got`` (a :func:`_layer_run` result in ``dtype``) against the generic path on the same
+    tensors in float64: every output and gradient in ``dtype``, relative error below ``tol``."""
+    t64 = {k: a.double() for k, a in t.items()}
+    with use_backend("generic"):
+        want = _layer_run(v, highway, t64, batch_sizes, use_mask)
+    names = ["out", "h_n", "c_n", "dx", "dw_ih", "dbias", "dw_hh", "dh0", "dc0"]
+    for name, a, b in zip(names, got, want):
+        assert a is None or a.dtype == dtype, f"{name} came back in {a.dtype}, not {dtype}"
+        err = _rel_err(a, b)
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.1e}"
+
+
 @requires_cuda
 @needs_cuda_kernel
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
@@ -359,14 +372,8 @@ def test_half_kernel_matches_float64_generic(dtype, variant, highway, use_mask, 
         t["c0"] = t["h0"]
     with use_backend("kernel"):
         got = _layer_run(v, highway, t, batch_sizes, use_mask)
-    t64 = {k: a.double() for k, a in t.items()}
-    with use_backend("generic"):
-        want = _layer_run(v, highway, t64, batch_sizes, use_mask)
-    names = ["out", "h_n", "c_n", "dx", "dw_ih", "dbias", "dw_hh", "dh0", "dc0"]
-    for name, a, b in zip(names, got, want):
-        assert a is None or a.dtype == dtype, f"{name} came back in {a.dtype}, not {dtype}"
-        err = _rel_err(a, b)
-        assert err < HALF_TOL[dtype], f"{name}: relative error {err:.2e} >= {HALF_TOL[dtype]:.1e}"
+    _check_against_float64_generic(v, highway, t, batch_sizes, use_mask, got, dtype,
+                                   HALF_TOL[dtype])
 
 
 @requires_cuda
@@ -752,15 +759,8 @@ def _persistent_case(variant, highway, dtype, use_mask, padded, config, backward
         t["c0"] = t["h0"]
     with use_backend("kernel"), _persistent(config, backward=backward):
         got = _persistent_ran(lambda: _layer_run(v, highway, t, batch_sizes, use_mask), backward)
-    t64 = {k: a.double() for k, a in t.items()}
-    with use_backend("generic"):
-        want = _layer_run(v, highway, t64, batch_sizes, use_mask)
-    names = ["out", "h_n", "c_n", "dx", "dw_ih", "dbias", "dw_hh", "dh0", "dc0"]
-    for name, a, b in zip(names, got, want):
-        assert a is None or a.dtype == dtype, f"{name} came back in {a.dtype}, not {dtype}"
-        err = _rel_err(a, b)
-        tol = PERSISTENT_TOL[dtype]
-        assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.1e}"
+    _check_against_float64_generic(v, highway, t, batch_sizes, use_mask, got, dtype,
+                                   PERSISTENT_TOL[dtype])
 
 
 @requires_cuda
