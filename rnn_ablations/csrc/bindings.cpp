@@ -55,7 +55,26 @@ at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& w, bool transpos
 }  // namespace
 }  // namespace rnn_ablations
 
-void register_scan(pybind11::module_& m);  // scan.cpp: the element-wise scan (no step GEMM)
+
+// The element-wise scan (scan.cpp), for the cells that read no h_{t-1}.
+static void register_scan(pybind11::module_& m) {
+  using namespace rnn_ablations;
+  m.def("scan_forward", &scan_forward,
+        "element-wise scan of a gated memory whose gates read x_t only (forward), D = h0.size(0) "
+        "directions (direction 1 runs each row backwards within its length); layout = "
+        "{i, f, o, c, r, hw, output} block offsets in units of H (-1 absent), output 0 o*tanh(c), "
+        "1 tanh(c), 2 c",
+        py::arg("proj"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"), py::arg("layout"),
+        py::arg("save"), py::arg("bias") = py::none());
+  m.def("scan_backward", &scan_backward,
+        "backward of scan_forward: (d_proj, d_c0, d_bias); d_bias (the sum of d_proj over steps "
+        "and rows, D*G*H) is computed when bias_grad, else empty",
+        py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"), py::arg("proj"), py::arg("c0"),
+        py::arg("cs"), py::arg("batch_sizes"), py::arg("layout"), py::arg("bias") = py::none(),
+        py::arg("bias_grad") = false);
+  // 2: bias inside the scan, batch-major layouts, (d_proj, d_c0, d_bias) from the backward
+  m.attr("scan_abi") = 2;
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace rnn_ablations;

@@ -15,7 +15,7 @@
 //                           active at step t
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
 #include <utility>

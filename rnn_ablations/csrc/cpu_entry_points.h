@@ -8,7 +8,7 @@
 // Tensor names: see common.h.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <cstdint>
 #include <vector>
@@ -65,6 +65,19 @@ std::vector<std::vector<at::Tensor>> fused_backward_directions(
     std::vector<at::Tensor> h0, std::vector<at::Tensor> c0, at::Tensor batch_sizes,
     std::vector<at::Tensor> rec_mask, bool need_dx, bool need_dw, bool need_bias,
     int64_t chunk);
+// The element-wise scan of the cells that read no h_{t-1} (scan.cpp): forward
+// -> {out (T,B,D*H), h_n (D,B,H), c_n (D,B,H), cs (memories, empty unless save)}, laid out like
+// proj; backward -> {d_proj, d_c0, d_bias (empty unless bias_grad)}.
+std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h0,
+                                     const at::Tensor& c0, const at::Tensor& batch_sizes,
+                                     const std::vector<int64_t>& layout, bool save,
+                                     const c10::optional<at::Tensor>& bias);
+std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor& g_hn,
+                                      const at::Tensor& g_cn, const at::Tensor& proj,
+                                      const at::Tensor& c0, const at::Tensor& cs,
+                                      const at::Tensor& batch_sizes,
+                                      const std::vector<int64_t>& layout,
+                                      const c10::optional<at::Tensor>& bias, bool bias_grad);
 // A weight gradient g^T in, for g (rows, M) and in (rows, K) (layer_plain.cpp).
 at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in);
 

@@ -3,7 +3,7 @@
 // chunk, on the second core while the first runs the recurrence (pipeline.h).  x (T, B, D) is the
 // layer input; w_ih ((R+X)*H, D); bias (R*H) or empty (the input-only blocks have no bias).
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <vector>

@@ -5,7 +5,8 @@
 // GEMMs run on w_hh packed once per call (vec_kernels.h, PackedB); otherwise, and for the large
 // all-step GEMMs, ATen (MKL).
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <vector>
 

@@ -1,7 +1,8 @@
 // The two-role pipeline of the pipelined entry points (layer_pipelined.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 

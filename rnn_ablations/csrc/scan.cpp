@@ -32,7 +32,7 @@
 // AVX2 (avx2 or avx512: rnn_ablations::isa_runs_avx2(); RNN_ABLATIONS_ISA=portable not); the
 // loops here are the portable path (any CPU, and float64).
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -87,7 +87,7 @@ struct Layout {
 };
 
 // Dimensions of one call: T steps, B rows, D directions, H units, G blocks per direction.
-struct Dims {
+struct ScanDims {
   int64_t T, B, D, H, G;
   int64_t proj_row() const { return D * G * H; }  // width of a proj / d_proj row
   int64_t out_row() const { return D * H; }        // width of an out / cs / g_out row
@@ -126,7 +126,7 @@ Layout check_layout(const std::vector<int64_t>& v, int64_t G, const char* who) {
 
 // Rows per task: one task when the whole scan is small (a parallel region costs more than it
 // saves), otherwise single rows (parallel_for splits them evenly over the threads).
-int64_t grain_rows(const Dims& n) {
+int64_t grain_rows(const ScanDims& n) {
   const int64_t tasks = n.D * n.B;
   return tasks * n.T * n.H < 32768 ? std::max<int64_t>(tasks, 1) : 1;
 }
@@ -331,9 +331,9 @@ bool check_bias(const c10::optional<at::Tensor>& bias, const at::Tensor& proj, c
   return true;
 }
 
-Dims dims_of(const at::Tensor& proj, const at::Tensor& c0) {
+ScanDims dims_of(const at::Tensor& proj, const at::Tensor& c0) {
   const int64_t D = c0.size(0), H = c0.size(2);
-  return Dims{proj.size(0), proj.size(1), D, H, proj.size(2) / (D * H)};
+  return ScanDims{proj.size(0), proj.size(1), D, H, proj.size(2) / (D * H)};
 }
 
 template <typename F>
@@ -368,7 +368,7 @@ bool avx2_backward(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
 bool avx2_backward(const ScanArgs<double>&, int64_t, int64_t) { return false; }
 
 template <typename T>
-ScanArgs<T> args_of(const Layout& L, const Dims& n, const std::vector<int64_t>& len,
+ScanArgs<T> args_of(const Layout& L, const ScanDims& n, const std::vector<int64_t>& len,
                     const at::Tensor& proj, const T* bias, const at::Tensor& out_like,
                     const std::vector<T>& zeros) {
   ScanArgs<T> a{};
@@ -383,6 +383,10 @@ ScanArgs<T> args_of(const Layout& L, const Dims& n, const std::vector<int64_t>& 
   return a;
 }
 
+}  // namespace
+
+namespace rnn_ablations {
+
 // -> (out (T,B,D*H), h_n (D,B,H), c_n (D,B,H), cs (T,B,D*H): the memories, empty unless save);
 // out and cs are laid out like proj (time- or batch-major)
 std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h0,
@@ -392,7 +396,7 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h
   const char* who = "scan_forward";
   check_common(proj, h0, c0, batch_sizes, who);
   const bool has_bias = check_bias(bias, proj, who);
-  const Dims n = dims_of(proj, c0);
+  const ScanDims n = dims_of(proj, c0);
   const Layout L = check_layout(layout, n.G, who);
   const bool highway = L.r >= 0;
   at::Tensor out = empty_like_layout(proj, n.out_row());
@@ -438,7 +442,7 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
   const char* who = "scan_backward";
   check_common(proj, g_hn, c0, batch_sizes, who);
   const bool has_bias = check_bias(bias, proj, who);
-  const Dims n = dims_of(proj, c0);
+  const ScanDims n = dims_of(proj, c0);
   const Layout L = check_layout(layout, n.G, who);
   for (const at::Tensor* t : {&g_out, &cs}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == proj.scalar_type() &&
@@ -497,23 +501,4 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
   return {dproj, dc0, dbias};
 }
 
-}  // namespace
-
-// Called from the module init in ablated_rnn.cpp.
-void register_scan(pybind11::module_& m) {
-  m.def("scan_forward", &scan_forward,
-        "element-wise scan of a gated memory whose gates read x_t only (forward), D = h0.size(0) "
-        "directions (direction 1 runs each row backwards within its length); layout = "
-        "{i, f, o, c, r, hw, output} block offsets in units of H (-1 absent), output 0 o*tanh(c), "
-        "1 tanh(c), 2 c",
-        py::arg("proj"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"), py::arg("layout"),
-        py::arg("save"), py::arg("bias") = py::none());
-  m.def("scan_backward", &scan_backward,
-        "backward of scan_forward: (d_proj, d_c0, d_bias); d_bias (the sum of d_proj over steps "
-        "and rows, D*G*H) is computed when bias_grad, else empty",
-        py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"), py::arg("proj"), py::arg("c0"),
-        py::arg("cs"), py::arg("batch_sizes"), py::arg("layout"), py::arg("bias") = py::none(),
-        py::arg("bias_grad") = false);
-  // 2: bias inside the scan, batch-major layouts, (d_proj, d_c0, d_bias) from the backward
-  m.attr("scan_abi") = 2;
-}
+}  // namespace rnn_ablations

@@ -4,7 +4,7 @@
 // of vec_kernels.h, split over rows.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // vec_portable.cpp, vec_avx2.cpp (AVX2 + FMA, and the test path emulated_avx512) and
 // vec_avx512.cpp; the packing of the step GEMM's weight and the entry points that forward to the
 // path in use.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

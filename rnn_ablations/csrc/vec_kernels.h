@@ -14,7 +14,7 @@
 // then go unexecuted).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include "kernel_spec.h"
 #include "vec_dims.h"
