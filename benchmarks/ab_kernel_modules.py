@@ -1,0 +1,90 @@
+"""A/B of two builds of the CPU kernel in ONE process: the plain kernel's forward
+(``_C.forward``: the step GEMM and the element-wise pass, no input projection) of the installed
+module against another compiled ``_C`` module (e.g. one built from an older commit), called in
+interleaved order so that machine load hits both alike.  Prints the median time of each, their
+ratio and the largest output difference (0 when the arithmetic is the same).
+
+    python benchmarks/ab_kernel_modules.py --other /path/to/old/_C.cpython-311-x86_64-linux-gnu.so
+
+Build the other module from a checkout of the older commit (``python setup.py build_ext
+--inplace`` there) and copy its ``rnn_ablations/_C*.so`` out first.  Both modules must have
+the same ``forward`` entry point (``spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
+keep_hin, in_place``), i.e. come from after the kernel-spec restructuring (issue 16).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import os
+import statistics
+import time
+
+import torch
+
+import rnn_ablations as ra
+from rnn_ablations import backend
+
+SHAPES = [("ran", 650, 20, 35), ("lstm", 650, 20, 35), ("ran", 256, 32, 64), ("lstm", 256, 32, 64),
+          ("lstm", 100, 40, 200)]
+
+
+def _load(path: str):
+    if not os.path.isfile(path):
+        raise SystemExit(f"--other {path!r}: no such file; give the path of a compiled _C*.so")
+    loader = importlib.machinery.ExtensionFileLoader("rnn_ablations_other._C", path)
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    if not hasattr(module, "forward"):
+        raise SystemExit(f"--other {path!r} has no forward entry point: not an rnn_ablations _C")
+    return module
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--other", required=True, help="path of the other compiled _C module")
+    p.add_argument("--calls", type=int, default=25, help="interleaved calls per module and shape")
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args(argv)
+    if a.calls < 4 or a.threads < 1:
+        raise SystemExit("--calls must be >= 4 and --threads >= 1")
+    if backend._C is None:
+        raise SystemExit("the installed package has no CPU kernel: run `bash scripts/setup.sh`")
+    torch.set_num_threads(a.threads)
+    other, mine = _load(a.other), backend._C
+    print(f"# kernel vector path: this module {mine.kernel_isa()}, other {other.kernel_isa()}; "
+          f"{a.threads} thread(s), median of {a.calls - 3} interleaved calls")
+    for variant, hidden, batch, steps in SHAPES:
+        v = ra.get_variant(variant)
+        torch.manual_seed(0)
+        m = ra.AblatedRNN(variant, hidden, hidden)
+        w = m.weight_hh_l0.detach().contiguous()
+        proj0 = torch.randn(steps, batch, m.weight_ih_l0.shape[0])
+        h0, c0 = torch.zeros(batch, hidden), torch.zeros(batch, hidden)
+        bs = torch.full((steps,), batch, dtype=torch.int64)
+        empty = torch.empty(0)
+
+        def run(module):
+            return module.forward(v.kernel_spec, False, proj0.clone(), w, h0, c0, bs, empty,
+                                  False, True)[0]
+
+        times = {"this": [], "other": []}
+        with torch.no_grad():
+            for r in range(a.calls):
+                pair = (("this", mine), ("other", other)) if r % 2 else (("other", other), ("this", mine))
+                for name, module in pair:
+                    t0 = time.perf_counter()
+                    run(module)
+                    times[name].append(time.perf_counter() - t0)
+            diff = (run(mine) - run(other)).abs().max().item()
+        this_ms = 1e3 * statistics.median(times["this"][3:])
+        other_ms = 1e3 * statistics.median(times["other"][3:])
+        print(f"{variant:5s} H={hidden:4d} B={batch:3d} T={steps:4d}: this {this_ms:7.2f} ms, "
+              f"other {other_ms:7.2f} ms, this/other {this_ms / other_ms:.3f}, "
+              f"max |diff| {diff:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
