@@ -22,7 +22,6 @@ shared memory holds), for tuning and tests.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from . import backend, cuda_graphs
 
@@ -88,15 +87,9 @@ def get_cuda_recurrence() -> str:
     return _mode
 
 
-@contextlib.contextmanager
 def use_cuda_recurrence(mode: str):
     """Context manager: :func:`set_cuda_recurrence` inside the ``with`` block, restored after."""
-    old = _mode
-    set_cuda_recurrence(mode)
-    try:
-        yield
-    finally:
-        set_cuda_recurrence(old)
+    return backend._temporarily(set_cuda_recurrence, get_cuda_recurrence, mode)
 
 
 def persistent_stats() -> dict:
