@@ -383,18 +383,26 @@ def run(args) -> int:
     print(f"# speed vs torch.nn.LSTM ({meta['shapes']}; median of {args.repeats} interleaved rounds; "
           f"{args.clock} clock, {meta['threads']} thread(s))")
     print(f"# machine: {meta['machine']}; fused kernel: {meta['kernel']}")
-    for d in args.dtype:  # the files are rewritten after each dtype (a cut-off run keeps its rows)
-        rows += measure(args.hidden, args.batch, args.seq_len, args.repeats, args.variants,
-                        device=args.device, clock=args.clock, dtype=d, shapes=shapes,
-                        directions=args.directions, warmup=args.warmup,
-                        recurrence=args.cuda_recurrence or get_cuda_recurrence(), isas=args.isas)
-        if args.out:
-            _write(args, meta, rows, d == args.dtype[-1])
+    # one shape at a time, the files rewritten after each (a run cut off by a time limit keeps
+    # the rows it measured; the Markdown says which dtypes are complete)
+    per_shape = shapes if shapes is not None else [None] * len(args.hidden)
+    for d in args.dtype:
+        for i, shape in enumerate(per_shape):
+            rows += measure([args.hidden[i]] if shape is None else args.hidden, args.batch,
+                            args.seq_len, args.repeats, args.variants,
+                            device=args.device, clock=args.clock, dtype=d,
+                            shapes=None if shape is None else [shape],
+                            directions=args.directions, warmup=args.warmup,
+                            recurrence=args.cuda_recurrence or get_cuda_recurrence(),
+                            isas=args.isas)
+            if args.out:
+                complete = list(args.dtype[:args.dtype.index(d) + (i == len(per_shape) - 1)])
+                _write(args, meta, rows, complete == list(args.dtype), complete)
     print(format_table(rows))
     return 0
 
 
-def _write(args, meta, rows, last: bool) -> None:
+def _write(args, meta, rows, last: bool, complete: List[str]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.name:
@@ -405,15 +413,15 @@ def _write(args, meta, rows, last: bool) -> None:
         stem = "speed_cpu_experiments"
     else:
         stem = f"speed_{args.clock}_{meta['threads']}t"
-    done = sorted({r["dtype"] for r in rows}, key=list(args.dtype).index)
-    meta = dict(meta, dtypes_done=done)
+    meta = dict(meta, dtypes_done=complete)
     table = format_table(rows)
     (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
     (out / f"{stem}.md").write_text(
         f"machine: {meta['machine']}\n\nshapes: {meta['shapes']}; median of {args.repeats} "
         f"interleaved rounds (min-max in the JSON); {args.clock} clock, {meta['threads']} "
         f"thread(s); directions of bidirectional variants: {args.directions}"
-        + ("" if last else f"; so far: {', '.join(done)}") + f"\n\n{table}\n")
+        + ("" if last else f"; INCOMPLETE (cut off?): complete dtypes so far: "
+                                   f"{', '.join(complete) or 'none'}") + f"\n\n{table}\n")
     if last:
         print(f"# wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
 

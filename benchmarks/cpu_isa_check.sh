@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The CPU kernel's vector paths on this machine's CPU (issue 11): run from the repo root with the
+# CPU kernel built (pip install -e ., or python setup.py build_ext --inplace):
+#
+#   bash benchmarks/cpu_isa_check.sh [OUT_DIR]       (default OUT_DIR: benchmarks/results/tmp/cpu_isa)
+#
+# Meant for a machine with AVX-512 (a lent GPU machine's host CPU, a cloud VM): the tests and the
+# speed table that an AVX2-only machine cannot run.  Pinned to two logical CPUs on different
+# physical cores (the issue's "2 threads"), so that it can run beside other work on a larger
+# machine; CPUS=0,1 picks them by hand.  Steps, logs in OUT_DIR:
+#   env    cpu_env.txt: lscpu's model and the AVX-512 flags, the CPUs used, torch, the kernel's
+#          vector paths (rnn_ablations.supported_kernel_isas()) and the one in use;
+#   tests  cpu_isa_tests.log: every test of tests/test_core.py that runs a vector path against the
+#          float64 generic path or checks the path choice (-k "isa or packed"), each path the
+#          CPU supports (avx512, avx2, the AVX-512 blocking emulated with AVX2, portable);
+#   speed  speed_cpu_experiments_<isa>.{json,md}: benchmarks/speed.py --shapes experiments
+#          --threads 2, every variant against nn.LSTM, train and inference, with --isas avx512 avx2
+#          where the CPU has AVX-512 (the A/B in the same interleaved rounds), else the path in use.
+# Environment: PYTHON (python3), CPUS (auto), REPEATS (5), WARMUP (1), SHAPE_NAMES (all rows),
+# CPU_ISA_CHECK_PRINT_CPUS=1 (print the CPUs it would pin to, as a taskset list, and exit).
+set -o pipefail
+out=${1:-benchmarks/results/tmp/cpu_isa}
+py=${PYTHON:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+pick_cpus() {  # two logical CPUs of this process's affinity on different physical cores
+    "$py" - <<'EOF'
+import os
+seen, picked = set(), []
+for cpu in sorted(os.sched_getaffinity(0)):
+    top = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+    try:
+        key = (open(f"{top}/physical_package_id").read().strip(), open(f"{top}/core_id").read().strip())
+    except OSError:
+        key = ("?", str(cpu))
+    if key not in seen:
+        seen.add(key)
+        picked.append(cpu)
+    if len(picked) == 2:
+        break
+print(",".join(map(str, picked)))
+EOF
+}
+cpus=${CPUS:-$(pick_cpus)}
+if [ "${CPU_ISA_CHECK_PRINT_CPUS:-0}" = 1 ]; then echo "$cpus"; exit 0; fi
+if [ -z "$cpus" ]; then echo "cpu_isa_check: no CPUs to pin to (set CPUS=0,1)"; exit 2; fi
+mkdir -p "$out"
+pin=(taskset -c "$cpus")
+command -v taskset >/dev/null || { echo "taskset not found: running unpinned"; pin=(); }
+t0=$(date +%s)
+failed=0
+
+{
+    lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\))" \
+        || grep -m1 "model name" /proc/cpuinfo
+    echo "AVX-512 flags: $(grep -m1 -o -w 'avx512[a-z0-9_]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    echo "pinned to CPUs $cpus"
+    "${pin[@]}" "$py" - <<'EOF'
+import sys, torch, rnn_ablations as ra
+print("python", sys.version.split()[0], "torch", torch.__version__,
+      "CPU capability", torch.backends.cpu.get_cpu_capability())
+if not ra.kernel_available():
+    print("the CPU kernel rnn_ablations._C is NOT importable: build it first (pip install -e .)")
+    sys.exit(3)
+print("kernel vector paths", ra.supported_kernel_isas(), "in use", ra.kernel_isa())
+EOF
+} 2>&1 | tee "$out/cpu_env.txt"
+[ $? -eq 0 ] || exit 3
+
+"${pin[@]}" "$py" -m pytest -q -p no:cacheprovider -rs tests/test_core.py -k "isa or packed" 2>&1 \
+    | tee "$out/cpu_isa_tests.log"
+rc=$?
+echo "== tests: exit $rc ($(( $(date +%s) - t0 )) s)"
+[ $rc -eq 0 ] || failed=1
+
+isas=$("${pin[@]}" "$py" -c "import rnn_ablations as ra; s = ra.supported_kernel_isas(); \
+print(' '.join(['avx512', 'avx2'] if 'avx512' in s else [ra.kernel_isa()]))")
+name=speed_cpu_experiments_${isas%% *}
+shape_names=()
+if [ -n "${SHAPE_NAMES:-}" ]; then
+    mapfile -t shape_names < <(printf '%s\n' "$SHAPE_NAMES" | tr ',' '\n')
+    shape_names=(--shape-names "${shape_names[@]}")
+fi
+# shellcheck disable=SC2086
+"${pin[@]}" "$py" benchmarks/speed.py --shapes experiments --threads 2 --isas $isas \
+    --repeats "${REPEATS:-5}" --warmup "${WARMUP:-1}" "${shape_names[@]}" --name "$name" \
+    --out "$out" 2>&1 | tee "$out/cpu_speed.log"
+rc=$?
+echo "== speed ($isas): exit $rc ($(( $(date +%s) - t0 )) s, $out/$name.md)"
+[ $rc -eq 0 ] || failed=1
+exit $failed
