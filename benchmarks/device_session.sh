@@ -44,7 +44,10 @@ say "CPU side on CPUs $cpus; GPU side on CPUs $rest"
   echo "cpu_isa_check exit $? at +$(( $(date +%s) - t_start ))s" >> "$work/cpu/console.log" ) &
 cpu_pid=$!
 
-gpu() { taskset -c "$rest" "$@"; }
+gpu() { if [ -n "$rest" ]; then taskset -c "$rest" "$@"; else "$@"; fi; }
+if [ "$("$py" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null)" != 1 ]; then
+    say "no CUDA device (torch sees none): the GPU side is skipped"
+else
 GPU_CHECK_STEPS=build GPU_CHECK_BUDGET=300 gpu bash benchmarks/gpu_check.sh "$work/gpu/build" \
     > "$work/gpu/build_console.log" 2>&1
 say "CUDA kernel: $(tail -n 1 "$work/gpu/build/gpu_check_summary.txt" 2>/dev/null)"
@@ -62,6 +65,7 @@ if [ "$(left)" -gt 40 ]; then
         --device cuda --shapes gpu --out "$work/gpu" > "$work/gpu/speed_minus_hidden.log" 2>&1
     say "speed_minus_hidden --device cuda: exit $?"
 fi
+fi  # CUDA
 
 wait "$cpu_pid"
 say "CPU side: $(tail -n 1 "$work/cpu/console.log")"

@@ -344,6 +344,42 @@ def test_speed_command_experiments_tiny(tmp_path, capsys):
     assert "PTB small LM: 2, 200, 200, uni, 20, 20" in md and meta["cpu"]["model"] in md
 
 
+def test_speed_command_keeps_the_rows_of_a_cut_off_run(tmp_path, monkeypatch):
+    """The speed command rewrites its files after every shape: a run cut off in the middle (a
+    device's time limit, Ctrl-C) keeps the rows it measured, and the Markdown says it is
+    incomplete; a run that finishes says nothing of the kind."""
+    import json
+    from rnn_ablations.cli import main
+    from rnn_ablations.commands import speed
+    monkeypatch.setattr(speed, "EXPERIMENT_SHAPES", [("tiny one", 1, 6, 5, False, 3, 4),
+                                                     ("tiny two", 1, 6, 5, True, 3, 4)])
+    real = speed.measure
+    calls = []
+
+    def cut_after_first(*args, **kwargs):
+        calls.append(kwargs["shapes"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt("cut off")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(speed, "measure", cut_after_first)
+    with threads(torch.get_num_threads()), pytest.raises(KeyboardInterrupt):
+        main(["speed", "--shapes", "experiments", "--variants", "ran", "--repeats", "1",
+              "--warmup", "0", "--threads", "1", "--out", str(tmp_path), "--name", "cut"])
+    meta = json.loads((tmp_path / "cut.json").read_text())
+    assert {r["shape"] for r in meta["rows"]} == {"tiny one"} and meta["dtypes_done"] == []
+    assert "INCOMPLETE" in (tmp_path / "cut.md").read_text()
+    monkeypatch.setattr(speed, "measure", real)
+    with threads(torch.get_num_threads()):
+        assert main(["speed", "--shapes", "experiments", "--variants", "ran", "--repeats", "1",
+                     "--warmup", "0", "--threads", "1", "--out", str(tmp_path), "--name",
+                     "whole"]) == 0
+    meta = json.loads((tmp_path / "whole.json").read_text())
+    assert {r["shape"] for r in meta["rows"]} == {"tiny one", "tiny two"}
+    assert meta["dtypes_done"] == ["float32"]
+    assert "INCOMPLETE" not in (tmp_path / "whole.md").read_text()
+
+
 def test_cpu_autocast_keeps_the_sequential_way(counting):
     """Under torch.autocast("cpu") the input projections come out in bfloat16, which the step
     kernels do not run: the directions go through run_layer as before (same numbers)."""

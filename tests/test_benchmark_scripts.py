@@ -1,0 +1,105 @@
+"""The benchmark scripts that run where no test can follow them (a lent GPU machine, an AVX-512
+host, a profiler): checked here end to end at a tiny setting, so that the scarce run works the
+first time."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import rnn_ablations as ra
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_profile_cpu_categories():
+    """Samples are grouped by library and symbol: our step GEMM and element-wise pass, the
+    GEMM libraries (also MKL linked into libtorch_cpu.so), OpenMP waits and the scheduler's
+    work for sleeping threads (sync), page faults (memory), the interpreter."""
+    cat = _load("profile_cpu").categorise
+    so = "_C.cpython-311-x86_64-linux-gnu.so"
+    assert cat(so, "rnn_ablations::avx2::(anonymous namespace)::micro_kernel<4, true>") == "step GEMM"
+    assert cat(so, "rnn_ablations::pack_b") == "step GEMM"
+    assert cat(so, "rnn_ablations::avx512::(anonymous namespace)::sigmoid_inplace<float>") \
+        == "element-wise"
+    assert cat("libtorch_cpu.so", "mkl_blas_def_sgemm_kernel_0_zen") == "oneDNN / MKL GEMM"
+    assert cat("[JIT] tid 14762", "0x00007fe891f40340") == "oneDNN / MKL GEMM"
+    assert cat("libgomp.so.1", "0x000000000001de62") == "sync (OpenMP)"
+    assert cat("[kernel.kallsyms]", "__schedule") == "sync (OpenMP)"
+    assert cat("[kernel.kallsyms]", "clear_page_erms") == "memory (kernel)"
+    assert cat("libpython3.11.so.1.0", "gc_collect_main") == "Python"
+    assert cat("libc.so.6", "__memset_avx2_unaligned_erms") == "other"
+
+
+def _perf_works() -> bool:
+    perf = shutil.which("perf")
+    if perf is None:
+        return False
+    try:
+        run = subprocess.run([perf, "stat", "-e", "task-clock", "true"], capture_output=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return run.returncode == 0
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.skipif(not _perf_works(), reason="perf is not installed or may not sample here")
+def test_profile_cpu_end_to_end(tmp_path):
+    """``benchmarks/profile_cpu.py`` on the PTB small shape: perf records only the steady loop
+    (not the imports), the shares of each row add up to about 100 %, our kernel's own symbols
+    show up, and the JSON and Markdown are written."""
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "profile_cpu.py"), "--shape",
+                          "PTB small LM", "--variants", "ran", "--mode", "inference",
+                          "--seconds", "0.5", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    meta = json.loads((tmp_path / "profile_cpu.json").read_text())
+    (row,) = meta["rows"]
+    assert row["variant"] == "ran" and row["mode"] == "inference" and row["ms_per_iter"] > 0
+    assert 97 <= sum(row["shares"].values()) <= 101
+    assert row["shares"]["step GEMM"] + row["shares"]["element-wise"] > 5
+    assert row["shares"]["Python"] < 20  # the imports were not recorded
+    assert "| PTB small LM | inference | ran |" in (tmp_path / "profile_cpu.md").read_text()
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset (util-linux) is not installed")
+def test_device_session_script_on_a_cpu_machine(tmp_path):
+    """``benchmarks/device_session.sh``, the one prepared call for a lent GPU machine, on this
+    CPU-only machine at a tiny setting: the CPU side (``cpu_isa_check.sh``: the vector-path tests
+    and one shape of the experiments' table, pinned) runs and passes, the GPU side says it has no
+    CUDA device and is skipped, and everything comes back in one tarball."""
+    env = dict(os.environ, PYTHON=sys.executable, SHAPE_NAMES="PTB small LM", REPEATS="1",
+               WARMUP="0", MINUS_HIDDEN_SPEED_S="10")
+    run = subprocess.run(["bash", "benchmarks/device_session.sh", str(tmp_path / "out"), "240"],
+                         capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "cpu_isa_check exit 0" in summary, summary
+    import torch
+    if not torch.cuda.is_available():
+        assert "no CUDA device (torch sees none): the GPU side is skipped" in summary
+    with tarfile.open(tmp_path / "out" / "results.tgz") as tar:
+        names = set(tar.getnames())
+        isa = "avx512" if "avx512" in ra.supported_kernel_isas() else ra.kernel_isa()
+        member = f"./cpu/speed_cpu_experiments_{isa}.json"
+        assert member in names, sorted(names)
+        meta = json.load(tar.extractfile(member))
+        assert "./cpu/cpu_isa_tests.log" in names and "./summary.txt" in names
+        tests_log = tar.extractfile("./cpu/cpu_isa_tests.log").read().decode()
+    assert " passed" in tests_log and " failed" not in tests_log
+    assert {r["shape"] for r in meta["rows"]} == {"PTB small LM"}
+    assert meta["threads"] == 2 and meta["cpu"]["kernel_isa"] in ra.supported_kernel_isas()
