@@ -11,7 +11,8 @@
 #   rnn_ablations/_C.cpython-312-*.so built with the same torch, or it is built here first).
 # - GPU side, on all the other CPUs: the CUDA kernel (carried with build/cuda_sources.stamp, or
 #   built), tests/test_minus_hidden.py -k cuda, then benchmarks/gpu_check.sh's steps
-#   ($GPU_CHECK_STEPS, default "tests persistent speed experiments") in what is left of the
+#   ($GPU_CHECK_STEPS, default "tests tests_nographs persistent speed autocast experiments
+#   long_bi") in what is left of the
 #   budget, then benchmarks/speed_minus_hidden.py --device cuda --shapes gpu.
 #   GPU timings run while the CPU side runs on its own two cores; the two share memory bandwidth
 #   and the last-level cache, not cores.
@@ -55,7 +56,7 @@ gpu timeout --kill-after=10 $(( $(left) > 120 ? 90 : 30 )) "$py" -m pytest -q -p
     tests/test_minus_hidden.py -k cuda > "$work/gpu/minus_hidden_tests.log" 2>&1
 say "tests/test_minus_hidden.py -k cuda: exit $? ($(tail -n 1 "$work/gpu/minus_hidden_tests.log"))"
 mh_time=${MINUS_HIDDEN_SPEED_S:-60}
-GPU_CHECK_STEPS=${GPU_CHECK_STEPS:-tests persistent speed experiments} \
+GPU_CHECK_STEPS=${GPU_CHECK_STEPS:-tests tests_nographs persistent speed autocast experiments long_bi} \
     GPU_CHECK_BUDGET=$(( $(left) - mh_time - 30 )) gpu bash benchmarks/gpu_check.sh "$work/gpu" \
     > "$work/gpu/check_console.log" 2>&1
 say "gpu_check exit $?:"

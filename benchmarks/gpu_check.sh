@@ -20,9 +20,15 @@
 #           forward, step backward), against cuDNN, graphs on; speed_cuda_persistent_bwd: the
 #           same with the persistent backward too (RNN_ABLATIONS_PERSISTENT_BACKWARD=1);
 #   speed   speed_cuda.{json,md}: B=32, T=64, H=256/650, one layer, every variant against cuDNN's
-#           nn.LSTM in float32, bfloat16, float16 and under autocast(bfloat16), graphs on;
+#           nn.LSTM in float32, bfloat16 and float16, graphs on (autocast: the autocast step);
 #           speed_cuda_nographs.{json,md}: the same in float32 and bfloat16 with graphs off;
 #           speed_cuda_experiments.{json,md}: the experiments' shapes, float32 and bfloat16;
+#   long_bi speed_cuda_long_bi.{json,md}: the bidirectional T = 200 experiment shapes (BiDAF,
+#           DrQA; 0.25-0.34x cuDNN in float32 on the H100 in the seventh session), ran and lstm,
+#           each on the step kernel and on the persistent forward ("[persistent]");
+#   autocast speed_cuda_autocast.{json,md}: every variant under torch.autocast(bfloat16 and
+#           float16) against cuDNN under the same autocast (not timed yet: the -HIDDEN scan
+#           crashed under autocast until the seventh session's fix);
 #   core    tests/test_core.py on the GPU machine's Python (the CPU kernel _C, built for another
 #           Python, is usually not importable there: the generic path runs and
 #           test_kernel_is_built is deselected), last and optional (GPU_CHECK_CORE=0 skips it,
@@ -32,7 +38,7 @@
 # Time: the steps share GPU_CHECK_BUDGET seconds (default 170): each runs under the smaller of
 # its own limit and what is left, and a step that would start with under 15 s left is skipped
 # (said so in the summary).  GPU_CHECK_STEPS picks the steps (default: all, in this order:
-# build tests persistent speed nographs tests_nographs experiments core).
+# build tests persistent speed nographs tests_nographs experiments long_bi autocast core).
 set -o pipefail
 out=${1:-benchmarks/results}
 mkdir -p "$out"
@@ -42,7 +48,7 @@ declare -a summary
 failed=0
 t_start=$(date +%s)
 budget=${GPU_CHECK_BUDGET:-170}
-steps=" ${GPU_CHECK_STEPS:-build tests persistent speed nographs tests_nographs experiments core} "
+steps=" ${GPU_CHECK_STEPS:-build tests persistent speed nographs tests_nographs experiments long_bi autocast core} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 note() { summary+=("$1"); echo "== $1"; }
 step() {  # step NAME LIMIT_S LOG CMD...: run CMD under a time limit, log it, record the result
@@ -130,7 +136,7 @@ fi
 if [ "$has_cuda" = 1 ]; then
     want speed && step "speed, standard shapes, graphs on" 60 gpu_speed.log \
         "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on --name speed_cuda \
-        --dtype float32 bfloat16 float16 autocast-bfloat16 --out "$out"
+        --dtype float32 bfloat16 float16 --out "$out"
     want nographs && step "speed, standard shapes, graphs off" 40 gpu_speed_nographs.log \
         "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs off \
         --name speed_cuda_nographs --dtype float32 bfloat16 --variants ran lstm --out "$out"
@@ -142,6 +148,14 @@ if [ "$has_cuda" = 1 ]; then
         "$py" benchmarks/speed.py --device cuda --repeats 5 --cuda-graphs on --shapes experiments \
         --name speed_cuda_experiments --dtype float32 bfloat16 --variants ran lstm_minus_srnn lstm \
         --out "$out"
+    want long_bi && step "speed, bidirectional T = 200 shapes, step and persistent kernels" 60 \
+        gpu_speed_long_bi.log \
+        "$py" benchmarks/speed.py --device cuda --repeats 5 --cuda-graphs on --shapes experiments \
+        --shape-names "BiDAF phrase" "BiDAF modeling" DrQA --cuda-recurrence both \
+        --name speed_cuda_long_bi --dtype float32 --variants ran lstm --out "$out"
+    want autocast && step "speed, autocast (bfloat16, float16), graphs on" 60 gpu_speed_autocast.log \
+        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on \
+        --name speed_cuda_autocast --dtype autocast-bfloat16 autocast-float16 --out "$out"
 fi
 if want core && [ "${GPU_CHECK_CORE:-1}" = 1 ]; then
     deselect=()
