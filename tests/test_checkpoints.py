@@ -240,19 +240,21 @@ def test_ctrl_c_in_the_commands_prints_the_resume_command(tmp_path, corpus, monk
 
 
 def test_sigint_to_a_training_process(tmp_path):
-    """The real thing: SIGINT to `rnn-ablations lm train` in a child process."""
+    """The real thing: SIGINT to `rnn-ablations lm train` in a child process.  (Far more epochs
+    than it will run: with 50, a loaded CI machine once let the tiny run finish all of them
+    before the signal arrived.)"""
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rnn_ablations.cli", "lm", "train", "--variant", "ran", "--config",
-         "tiny", "--epochs", "50", "--set", "hidden_size=16", "--corpus-sentences", "300",
+         "tiny", "--epochs", "5000", "--set", "hidden_size=16", "--corpus-sentences", "300",
          "--no-progress", "--out", str(run)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
         deadline = time.time() + 150
         while time.time() < deadline:
             log = run / "train.log"
-            if log.exists() and "epoch 1/50" in log.read_text():
+            if log.exists() and "epoch 1/5000" in log.read_text():
                 break
             if proc.poll() is not None:
                 break
