@@ -334,6 +334,49 @@ def _float32_against_float64(kernel, variant, highway, recurrent_dropout):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
 
 
+@pytest.mark.skipif(not PACKED_ISAS, reason="no path with the packed step GEMM on this CPU")
+@pytest.mark.parametrize("isa", PACKED_ISAS)
+@pytest.mark.parametrize("variant,highway,recurrent_dropout", [
+    ("lstm", False, 0.0), ("lstm_minus_srnn", True, 0.25), ("ran", False, 0.25),
+    ("identity_ran", True, 0.0), ("srnn", True, 0.0)])
+def test_unit_split_forward_against_float64_generic(isa, variant, highway, recurrent_dropout):
+    """The plain kernel's forward split by hidden units (w_hh packed per gate block, each thread
+    computing every gate column of its units and then their element-wise pass: one parallel
+    region per step) at H = 260: 11 AVX2 or 9 AVX-512 panels per block, the last one partial,
+    unequal unit chunks; padded rows, recurrent dropout masks, highway; the forward and (the
+    backward is not split) the gradients against the generic path in float64; and the steps did
+    take that path (_C.unit_split_steps)."""
+    from rnn_ablations import _C
+    torch.manual_seed(0)
+    m = AblatedRNN(variant, 12, 260, highway=highway, recurrent_dropout=recurrent_dropout)
+    x = torch.randn(5, 9, 12)
+    lengths = torch.tensor([5, 5, 4, 4, 3, 3, 2, 1, 1])
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    results = []
+    try:
+        before = _C.unit_split_steps()
+        for dtype, name in ((torch.float32, "plain"), (torch.float64, "generic")):
+            mm = m.to(dtype)
+            xx = x.to(dtype).detach().clone().requires_grad_()
+            torch.manual_seed(1)  # same dropout masks
+            with ra.use_kernel_isa(isa), path(name):
+                out, (h, c) = mm(xx, lengths=lengths)
+                (out.square().sum() + h.sum() + 2 * c.sum()).backward()
+            results.append([t.detach().double() for t in (out, h, c, xx.grad)]
+                           + [p.grad.double() for p in mm.parameters()])
+            mm.zero_grad()
+        # every step whose product is large enough to be split (gemm_packed's size rule)
+        r = m.weight_hh_l0.shape[0] // 260
+        want = sum(n * r * 260 * 260 >= 1 << 18 for n in (9, 7, 5, 4, 2))
+        assert want >= 4 and _C.unit_split_steps() - before == want
+    finally:
+        torch.set_num_threads(old)
+        m.float()
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
+
+
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
 @pytest.mark.parametrize("isa", TEST_ISAS)
 @pytest.mark.parametrize("kernel", KERNELS)

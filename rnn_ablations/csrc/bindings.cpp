@@ -115,6 +115,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests only: c (+)= a @ B with the packed step GEMM of the path in use (B = w.T when "
         "transposed, else w); returns c", py::arg("a"), py::arg("w"), py::arg("transposed"),
         py::arg("c"), py::arg("accumulate"), py::arg("parallel"));
+  m.def("unit_split_steps", &unit_split_steps,
+        "tests only: how many forward steps of the plain kernel ran split by hidden units over "
+        "the threads (w_hh packed per gate block) since the module was loaded");
   m.def("kernel_isa", &isa_name,
         "the vector path in use: 'avx512', 'avx2' or 'portable' (RNN_ABLATIONS_ISA, else the best the "
         "CPU supports)");

@@ -47,7 +47,7 @@ std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj,
   StepState s;
   s.init_forward(check_kernel_spec(spec, highway, R, X, who),
                  Dims{T, B, H, R, X, P, P, in_place ? P : R * H}, batch_sizes, h0, c0, w_hh,
-                 rec_mask, keep_hin, who);
+                 rec_mask, keep_hin, who, /*split_units=*/true);
   // Pre-activations of the recurrent blocks, turned into activations in place: in proj itself
   // when the caller allows it (its input-only blocks stay as they are), else in a copy.
   s.gates = proj.narrow(2, 0, R * H);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 #include "common.h"
 #include "vec_kernels.h"
@@ -46,11 +47,19 @@ struct StepState {
   at::Tensor gates, out, cs, hin, h0, c0, w_hh, w_t, rec_mask, hp_buf;  // forward
   at::Tensor grad_out, dproj, dh, dc;                                     // backward
   PackedB packed;  // w_hh packed for the step GEMM (float32, on a path with a packed kernel)
+  // The forward's w_hh packed per recurrent block (R of them, each H x H, its own panels), so
+  // that the hidden units of a step can be split over threads: each thread computes every gate
+  // column of its units and then their element-wise pass, one parallel region per step
+  // (forward_step).  Empty where `packed` is used instead (the backward, double, ATen's GEMM).
+  std::vector<PackedB> packed_blocks;
   // The forward's spec, sizes, buffers and inputs, with w_hh packed for the step GEMM (the
   // caller sets `gates`).  Checks the recurrent-dropout mask.
+  // `split_units`: the caller runs every step with `parallel` (the plain kernel), so the steps
+  // may be split by hidden units (packed_blocks) where that pays (see pack).
   void init_forward(const KernelSpec& ks_, const Dims& d_, const at::Tensor& batch_sizes,
                     const at::Tensor& h0_, const at::Tensor& c0_, const at::Tensor& w_hh_,
-                    const at::Tensor& rec_mask_, bool keep_hin, const char* who) {
+                    const at::Tensor& rec_mask_, bool keep_hin, const char* who,
+                    bool split_units = false) {
     ks = ks_; d = d_; bs = batch_sizes.data_ptr<int64_t>();
     has_mask = rec_mask_.defined() && rec_mask_.numel() > 0;
     if (has_mask) check_like(rec_mask_, h0_.sizes(), h0_, "rec_mask", who);
@@ -60,7 +69,7 @@ struct StepState {
     hin = (ks.highway && keep_hin) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
     hp_buf = has_mask ? at::empty({d.B, d.H}, opt) : at::Tensor();
     h0 = h0_; c0 = c0_; w_hh = w_hh_; w_t = w_hh_.t(); rec_mask = rec_mask_;
-    pack(false);
+    pack(false, split_units);
   }
   // The backward's spec, sizes, the forward's saved tensors, the incoming gradients (dh and dc
   // start as the gradients of h_n and c_n) and d_proj (T, B, P), with w_hh packed for the step
@@ -89,12 +98,28 @@ struct StepState {
     return dc;
   }
   // Pack w_hh for the forward (B = w_hh^T) or the backward (B = w_hh) step GEMM.
-  void pack(bool backward) {
+  // The forward packs w_hh per recurrent block (packed_blocks) when its steps will be split by
+  // hidden units: `split_units`, more than one thread and not already inside a parallel region
+  // (the concurrent directions run each direction on one thread), and at least 8 panels per
+  // block.  With fewer, the unit chunks are unbalanced and each block's partial last panel costs
+  // a larger share of padding (H = 100 on AVX2: 5 panels for 4.2 panels' worth of columns);
+  // there the product was measured slower than the whole product split by panels.
+  void pack(bool backward, bool split_units = false) {
     // RNN_ABLATIONS_PACKED_GEMM=0 takes ATen's GEMM instead (for A/B timing and the tests).
     const char* env = std::getenv("RNN_ABLATIONS_PACKED_GEMM");
     if (env && env[0] == '0') return;
     if (w_hh.scalar_type() == at::kFloat && packed_gemm_available()) {
-      packed = pack_b(w_hh, !backward);
+      const int64_t width = packed_gemm_panel();
+      const bool by_units = !backward && split_units && at::get_num_threads() > 1 &&
+                            !at::in_parallel_region() && (d.H + width - 1) / width >= 8;
+      packed_blocks.clear();
+      if (by_units) {
+        for (int64_t blk = 0; blk < d.R; ++blk) {
+          packed_blocks.push_back(pack_b(w_hh.narrow(0, blk * d.H, d.H), true));
+        }
+      } else {
+        packed = pack_b(w_hh, !backward);
+      }
     }
   }
 };
@@ -116,7 +141,12 @@ bool step_gemm(StepState& s, int64_t n, const scalar_t* A, int64_t lda, scalar_t
 
 // Forward step t: gates[t] holds the pre-activations of the recurrent blocks (input projection
 // and bias); add h_{t-1} W_hh^T for the active rows, then the element-wise pass.  `parallel`
-// splits the rows over threads (false inside a pipeline role, which owns one core).
+// lets the step use the threads (false inside a pipeline role, which owns one core).
+// With w_hh packed per block (float32, AVX2/AVX-512): the hidden units are split into chunks of
+// whole panels, and each chunk's thread computes the chunk's columns of every gate block and then
+// the element-wise pass of those units for all rows: one parallel region per step, and no
+// thread waits between the product and the element-wise pass.  Otherwise the product (split by
+// panels) and the element-wise pass (split by rows) are two regions.
 template <typename scalar_t>
 void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) {
   const int64_t n = s.bs[t];
@@ -127,16 +157,46 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
     h_prev = hp;
   }
   scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
-  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.gates_stride,
-                                 parallel)) {
-    s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
-  }
   const scalar_t* cpp = (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
   scalar_t* cp = s.cs[t].data_ptr<scalar_t>();
   scalar_t* hp = s.out[t].data_ptr<scalar_t>();
   scalar_t* hinp = s.hin.defined() ? s.hin[t].data_ptr<scalar_t>() : nullptr;
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    if (!s.packed_blocks.empty()) {
+      const int64_t H = s.d.H, R = s.d.R, panels = s.packed_blocks[0].panels();
+      const int64_t width = s.packed_blocks[0].panel;
+      const float* a = h_prev.data_ptr<float>();
+      const int64_t threads = parallel ? at::get_num_threads() : 1;
+      // the same size rule as gemm_packed's split of the whole product over the threads
+      const int64_t chunks = (threads > 1 && n * R * H * H >= (1 << 18))
+                                 ? std::min<int64_t>(threads, panels) : 1;
+      auto body = [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t p0 = c * panels / chunks, p1 = (c + 1) * panels / chunks;
+          if (p0 == p1) continue;
+          for (int64_t blk = 0; blk < R; ++blk) {
+            gemm_packed_range(true, n, a, H, s.packed_blocks[blk], gp + blk * H,
+                              s.d.gates_stride, p0, p1);
+          }
+          pointwise_forward(s.ks, s.d, gp, xo_t, cpp, cp, hp, hinp, 0, n, p0 * width,
+                            std::min(p1 * width, H));
+        }
+      };
+      if (chunks > 1) {
+        at::parallel_for(0, chunks, 1, body);
+        count_unit_split_step();
+      } else {
+        body(0, 1);
+      }
+      return;
+    }
+  }
+  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.gates_stride,
+                                 parallel)) {
+    s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
+  }
   auto body = [&](int64_t r0, int64_t r1) {
-    pointwise_forward(s.ks, s.d, gp, xo_t, cpp, cp, hp, hinp, r0, r1);
+    pointwise_forward(s.ks, s.d, gp, xo_t, cpp, cp, hp, hinp, r0, r1, int64_t{0}, s.d.H);
   };
   if (parallel) at::parallel_for(0, n, grain_rows(n, s.d.H), body);
   else body(0, n);

@@ -66,62 +66,75 @@ void tanh_to(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
 
 #include "elementwise.h"  // the per-element maths shared with the CUDA kernel
 
-// Activations of the recurrent blocks of one row, in place: sigmoid for every gate, the content's
-// own activation (tanh or none) for a recurrent content block.
+// Activations of the recurrent blocks of one row, in place, for the hidden units [u0, u0 + U) of
+// every block: sigmoid for every gate, the content's own activation (tanh or none) for a
+// recurrent content block.  (All units: one loop over the blocks on each side of the content.)
 template <typename T>
-inline void activate_recurrent(const KernelSpec& ks, int64_t H, int64_t R, T* g) {
-  if (ks.content_recurrent) {
-    const int64_t cb = ks.content_block;
-    sigmoid_inplace<T>(g, cb * H);
-    if (ks.content_tanh) tanh_inplace<T>(g + cb * H, H);
-    sigmoid_inplace<T>(g + (cb + 1) * H, (R - cb - 1) * H);
-  } else {
-    sigmoid_inplace<T>(g, R * H);
+inline void activate_recurrent(const KernelSpec& ks, int64_t H, int64_t R, T* g, int64_t u0,
+                               int64_t U) {
+  if (u0 == 0 && U == H) {
+    if (ks.content_recurrent) {
+      const int64_t cb = ks.content_block;
+      sigmoid_inplace<T>(g, cb * H);
+      if (ks.content_tanh) tanh_inplace<T>(g + cb * H, H);
+      sigmoid_inplace<T>(g + (cb + 1) * H, (R - cb - 1) * H);
+    } else {
+      sigmoid_inplace<T>(g, R * H);
+    }
+    return;
+  }
+  for (int64_t blk = 0; blk < R; ++blk) {
+    T* p = g + blk * H + u0;
+    if (ks.content_recurrent && blk == ks.content_block) {
+      if (ks.content_tanh) tanh_inplace<T>(p, U);
+    } else {
+      sigmoid_inplace<T>(p, U);
+    }
   }
 }
 
-// Element-wise forward of one step for rows [r0, r1) (see vec_kernels.h).  The branches on the
-// spec are per row, outside the loops over H.
+// Element-wise forward of one step for rows [r0, r1) and hidden units [u0, u1) (see
+// vec_kernels.h).  The branches on the spec are per row, outside the loops over the units.
 template <typename T>
 void pointwise_forward(const KernelSpec& ks, const Dims& d, T* gates, const T* xo,
                        const T* c_prev, T* c_out, T* h_out, T* h_pre_out, int64_t r0,
-                       int64_t r1) {
-  const int64_t H = d.H;
+                       int64_t r1, int64_t u0, int64_t u1) {
+  const int64_t H = d.H, U = u1 - u0;
   for (int64_t b = r0; b < r1; ++b) {
     T* __restrict__ g = gates + b * d.gates_stride;
     const T* __restrict__ xob = xo ? xo + b * d.xo_stride : nullptr;
-    const T* __restrict__ cp = c_prev + b * H;
-    T* __restrict__ cb = c_out + b * H;
-    T* __restrict__ hb = h_out + b * H;
-    T* __restrict__ hpreb = h_pre_out ? h_pre_out + b * H : nullptr;
-    activate_recurrent<T>(ks, H, d.R, g);
-    const T* __restrict__ content = ks.content_recurrent ? g + ks.content_block * H
-                                                         : xob + ks.content_block * H;
+    const T* __restrict__ cp = c_prev + b * H + u0;
+    T* __restrict__ cb = c_out + b * H + u0;
+    T* __restrict__ hb = h_out + b * H + u0;
+    T* __restrict__ hpreb = h_pre_out ? h_pre_out + b * H + u0 : nullptr;
+    activate_recurrent<T>(ks, H, d.R, g, u0, U);
+    const T* __restrict__ content = (ks.content_recurrent ? g + ks.content_block * H
+                                                          : xob + ks.content_block * H) + u0;
     if (!ks.memory) {  // h_t = c~_t
-      std::memcpy(hb, content, sizeof(T) * H);
+      std::memcpy(hb, content, sizeof(T) * U);
     } else {
-      const T* __restrict__ gi = g;
-      const T* __restrict__ gf = g + H;
+      const T* __restrict__ gi = g + u0;
+      const T* __restrict__ gf = g + H + u0;
 #pragma GCC ivdep
-      for (int64_t j = 0; j < H; ++j) cb[j] = cell_update<T>(gi[j], content[j], gf[j], cp[j]);
+      for (int64_t j = 0; j < U; ++j) cb[j] = cell_update<T>(gi[j], content[j], gf[j], cp[j]);
       if (ks.output == kOutCell) {
-        std::memcpy(hb, cb, sizeof(T) * H);
+        std::memcpy(hb, cb, sizeof(T) * U);
       } else {
-        tanh_to<T>(cb, hb, H);
+        tanh_to<T>(cb, hb, U);
         if (ks.output == kOutGatedTanh) {
-          const T* __restrict__ go = g + ks.out_gate_block * H;
+          const T* __restrict__ go = g + ks.out_gate_block * H + u0;
 #pragma GCC ivdep
-          for (int64_t j = 0; j < H; ++j) hb[j] *= go[j];
+          for (int64_t j = 0; j < U; ++j) hb[j] *= go[j];
         }
       }
     }
     if (ks.highway) {
-      const T* __restrict__ gr = g + (d.R - 1) * H;       // already a sigmoid
-      const T* __restrict__ hw = xob + (d.X - 1) * H;
-      if (hpreb) std::memcpy(hpreb, hb, sizeof(T) * H);
+      const T* __restrict__ gr = g + (d.R - 1) * H + u0;       // already a sigmoid
+      const T* __restrict__ hw = xob + (d.X - 1) * H + u0;
+      if (hpreb) std::memcpy(hpreb, hb, sizeof(T) * U);
 #pragma GCC ivdep
-      for (int64_t j = 0; j < H; ++j) hb[j] = highway_mix<T>(gr[j], hb[j], hw[j]);
-      if (!ks.memory) std::memcpy(cb, hb, sizeof(T) * H);  // a cell without memory: c_t = h_t
+      for (int64_t j = 0; j < U; ++j) hb[j] = highway_mix<T>(gr[j], hb[j], hw[j]);
+      if (!ks.memory) std::memcpy(cb, hb, sizeof(T) * U);  // a cell without memory: c_t = h_t
     }
   }
 }

@@ -104,6 +104,14 @@ bool isa_runs_avx2() { return ops().runs_avx2; }
 
 bool packed_gemm_available() { return ops().gemm_panels != nullptr; }
 
+int64_t packed_gemm_panel() { return ops().gemm_panels != nullptr ? ops().panel : 0; }
+
+namespace {
+std::atomic<int64_t> g_unit_split_steps{0};
+}  // namespace
+int64_t unit_split_steps() { return g_unit_split_steps.load(std::memory_order_relaxed); }
+void count_unit_split_step() { g_unit_split_steps.fetch_add(1, std::memory_order_relaxed); }
+
 PackedB pack_b(const at::Tensor& w, bool transposed) {
   const int64_t nr = ops().panel;
   TORCH_CHECK(nr > 0, "rnn_ablations kernel: no packed GEMM on the ", ops().name, " path");
@@ -150,15 +158,27 @@ void gemm_packed(bool acc, int64_t M, const float* A, int64_t lda, const PackedB
   }
 }
 
+void gemm_packed_range(bool acc, int64_t M, const float* A, int64_t lda, const PackedB& B,
+                       float* C, int64_t ldc, int64_t p0, int64_t p1) {
+  const auto panels_fn = ops().gemm_panels;
+  TORCH_CHECK(panels_fn != nullptr && B.panel == ops().panel, "rnn_ablations kernel: a weight "
+              "packed for ", B.panel, "-column panels reached the ", ops().name, " path (",
+              ops().panel, " columns): the kernel ISA changed during a layer call; call "
+              "set_kernel_isa between calls");
+  TORCH_CHECK(0 <= p0 && p0 <= p1 && p1 <= B.panels(), "rnn_ablations kernel: panel range [",
+              p0, ", ", p1, ") outside the ", B.panels(), " panels of the packed weight");
+  panels_fn(acc, M, A, lda, B.buf.data_ptr<float>(), B.K, B.N, C, ldc, p0, p1);
+}
+
 void pointwise_forward(const KernelSpec& ks, const Dims& d, float* gates, const float* xo,
                        const float* c_prev, float* c_out, float* h_out, float* h_pre_out,
-                       int64_t r0, int64_t r1) {
-  ops().fwd_f(ks, d, gates, xo, c_prev, c_out, h_out, h_pre_out, r0, r1);
+                       int64_t r0, int64_t r1, int64_t u0, int64_t u1) {
+  ops().fwd_f(ks, d, gates, xo, c_prev, c_out, h_out, h_pre_out, r0, r1, u0, u1);
 }
 void pointwise_forward(const KernelSpec& ks, const Dims& d, double* gates, const double* xo,
                        const double* c_prev, double* c_out, double* h_out, double* h_pre_out,
-                       int64_t r0, int64_t r1) {
-  ops().fwd_d(ks, d, gates, xo, c_prev, c_out, h_out, h_pre_out, r0, r1);
+                       int64_t r0, int64_t r1, int64_t u0, int64_t u1) {
+  ops().fwd_d(ks, d, gates, xo, c_prev, c_out, h_out, h_pre_out, r0, r1, u0, u1);
 }
 void pointwise_backward(const KernelSpec& ks, const Dims& d, const float* gates,
                         const float* xo, const float* c_cur, const float* c_prev,

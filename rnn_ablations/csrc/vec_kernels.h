@@ -47,11 +47,18 @@ struct PackedB {
   int64_t K = 0, N = 0;
   int64_t panel = 0;  // columns per panel: the path's micro-kernel width (24 AVX2, 32 AVX-512)
   bool defined() const { return buf.defined(); }
+  int64_t panels() const { return panel > 0 ? (N + panel - 1) / panel : 0; }
 };
 
 // Whether the path in use has a packed micro-kernel (AVX2 or AVX-512); otherwise the step GEMM
 // is ATen's.
 bool packed_gemm_available();
+// The panel width of the path in use (columns per packed panel; 0 without a packed GEMM).
+int64_t packed_gemm_panel();
+// How many forward steps ran split by hidden units (step_state.h's forward_step), since the
+// module was loaded: the tests check that their shapes reach that path.
+int64_t unit_split_steps();
+void count_unit_split_step();
 // Pack B (K x N) for gemm_packed, in the panel width of the path in use.  `w` is float32, contiguous, either (N, K) with B = w^T
 // (the forward step: gates += h W_hh^T) or (K, N) with B = w (the backward step: dh = dg W_hh).
 PackedB pack_b(const at::Tensor& w, bool transposed);
@@ -59,16 +66,21 @@ PackedB pack_b(const at::Tensor& w, bool transposed);
 // over the threads when the product is large enough.  Requires packed_gemm_available().
 void gemm_packed(bool acc, int64_t M, const float* A, int64_t lda, const PackedB& B, float* C,
                  int64_t ldc, bool parallel);
+// The same for the panels [p0, p1) of B only (columns p0 * panel up to min(p1 * panel, N)), on
+// the calling thread: the unit-split forward step (step_state.h) gives each thread its panels.
+void gemm_packed_range(bool acc, int64_t M, const float* A, int64_t lda, const PackedB& B,
+                       float* C, int64_t ldc, int64_t p0, int64_t p1);
 
 // ---- element-wise pass of one step, rows [r0, r1) -----------------------------------------
 // Forward: gates hold the pre-activations of the recurrent blocks (activated in place), xo the
-// input-only blocks; writes c_t, h_t and (highway) h_pre, h_t before the highway mix.
+// input-only blocks; writes c_t, h_t and (highway) h_pre, h_t before the highway mix; for the
+// hidden units [u0, u1) of every block only (0, H: all of them).
 void pointwise_forward(const KernelSpec& ks, const Dims& d, float* gates, const float* xo,
                        const float* c_prev, float* c_out, float* h_out, float* h_pre_out,
-                       int64_t r0, int64_t r1);
+                       int64_t r0, int64_t r1, int64_t u0, int64_t u1);
 void pointwise_forward(const KernelSpec& ks, const Dims& d, double* gates, const double* xo,
                        const double* c_prev, double* c_out, double* h_out, double* h_pre_out,
-                       int64_t r0, int64_t r1);
+                       int64_t r0, int64_t r1, int64_t u0, int64_t u1);
 // Backward: dh holds dL/dh_t (total), dc the carried dL/dc_t; on return da holds
 // dL/d(pre-activations), dxo dL/d(input-only blocks) and dc dL/dc_{t-1}.
 void pointwise_backward(const KernelSpec& ks, const Dims& d, const float* gates,

@@ -18,9 +18,9 @@ struct VecOps {
   bool runs_avx2;  // whether the path executes AVX2 + FMA instructions (the scan's rows follow it)
   int64_t panel;
   void (*fwd_f)(const KernelSpec&, const Dims&, float*, const float*, const float*, float*, float*,
-                float*, int64_t, int64_t);
+                float*, int64_t, int64_t, int64_t, int64_t);
   void (*fwd_d)(const KernelSpec&, const Dims&, double*, const double*, const double*, double*,
-                double*, double*, int64_t, int64_t);
+                double*, double*, int64_t, int64_t, int64_t, int64_t);
   void (*bwd_f)(const KernelSpec&, const Dims&, const float*, const float*, const float*,
                 const float*, const float*, float*, float*, float*, float*, float*, int64_t,
                 int64_t);
