@@ -176,6 +176,17 @@ def _cuda_autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
     return dtype
 
 
+def autocast_like(proj: torch.Tensor, *tensors: Optional[torch.Tensor]):
+    """Under ``torch.autocast("cuda")`` the input projection comes out in the autocast dtype
+    (F.linear is on its lower-precision list); the recurrence then runs in that dtype too, as
+    cuDNN's LSTM does under autocast: ``tensors`` (recurrent weight, states, mask; ``None``
+    passes through) are cast to it, differentiably, so their gradients flow back to the float32
+    parameters.  Outside CUDA autocast they are returned as they are."""
+    if _cuda_autocast_dtype(proj) is None:
+        return tensors
+    return tuple(None if t is None else t.to(proj.dtype) for t in tensors)
+
+
 def _kernel_applies(t: torch.Tensor) -> bool:
     """True when the CPU kernel (and so also its pipelined schedule) runs ``t``."""
     return t.device.type == "cpu" and _plain_kernel(t) is not None

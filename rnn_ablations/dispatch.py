@@ -20,7 +20,7 @@ import torch
 
 from . import backend, cuda_recurrence
 from .backend import (_temporarily, _KERNEL_ERROR, _KERNEL_SOURCE, _CUDA_KERNEL_ERROR, _C, _C_cuda,  # noqa: F401
-                      _cuda_autocast_dtype, _kernel_applies, _plain_kernel, cuda_kernel_available,
+                      _kernel_applies, autocast_like, _plain_kernel, cuda_kernel_available,
                       get_backend, kernel_available, kernel_isa, set_backend,
                       set_kernel_isa, supported_kernel_isas, use_backend, use_kernel_isa)
 from .cuda_graphs import get_cuda_graphs, set_cuda_graphs, use_cuda_graphs
@@ -134,13 +134,7 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
             _or_empty(rec_mask, x), False, PIPELINE_CHUNK)[:3]
         return out, h_n, c_n
     proj = input_projection(x, w_ih, pbias)
-    if _cuda_autocast_dtype(proj) is not None:
-        # torch.autocast("cuda"): the projection ran in the autocast dtype (F.linear is on its
-        # lower-precision list); the recurrence runs in the same dtype, as cuDNN's LSTM does
-        # under autocast: the recurrent weight, the states and the mask are cast to it
-        # (differentiably: their gradients flow back to the float32 parameters).
-        w_hh, h0, c0 = w_hh.to(proj.dtype), h0.to(proj.dtype), c0.to(proj.dtype)
-        rec_mask = rec_mask.to(proj.dtype) if rec_mask is not None else None
+    w_hh, h0, c0, rec_mask = autocast_like(proj, w_hh, h0, c0, rec_mask)
     ext = cuda_recurrence.select(_plain_kernel(proj), variant, highway, proj, w_hh)
     if ext is not None:
         proj, w_hh, h0, c0 = proj.contiguous(), w_hh.contiguous(), h0.contiguous(), c0.contiguous()

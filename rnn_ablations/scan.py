@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from . import projection as _projection
-from .backend import _cuda_autocast_dtype, get_backend
+from .backend import autocast_like, get_backend
 from .projection import _dnnl_linear, input_projection
 from .functional import generic_layer, projection_bias, reversal_index
 from .variants import Variant
@@ -366,11 +366,7 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
         return out, h_n, c_n
     weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
     proj = input_projection(x, weight, bias)
-    if _cuda_autocast_dtype(proj) is not None:
-        # torch.autocast("cuda"): the projection ran in the autocast dtype (F.linear is on its
-        # lower-precision list); the scan runs in that dtype too, as the step kernels and
-        # cuDNN's LSTM do under autocast: the states are cast to it (differentiably)
-        h0, c0 = h0.to(proj.dtype), c0.to(proj.dtype)
+    h0, c0 = autocast_like(proj, h0, c0)  # the scan in the autocast dtype, as the step kernels
     ext = _scan_kernel(proj) if layout is not None else None
     if ext is None:
         return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)

@@ -385,18 +385,17 @@ def run(args) -> int:
     print(f"# machine: {meta['machine']}; fused kernel: {meta['kernel']}")
     # one shape at a time, the files rewritten after each (a run cut off by a time limit keeps
     # the rows it measured; the Markdown says which dtypes are complete)
-    per_shape = shapes if shapes is not None else [None] * len(args.hidden)
+    parts = ([([h], None) for h in args.hidden] if shapes is None
+             else [(args.hidden, [s]) for s in shapes])
     for d in args.dtype:
-        for i, shape in enumerate(per_shape):
-            rows += measure([args.hidden[i]] if shape is None else args.hidden, args.batch,
-                            args.seq_len, args.repeats, args.variants,
-                            device=args.device, clock=args.clock, dtype=d,
-                            shapes=None if shape is None else [shape],
+        for i, (hidden, part) in enumerate(parts):
+            rows += measure(hidden, args.batch, args.seq_len, args.repeats, args.variants,
+                            device=args.device, clock=args.clock, dtype=d, shapes=part,
                             directions=args.directions, warmup=args.warmup,
                             recurrence=args.cuda_recurrence or get_cuda_recurrence(),
                             isas=args.isas)
             if args.out:
-                complete = list(args.dtype[:args.dtype.index(d) + (i == len(per_shape) - 1)])
+                complete = list(args.dtype[:args.dtype.index(d) + (i == len(parts) - 1)])
                 _write(args, meta, rows, complete == list(args.dtype), complete)
     print(format_table(rows))
     return 0

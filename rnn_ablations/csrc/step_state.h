@@ -167,8 +167,7 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
       const int64_t width = s.packed_blocks[0].panel;
       const float* a = h_prev.data_ptr<float>();
       const int64_t threads = parallel ? at::get_num_threads() : 1;
-      // the same size rule as gemm_packed's split of the whole product over the threads
-      const int64_t chunks = (threads > 1 && n * R * H * H >= (1 << 18))
+      const int64_t chunks = (threads > 1 && worth_splitting(n, R * H, H))
                                  ? std::min<int64_t>(threads, panels) : 1;
       auto body = [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {

@@ -139,32 +139,37 @@ PackedB pack_b(const at::Tensor& w, bool transposed) {
   return pb;
 }
 
-void gemm_packed(bool acc, int64_t M, const float* A, int64_t lda, const PackedB& B, float* C,
-                 int64_t ldc, bool parallel) {
+namespace {
+// The packed GEMM of the path in use, for a weight packed on that path.
+auto checked_panels_fn(const PackedB& B) {
   const auto panels_fn = ops().gemm_panels;
   TORCH_CHECK(panels_fn != nullptr, "rnn_ablations kernel: no packed GEMM on the ",
               ops().name, " path");
   TORCH_CHECK(B.panel == ops().panel, "rnn_ablations kernel: a weight packed for ", B.panel,
               "-column panels reached the ", ops().name, " path (", ops().panel, " columns): "
               "the kernel ISA changed during a layer call; call set_kernel_isa between calls");
+  return panels_fn;
+}
+}  // namespace
+
+bool worth_splitting(int64_t M, int64_t N, int64_t K) { return M * N * K >= (int64_t{1} << 18); }
+
+void gemm_packed(bool acc, int64_t M, const float* A, int64_t lda, const PackedB& B, float* C,
+                 int64_t ldc, bool parallel) {
+  const auto panels_fn = checked_panels_fn(B);
   const float* bp = B.buf.data_ptr<float>();
-  const int64_t panels = (B.N + B.panel - 1) / B.panel;
-  if (parallel && at::get_num_threads() > 1 && M * B.N * B.K >= (1 << 18)) {
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+  if (parallel && at::get_num_threads() > 1 && worth_splitting(M, B.N, B.K)) {
+    at::parallel_for(0, B.panels(), 1, [&](int64_t p0, int64_t p1) {
       panels_fn(acc, M, A, lda, bp, B.K, B.N, C, ldc, p0, p1);
     });
   } else {
-    panels_fn(acc, M, A, lda, bp, B.K, B.N, C, ldc, 0, panels);
+    panels_fn(acc, M, A, lda, bp, B.K, B.N, C, ldc, 0, B.panels());
   }
 }
 
 void gemm_packed_range(bool acc, int64_t M, const float* A, int64_t lda, const PackedB& B,
                        float* C, int64_t ldc, int64_t p0, int64_t p1) {
-  const auto panels_fn = ops().gemm_panels;
-  TORCH_CHECK(panels_fn != nullptr && B.panel == ops().panel, "rnn_ablations kernel: a weight "
-              "packed for ", B.panel, "-column panels reached the ", ops().name, " path (",
-              ops().panel, " columns): the kernel ISA changed during a layer call; call "
-              "set_kernel_isa between calls");
+  const auto panels_fn = checked_panels_fn(B);
   TORCH_CHECK(0 <= p0 && p0 <= p1 && p1 <= B.panels(), "rnn_ablations kernel: panel range [",
               p0, ", ", p1, ") outside the ", B.panels(), " panels of the packed weight");
   panels_fn(acc, M, A, lda, B.buf.data_ptr<float>(), B.K, B.N, C, ldc, p0, p1);

@@ -66,6 +66,9 @@ PackedB pack_b(const at::Tensor& w, bool transposed);
 // over the threads when the product is large enough.  Requires packed_gemm_available().
 void gemm_packed(bool acc, int64_t M, const float* A, int64_t lda, const PackedB& B, float* C,
                  int64_t ldc, bool parallel);
+// Whether an M x K by K x N product is large enough to split over threads (below it the
+// fork/join costs more than it saves); gemm_packed's rule, and the unit-split forward step's.
+bool worth_splitting(int64_t M, int64_t N, int64_t K);
 // The same for the panels [p0, p1) of B only (columns p0 * panel up to min(p1 * panel, N)), on
 // the calling thread: the unit-split forward step (step_state.h) gives each thread its panels.
 void gemm_packed_range(bool acc, int64_t M, const float* A, int64_t lda, const PackedB& B,
