@@ -221,7 +221,7 @@ def test_recurrent_dropout_draws_the_same_masks():
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
-@pytest.mark.parametrize("variant", ["srnn", "ran"])
+@pytest.mark.parametrize("variant", ["srnn", "ran", "lstm"])
 def test_inference_saves_nothing(variant, mode, counting, monkeypatch):
     """Under no_grad / inference_mode every kernel path (concurrent directions, sequential plain
     and pipelined, unidirectional) runs without an autograd Function (nothing saved for a

@@ -327,11 +327,24 @@ def _float32_against_float64(kernel, variant, highway, recurrent_dropout):
             results.append([t.detach().double() for t in (out, h, c, xx.grad)]
                            + [p.grad.double() for p in mm.parameters()])
             mm.zero_grad()
+        inference = _float32_inference(m, kernel, x, lengths)
     finally:
         torch.set_num_threads(old)
         m.float()
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
+    for a, b in zip(inference, results[1][:3]):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
+
+
+def _float32_inference(m, name, x, lengths):
+    """The float32 model under no_grad (the kernels' inference calls: memories in one rolling
+    buffer, nothing kept for a backward), with the training pass's dropout masks."""
+    mm = m.float()
+    torch.manual_seed(1)
+    with path(name), torch.no_grad():
+        out, (h, c) = mm(x.float(), lengths=lengths)
+    return [t.double() for t in (out, h, c)]
 
 
 @pytest.mark.skipif(not PACKED_ISAS, reason="no path with the packed step GEMM on this CPU")
@@ -366,14 +379,19 @@ def test_unit_split_forward_against_float64_generic(isa, variant, highway, recur
             results.append([t.detach().double() for t in (out, h, c, xx.grad)]
                            + [p.grad.double() for p in mm.parameters()])
             mm.zero_grad()
-        # every step whose product is large enough to be split (gemm_packed's size rule)
+        with ra.use_kernel_isa(isa):
+            inference = _float32_inference(m, "plain", x, lengths)
+        # every step whose product is large enough to be split (gemm_packed's size rule), in
+        # the training forward and in the inference call
         r = m.weight_hh_l0.shape[0] // 260
         want = sum(n * r * 260 * 260 >= 1 << 18 for n in (9, 7, 5, 4, 2))
-        assert want >= 4 and _C.unit_split_steps() - before == want
+        assert want >= 4 and _C.unit_split_steps() - before == 2 * want
     finally:
         torch.set_num_threads(old)
         m.float()
     for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
+    for a, b in zip(inference, results[1][:3]):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
 
 

@@ -209,10 +209,16 @@ def test_entry_points_check_sizes():
     with pytest.raises(RuntimeError, match="batch_sizes"):
         _C.backward(RAN, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0,
                     torch.tensor([2, 3, 1]), e)
+    p2, w2, _, _, _ = _plain_args("ran", True, 3, 2, 4)
+    o2, hn2, cn2, g2, cs2, hin2 = _C.forward(RAN, True, p2.clone(), w2, h0, c0, bs, e, True)
     with pytest.raises(RuntimeError, match="hin \\(highway inputs\\)"):  # highway without hin
-        p2, w2, _, _, _ = _plain_args("ran", True, 3, 2, 4)
-        o2, hn2, cn2, g2, cs2, hin2 = _C.forward(RAN, True, p2.clone(), w2, h0, c0, bs, e, False)
-        _C.backward(RAN, True, torch.ones_like(o2), hn2, cn2, g2, cs2, hin2, o2, p2, w2, h0, c0,
+        _C.backward(RAN, True, torch.ones_like(o2), hn2, cn2, g2, cs2, e, o2, p2, w2, h0, c0,
+                    bs, e)
+    # an inference forward (keep_hin=False) keeps no memories and no hin: the backward says so
+    o3, hn3, cn3, g3, cs3, hin3 = _C.forward(RAN, True, p2.clone(), w2, h0, c0, bs, e, False)
+    assert cs3.numel() == 0 and hin3.numel() == 0
+    with pytest.raises(RuntimeError, match="inference \\(keep_hin=False\\) and kept nothing"):
+        _C.backward(RAN, True, torch.ones_like(o3), hn3, cn3, g3, cs3, hin3, o3, p2, w2, h0, c0,
                     bs, e)
 
 

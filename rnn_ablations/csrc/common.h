@@ -149,7 +149,11 @@ inline KernelSpec check_backward_inputs(int64_t spec, bool highway, const at::Te
   const int64_t T = out.size(0), B = out.size(1);
   check_like(w_hh, w_hh.sizes(), out, "w_hh", who);
   check_like(grad_out, out.sizes(), out, "grad_out", who, true);  // the incoming gradients: any strides
-  // cs and hin are kept in the accumulation type (float for half/bfloat16 on CUDA)
+  // cs and hin are kept in the accumulation type (float for half/bfloat16 on CUDA).  An
+  // inference forward (keep_hin=False) keeps neither: say so rather than "wrong shape".
+  TORCH_CHECK(device != at::kCPU || cs.numel() > 0 || out.numel() == 0, who,
+              ": cs is empty: the forward ran as inference (keep_hin=False) and kept nothing for "
+              "a backward; run the forward with keep_hin=True to differentiate it");
   check_saved_acc(cs, out, "cs", who);
   check_like(grad_hn, {B, H}, out, "grad_hn", who, true);
   check_like(grad_cn, {B, H}, out, "grad_cn", who, true);

@@ -59,8 +59,8 @@ std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj,
       cpu::forward_step<scalar_t>(s, t, xop, true);
     }
   });
-  auto fin = final_states(s.ks.memory, s.out, s.cs, h0, c0, s.bs);
-  return {s.out, fin.first, fin.second, s.gates, s.cs,
+  auto fin = s.finish_forward(h0, c0);
+  return {s.out, fin[0], fin[1], s.gates, fin[2],
           s.hin.defined() ? s.hin : at::empty({0}, proj.options())};
 }
 

@@ -52,21 +52,29 @@ struct StepState {
   // column of its units and then their element-wise pass, one parallel region per step
   // (forward_step).  Empty where `packed` is used instead (the backward, double, ATen's GEMM).
   std::vector<PackedB> packed_blocks;
+  // Inference (the forward of a call that keeps nothing for a backward): the memory cells c_t
+  // live in one (B, H) buffer, updated in place step after step (a row that has ended keeps its
+  // last c_t there, which is its c_n), instead of a (T, B, H) tensor that only a backward reads.
+  bool rolling_c = false;
   // The forward's spec, sizes, buffers and inputs, with w_hh packed for the step GEMM (the
   // caller sets `gates`).  Checks the recurrent-dropout mask.
+  // `keep`: the call feeds a backward (training), so c_t of every step (and, with the highway,
+  // h_t before the mix) are kept; false = inference (rolling_c, no hin).
   // `split_units`: the caller runs every step with `parallel` (the plain kernel), so the steps
   // may be split by hidden units (packed_blocks) where that pays (see pack).
   void init_forward(const KernelSpec& ks_, const Dims& d_, const at::Tensor& batch_sizes,
                     const at::Tensor& h0_, const at::Tensor& c0_, const at::Tensor& w_hh_,
-                    const at::Tensor& rec_mask_, bool keep_hin, const char* who,
+                    const at::Tensor& rec_mask_, bool keep, const char* who,
                     bool split_units = false) {
     ks = ks_; d = d_; bs = batch_sizes.data_ptr<int64_t>();
     has_mask = rec_mask_.defined() && rec_mask_.numel() > 0;
     if (has_mask) check_like(rec_mask_, h0_.sizes(), h0_, "rec_mask", who);
     const auto opt = h0_.options();
-    out = at::zeros({d.T, d.B, d.H}, opt);
-    cs = at::empty({d.T, d.B, d.H}, opt);
-    hin = (ks.highway && keep_hin) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
+    // Every active row of out[t] is written by its step; finish_forward zeroes the others.
+    out = at::empty({d.T, d.B, d.H}, opt);
+    rolling_c = !keep;
+    cs = rolling_c ? c0_.clone(at::MemoryFormat::Contiguous) : at::empty({d.T, d.B, d.H}, opt);
+    hin = (ks.highway && keep) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
     hp_buf = has_mask ? at::empty({d.B, d.H}, opt) : at::Tensor();
     h0 = h0_; c0 = c0_; w_hh = w_hh_; w_t = w_hh_.t(); rec_mask = rec_mask_;
     pack(false, split_units);
@@ -91,6 +99,27 @@ struct StepState {
     dh = grad_hn.clone().contiguous();
     dc = grad_cn.clone().contiguous();
     if (!ks.memory) dh.add_(dc);  // c_n is a copy of h_n for a cell without memory
+  }
+  // After the forward's last step: zero the rows of out that no step wrote (a row's steps past
+  // its length, and the steps after the loop stopped at a batch size of 0), and return {h_n,
+  // c_n, cs as the forward returns it (empty in inference)}.
+  std::vector<at::Tensor> finish_forward(const at::Tensor& h0_, const at::Tensor& c0_) {
+    for (int64_t t = 0; t < d.T; ++t) {
+      const int64_t n = bs[t];
+      if (n == 0) {
+        out.narrow(0, t, d.T - t).zero_();
+        break;
+      }
+      if (n < d.B) out[t].narrow(0, n, d.B - n).zero_();
+    }
+    if (!rolling_c) {
+      auto fin = final_states(ks.memory, out, cs, h0_, c0_, bs);
+      return {fin.first, fin.second, cs};
+    }
+    // h_n as final_states takes it (each row's last step); c_n is the rolling buffer itself.
+    auto fin = final_states(true, out, out, h0_, h0_, bs);
+    at::Tensor c_n = ks.memory ? cs : fin.first.clone();
+    return {fin.first, c_n, at::empty({0}, out.options())};
   }
   // dL/dc_0 as returned: zero for a cell without memory (its c is h, whose gradient is in dh).
   at::Tensor grad_c0() {
@@ -157,8 +186,11 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
     h_prev = hp;
   }
   scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
-  const scalar_t* cpp = (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
-  scalar_t* cp = s.cs[t].data_ptr<scalar_t>();
+  // In inference c_{t-1} and c_t share the rolling buffer (element-wise, each unit read before
+  // it is written).
+  const scalar_t* cpp = s.rolling_c ? s.cs.data_ptr<scalar_t>()
+                                    : (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
+  scalar_t* cp = s.rolling_c ? s.cs.data_ptr<scalar_t>() : s.cs[t].data_ptr<scalar_t>();
   scalar_t* hp = s.out[t].data_ptr<scalar_t>();
   scalar_t* hinp = s.hin.defined() ? s.hin[t].data_ptr<scalar_t>() : nullptr;
   if constexpr (std::is_same<scalar_t, float>::value) {

@@ -103,8 +103,9 @@ void pointwise_forward(const KernelSpec& ks, const Dims& d, T* gates, const T* x
   for (int64_t b = r0; b < r1; ++b) {
     T* __restrict__ g = gates + b * d.gates_stride;
     const T* __restrict__ xob = xo ? xo + b * d.xo_stride : nullptr;
-    const T* __restrict__ cp = c_prev + b * H + u0;
-    T* __restrict__ cb = c_out + b * H + u0;
+    // c_prev may be c_out (inference: one buffer, see step_state.h), hence no __restrict__.
+    const T* cp = c_prev + b * H + u0;
+    T* cb = c_out + b * H + u0;
     T* __restrict__ hb = h_out + b * H + u0;
     T* __restrict__ hpreb = h_pre_out ? h_pre_out + b * H + u0 : nullptr;
     activate_recurrent<T>(ks, H, d.R, g, u0, U);
