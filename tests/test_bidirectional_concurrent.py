@@ -250,6 +250,112 @@ def test_inference_saves_nothing(variant, mode, counting, monkeypatch):
     assert counting.calls["forward_directions"] == counting.calls["fused_forward_directions"] == 2
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("variant,highway", [("lstm", False), ("ran", True)])
+def test_inference_workspace_reuses_buffers_across_layers(variant, highway, bidirectional, mode):
+    """Inference on every CPU kernel path writes the layers' outputs, projections and reversed
+    copies into one workspace (rnn_ablations/workspace.py), reused from layer to layer: a
+    four-layer stack allocates no more buffers than a two-layer one, and its outputs and final
+    states equal the generic path's, padded or not (layer l + 2 overwrites layer l's buffers
+    while layer l + 1's output is being read).  A returned output is never overwritten by a
+    later call."""
+    from rnn_ablations import workspace
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 3, 5, generator=g, dtype=torch.float64)
+    counts = {}
+    for layers in (2, 4):
+        torch.manual_seed(1)
+        m = AblatedRNN(variant, 5, 4, num_layers=layers, bidirectional=bidirectional,
+                       highway=highway).double().eval()
+        h0 = torch.randn(layers * m.num_directions, 3, 4, generator=g, dtype=torch.float64)
+        for lengths in (LENGTHS, None):
+            with path("generic", 1), torch.no_grad():
+                want = m(x, (h0, h0 * 0.5), lengths=lengths)
+            for name in ("concurrent", "concurrent_pipelined", "sequential", "pipelined"):
+                ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+                before = workspace.allocations()
+                with path(name, 2), ctx:
+                    out, (h, c) = m(x, (h0, h0 * 0.5), lengths=lengths)
+                    kept = out.clone()
+                    m(x.flip(0), (h0, h0), lengths=lengths)  # a second call, other values
+                counts[layers, name, lengths is None] = workspace.allocations() - before
+                _assert_all_close([out, h, c], [want[0], *want[1]])
+                torch.testing.assert_close(out, kept, rtol=0, atol=0)
+    for (layers, name, full), n in counts.items():
+        assert n > 0, f"{name}: no workspace buffer was taken"
+        if layers == 4:
+            assert n == counts[2, name, full], (name, full, n, counts[2, name, full])
+
+
+def test_no_workspace_when_a_gradient_is_needed():
+    """Training (anything requires grad) keeps every layer's tensors for the backward: no
+    workspace; a frozen model (no parameter requires grad) takes one even with grad enabled."""
+    from rnn_ablations import workspace
+    m = _model("lstm", False)
+    x = torch.randn(7, 3, 5, dtype=torch.float64)
+    before = workspace.allocations()
+    with path("concurrent", 2):
+        m(x)[0].sum().backward()
+    assert workspace.allocations() == before
+    m.requires_grad_(False)
+    with path("concurrent", 2):
+        m(x)
+        assert workspace.allocations() > before
+        before = workspace.allocations()
+        m(x.requires_grad_())  # the input needs a gradient: no workspace
+    assert workspace.allocations() == before
+
+
+def test_inference_buffers_are_checked():
+    """The kernels' buffer arguments (what the workspace passes) are refused when they cannot
+    hold the result: too small, wrong dtype, not contiguous, sharing memory with an input or
+    with the other direction's buffer, or given to a training call."""
+    from rnn_ablations import _C
+    spec = get_variant("ran").kernel_spec
+    proj = torch.randn(3, 2, 12, dtype=torch.float64)  # ran: i, f (recurrent), c (input-only)
+    w = torch.randn(8, 4, dtype=torch.float64)
+    h = torch.zeros(2, 4, dtype=torch.float64)
+    bs = torch.tensor([2, 2, 1])
+    e = torch.empty(0, dtype=torch.float64)
+    good = torch.empty(24, dtype=torch.float64)
+    out = _C.forward(spec, False, proj.clone(), w, h, h, bs, e, False, True, good)[0]
+    assert out.data_ptr() == good.data_ptr()
+    torch.testing.assert_close(out, _C.forward(spec, False, proj.clone(), w, h, h, bs, e, False)[0])
+    assert out[2, 1].abs().sum() == 0  # the padded row is zeroed in the caller's buffer too
+    bad = [(torch.empty(23, dtype=torch.float64), "at least 24 elements"),
+           (torch.empty(24), "must be a contiguous Double tensor"),
+           (torch.empty(48, dtype=torch.float64)[::2], "not contiguous"),
+           (None, "shares memory with an input")]
+    for buf, message in bad:
+        p = proj.clone()
+        with pytest.raises(RuntimeError, match=message):
+            _C.forward(spec, False, p, w, h, h, bs, e, False, True,
+                       p.view(-1)[:24] if buf is None else buf)
+    with pytest.raises(RuntimeError, match="training call .*keep_hin=False"):
+        _C.forward(spec, False, proj.clone(), w, h, h, bs, e, True, True, good)
+    with pytest.raises(RuntimeError, match="two directions' buffers share memory"):
+        _C.forward_directions(spec, False, [proj.clone(), proj.clone()], [w, w], [h, h], [h, h],
+                              bs, [e, e], False, True, [good, good])
+    with pytest.raises(RuntimeError, match="out \\(buffers\\) must be a list of one tensor"):
+        _C.forward_directions(spec, False, [proj.clone(), proj.clone()], [w, w], [h, h], [h, h],
+                              bs, [e, e], False, True, [good])
+    x = torch.randn(3, 2, 5, dtype=torch.float64)
+    w_ih = torch.randn(12, 5, dtype=torch.float64)
+    scratch = torch.empty(72, dtype=torch.float64)
+    want = _C.fused_forward(spec, False, x, w_ih, e, w, h, h, bs, e, False, 0)[0]
+    got = _C.fused_forward(spec, False, x, w_ih, e, w, h, h, bs, e, False, 0, good, scratch)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="buffer for out shares memory with an input"):
+        _C.fused_forward(spec, False, x, w_ih, e, w, h, h, bs, e, False, 0, scratch[:24], scratch)
+    with pytest.raises(RuntimeError, match="the projections \\(scratch\\) .*at least 72"):
+        _C.fused_forward(spec, False, x, w_ih, e, w, h, h, bs, e, False, 0, good, scratch[:71])
+    with pytest.raises(RuntimeError, match="two directions' buffers share memory"):
+        _C.fused_forward_directions(spec, False, [x, x], [w_ih, w_ih], [e, e], [w, w], [h, h],
+                                    [h, h], bs, [e, e], False, 0, [good, good.clone()],
+                                    [scratch, scratch])
+
+
 def test_create_graph_second_derivatives():
     """create_graph=True: the concurrent path's backward recomputes each direction on the
     differentiable generic path, so gradient-of-gradient terms match the generic path's."""
