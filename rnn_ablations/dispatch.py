@@ -19,7 +19,6 @@ from typing import Optional
 import torch
 
 from . import backend, cuda_recurrence
-from .workspace import LayerWorkspace, Workspace
 from .backend import (_temporarily, _KERNEL_ERROR, _KERNEL_SOURCE, _CUDA_KERNEL_ERROR, _C, _C_cuda,  # noqa: F401
                       _kernel_applies, autocast_like, _plain_kernel, cuda_kernel_available,
                       get_backend, kernel_available, kernel_isa, set_backend,
@@ -36,7 +35,7 @@ from .variants import Variant
 __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "use_backend",
            "set_pipeline", "get_pipeline", "use_pipeline", "run_layer", "input_projection",
            "run_directions", "set_concurrent_directions", "get_concurrent_directions",
-           "use_concurrent_directions", "inference_workspace",
+           "use_concurrent_directions",
            "set_cuda_graphs", "get_cuda_graphs", "use_cuda_graphs",
            "kernel_isa", "supported_kernel_isas", "set_kernel_isa", "use_kernel_isa"]
 
@@ -102,22 +101,10 @@ def _pipeline_applies(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
 
 
 
-def inference_workspace(x: torch.Tensor, *tensors) -> Optional[Workspace]:
-    """A :class:`~rnn_ablations.workspace.Workspace` for a layer stack on ``x`` when its layers
-    will run the CPU kernel's inference calls (no gradient needed for ``x`` or ``tensors``, the
-    stack's parameters and initial states; not under CPU autocast), else ``None``."""
-    if x.numel() == 0 or not _kernel_applies(x) or _cpu_autocast():
-        return None
-    if _needs_grad(x, *tensors):
-        return None
-    return Workspace()
-
-
 def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tensor,
               bias: Optional[torch.Tensor], w_hh: torch.Tensor, h0: torch.Tensor,
               c0: torch.Tensor, batch_sizes: torch.Tensor,
-              rec_mask: Optional[torch.Tensor] = None,
-              workspace: Optional[LayerWorkspace] = None, direction: int = 0):
+              rec_mask: Optional[torch.Tensor] = None):
     """One layer, one direction. Returns ``(output (T,B,H), h_n (B,H), c_n (B,H))``.
 
     ``x`` (T, B, D) is the layer input, ``w_ih`` ((R+X)·H, D) the input weights (recurrent
@@ -127,9 +114,6 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
 
     An empty input (B = 0 or T = 0) takes the generic path: there is nothing for a kernel to
     do, and autograd then gives zero gradients of the right shapes, as for ``torch.nn.LSTM``.
-
-    ``workspace`` (from :func:`inference_workspace`, inference only) holds the buffers that the
-    CPU kernel's output and input projections of direction ``direction`` are written into.
     """
     pbias = projection_bias(bias, w_ih.shape[0])
     if x.shape[0] == 0 or x.shape[1] == 0:
@@ -145,14 +129,11 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
         if needs_grad:
             return _PipelinedLayer.apply(x, w_ih, bias, w_hh, h0, c0, variant, highway,
                                          batch_sizes, rec_mask, PIPELINE_CHUNK)
-        out_buf, scratch = _pipelined_buffers(workspace, direction, x, w_ih, w_hh)
         out, h_n, c_n = backend._C.fused_forward(
             variant.kernel_spec, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
-            _or_empty(rec_mask, x), False, PIPELINE_CHUNK, out_buf, scratch)[:3]
+            _or_empty(rec_mask, x), False, PIPELINE_CHUNK)[:3]
         return out, h_n, c_n
-    cpu_inference = workspace is not None and not needs_grad and _kernel_applies(x)
-    proj = input_projection(x, w_ih, pbias, _proj_buffer(workspace, direction, x, w_ih)
-                            if cpu_inference else None)
+    proj = input_projection(x, w_ih, pbias)
     w_hh, h0, c0, rec_mask = autocast_like(proj, w_hh, h0, c0, rec_mask)
     ext = cuda_recurrence.select(_plain_kernel(proj), variant, highway, proj, w_hh)
     if ext is not None:
@@ -161,29 +142,10 @@ def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tens
         if _needs_grad(proj, w_hh, h0, c0):
             return _KernelLayer.apply(proj, w_hh, h0, c0, x, w_ih, pbias, variant, highway,
                                       batch_sizes, rec_mask, ext)
-        out_buf = (workspace.out(direction, (x.shape[0], x.shape[1], w_hh.shape[1]), x)
-                   if cpu_inference and ext is backend._C else None)
         out, h_n, c_n, _, _, _ = _plain_forward(ext, variant.kernel_spec, highway, proj, w_hh, h0, c0,
-                                                batch_sizes, _or_empty(rec_mask, proj), False,
-                                                out_buf)
+                                                batch_sizes, _or_empty(rec_mask, proj), False)
         return out, h_n, c_n
     return _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask)
-
-
-def _proj_buffer(workspace: Optional[LayerWorkspace], direction: int, x: torch.Tensor,
-                 w_ih: torch.Tensor) -> Optional[torch.Tensor]:
-    if workspace is None:
-        return None
-    return workspace.scratch(direction, (x.shape[0], x.shape[1], w_ih.shape[0]), x)
-
-
-def _pipelined_buffers(workspace: Optional[LayerWorkspace], direction: int, x: torch.Tensor,
-                       w_ih: torch.Tensor, w_hh: torch.Tensor):
-    """The pipelined kernel's inference buffers: (out, scratch for the projections) or Nones."""
-    if workspace is None:
-        return None, None
-    return (workspace.out(direction, (x.shape[0], x.shape[1], w_hh.shape[1]), x),
-            _proj_buffer(workspace, direction, x, w_ih))
 
 
 #: How the CPU kernel runs the directions of a bidirectional layer (:func:`run_directions`).
@@ -278,8 +240,7 @@ def _cpu_autocast() -> bool:
 
 
 def run_directions(variant: Variant, highway: bool, xs, params, h0s, c0s,
-                   batch_sizes: torch.Tensor, rec_masks,
-                   workspace: Optional[LayerWorkspace] = None):
+                   batch_sizes: torch.Tensor, rec_masks):
     """The directions of one layer, submitted together.  Returns ``[(output, h_n, c_n), ...]``,
     one per direction, each as :func:`run_layer` returns it.
 
@@ -288,16 +249,14 @@ def run_directions(variant: Variant, highway: bool, xs, params, h0s, c0s,
     direction its own input (the reverse direction's ``xs[1]`` reversed within each row's length,
     so that it reads only its real tokens) and reverses that direction's output back.  On the CPU
     kernel with 2+ threads the directions run concurrently (see ``_concurrent_directions``);
-    elsewhere one after the other, through :func:`run_layer`.  ``workspace``: as for
-    :func:`run_layer` (direction ``d`` takes its buffers)."""
+    elsewhere one after the other, through :func:`run_layer`."""
     n = len(xs)
     if not (len(params) == len(h0s) == len(c0s) == len(rec_masks) == n):
         raise ValueError("run_directions: xs, params, h0s, c0s and rec_masks need one entry per "
                          "direction")
     if not _directions_concurrent(xs, params):
-        return [run_layer(variant, highway, x, w_ih, b, w_hh, h0, c0, batch_sizes, m, workspace, d)
-                for d, (x, (w_ih, w_hh, b), h0, c0, m)
-                in enumerate(zip(xs, params, h0s, c0s, rec_masks))]
+        return [run_layer(variant, highway, x, w_ih, b, w_hh, h0, c0, batch_sizes, m)
+                for x, (w_ih, w_hh, b), h0, c0, m in zip(xs, params, h0s, c0s, rec_masks)]
     needs_grad = any(_needs_grad(x, *p, h0, c0) for x, p, h0, c0 in zip(xs, params, h0s, c0s))
     if _directions_pipelined(xs[0], params[0][0], needs_grad):
         flat = []
@@ -310,20 +269,16 @@ def run_directions(variant: Variant, highway: bool, xs, params, h0s, c0s,
             return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]
         k = len(_PIPELINED_DIRECTION_ARGS)
         groups = [flat[i:i + k] for i in range(0, len(flat), k)]
-        buffers = [_pipelined_buffers(workspace, d, g[0], g[1], g[3]) for d, g in enumerate(groups)]
         results = backend._C.fused_forward_directions(
             variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
             [_or_empty(g[2], g[0]) for g in groups], [g[3] for g in groups],
             [g[4] for g in groups], [g[5] for g in groups], batch_sizes,
-            [_or_empty(g[6], g[0]) for g in groups], False, PIPELINE_CHUNK,
-            [b[0] for b in buffers] if workspace is not None else [],
-            [b[1] for b in buffers] if workspace is not None else [])
+            [_or_empty(g[6], g[0]) for g in groups], False, PIPELINE_CHUNK)
         return [tuple(r[:3]) for r in results]
     flat = []
-    for d, (x, (w_ih, w_hh, b), h0, c0, m) in enumerate(zip(xs, params, h0s, c0s, rec_masks)):
+    for x, (w_ih, w_hh, b), h0, c0, m in zip(xs, params, h0s, c0s, rec_masks):
         pbias = projection_bias(b, w_ih.shape[0])
-        buf = _proj_buffer(workspace, d, x, w_ih) if not needs_grad else None
-        proj = input_projection(x, w_ih, pbias, buf).contiguous()
+        proj = input_projection(x, w_ih, pbias).contiguous()
         flat += [proj, w_hh.contiguous(), h0.contiguous(), c0.contiguous(), x, w_ih, pbias,
                  m.contiguous() if m is not None else None]
     k = len(_DIRECTION_ARGS)
@@ -331,10 +286,8 @@ def run_directions(variant: Variant, highway: bool, xs, params, h0s, c0s,
         outs = _KernelDirections.apply(variant, highway, batch_sizes, *flat)
         return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]
     groups = [flat[i:i + k] for i in range(0, len(flat), k)]
-    outs = ([workspace.out(d, (g[0].shape[0], g[0].shape[1], g[1].shape[1]), g[0])
-             for d, g in enumerate(groups)] if workspace is not None else [])
     results = backend._C.forward_directions(
         variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
         [g[2] for g in groups], [g[3] for g in groups], batch_sizes,
-        [_or_empty(g[7], g[0]) for g in groups], False, True, outs)
+        [_or_empty(g[7], g[0]) for g in groups], False, True)
     return [tuple(r[:3]) for r in results]

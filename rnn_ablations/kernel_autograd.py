@@ -28,16 +28,12 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _plain_forward(ext, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin,
-                   out=None):
+def _plain_forward(ext, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
     """``ext.forward``.  ``proj`` is always a scratch tensor here (fresh from
-    :func:`input_projection`, which saves no output for its backward, or an inference
-    workspace's buffer), so the CPU kernel may turn its recurrent blocks into the gate
-    activations in place instead of copying them.  ``out``: the CPU kernel's output buffer
-    (inference only)."""
+    :func:`input_projection`, which saves no output for its backward), so the CPU kernel may turn
+    its recurrent blocks into the gate activations in place instead of copying them."""
     if ext is backend._C:
-        return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True,
-                           out)
+        return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True)
     return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
 
 

@@ -85,21 +85,8 @@ def _onednn_projection_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and _onednn_usable())
 
 
-def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for all time steps at once, on the faster GEMM library.
-
-    ``out``: a contiguous ``(*x.shape[:-1], weight.shape[0])`` buffer to write the result into
-    (an inference workspace, :mod:`rnn_ablations.workspace`), used by the ``F.linear`` path
-    (the same MKL product, written in place); the oneDNN path has no such form and allocates."""
+def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for all time steps at once, on the faster GEMM library."""
     if _onednn_projection_applies(x, weight):
         return _OneDnnLinear.apply(x, weight, bias)
-    if out is None or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                     or (bias is not None and bias.requires_grad))):
-        return torch.nn.functional.linear(x, weight, bias)
-    x2d, o2d = x.reshape(-1, x.shape[-1]), out.view(-1, weight.shape[0])
-    if bias is None:
-        torch.mm(x2d, weight.t(), out=o2d)
-    else:
-        torch.addmm(bias, x2d, weight.t(), out=o2d)
-    return out
+    return torch.nn.functional.linear(x, weight, bias)

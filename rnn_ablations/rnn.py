@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .dispatch import inference_workspace, run_directions
+from .dispatch import run_directions
 from .scan import run_scan_layer
 from .functional import projection_bias, reversal_index
 from .validation import check_positive_int, check_prob
@@ -502,30 +502,15 @@ class AblatedRNN(nn.Module):
             batch_sizes = (steps < sorted_len.unsqueeze(0)).sum(1)
             rev_index = reversal_index(sorted_len, t_eff).to(x.device)
 
-        def reverse(t: torch.Tensor, buf: Optional[torch.Tensor] = None) -> torch.Tensor:
-            """Each row reversed within its length (into ``buf`` when given)."""
+        def reverse(t: torch.Tensor) -> torch.Tensor:
             if rev_index is None:
-                if buf is None:
-                    return t.flip(0)
-                flip = torch.arange(t.shape[0] - 1, -1, -1, device=t.device)
-                return torch.index_select(t, 0, flip, out=buf)
-            index = rev_index.unsqueeze(-1).expand_as(t)
-            return t.gather(0, index) if buf is None else torch.gather(t, 0, index, out=buf)
+                return t.flip(0)
+            return t.gather(0, rev_index.unsqueeze(-1).expand_as(t))
 
-        stack = range(self.num_layers if num_layers is None else num_layers)
-        # Inference on the CPU kernel: the layers' large tensors in buffers reused from layer to
-        # layer (rnn_ablations/workspace.py); None when anything needs a gradient.
-        ws = None
-        if self.variant.reads_hidden and len(stack) > 0:
-            ws = inference_workspace(x, h0, c0, *(p for layer in stack
-                                                   for d in range(self.num_directions)
-                                                   for p in self.layer_parameters(layer, d)
-                                                   if p is not None))
         layer_input = x
         h_finals, c_finals = [], []
         H = self.hidden_size
-        for layer in stack:
-            lws = ws.layer(layer) if ws is not None else None
+        for layer in range(self.num_layers if num_layers is None else num_layers):
             outputs = []
             if not self.variant.reads_hidden:
                 # No h_{t-1} anywhere: both directions' projections in one GEMM, then one
@@ -544,11 +529,7 @@ class AblatedRNN(nn.Module):
             dirs = range(self.num_directions if self.variant.reads_hidden else 0)
             inputs, params, masks = [], [], []
             for direction in dirs:
-                if direction == 0:
-                    inputs.append(layer_input)
-                else:
-                    inputs.append(reverse(layer_input, None if lws is None else
-                                          lws.reversed_input(layer_input.shape, layer_input)))
+                inputs.append(layer_input if direction == 0 else reverse(layer_input))
                 params.append(self.layer_parameters(layer, direction))
                 rec_mask = None
                 if self.training and self.recurrent_dropout > 0:
@@ -558,20 +539,14 @@ class AblatedRNN(nn.Module):
             first = layer * self.num_directions
             results = run_directions(self.variant, self.highway, inputs, params,
                                      [h0[first + d] for d in dirs], [c0[first + d] for d in dirs],
-                                     batch_sizes, masks, lws) if inputs else []
+                                     batch_sizes, masks) if inputs else []
             for direction, (out, h_n, c_n) in enumerate(results):
                 if direction == 1:
-                    out = reverse(out, None if lws is None else lws.reversed_output(out.shape, out))
+                    out = reverse(out)
                 outputs.append(out)
                 h_finals.append(h_n)
                 c_finals.append(c_n)
-            if len(outputs) == 1:
-                layer_input = outputs[0]
-            elif lws is None:
-                layer_input = torch.cat(outputs, dim=-1)
-            else:
-                shape = (*outputs[0].shape[:-1], sum(o.shape[-1] for o in outputs))
-                layer_input = torch.cat(outputs, dim=-1, out=lws.concat(shape, outputs[0]))
+            layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 layer_input = F.dropout(layer_input, self.dropout, True)
         output = layer_input

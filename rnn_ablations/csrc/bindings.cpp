@@ -85,42 +85,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_scan(m);
   m.def("forward", &rnn_forward,
         "one layer, one direction: forward from the input projections; with in_place=True the "
-        "recurrent blocks of proj become the returned gates (proj must be a scratch tensor); "
-        "keep_hin=False (inference) keeps nothing for a backward and may write the output into "
-        "the buffer `out`",
+        "recurrent blocks of proj become the returned gates (proj must be a scratch tensor)",
         py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
         py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
-        py::arg("in_place") = false, py::arg("out") = py::none());
+        py::arg("in_place") = false);
   m.def("backward", &rnn_backward, "one layer, one direction: backward to the input projections");
   m.def("forward_directions", &rnn_forward_directions,
         "the directions of a bidirectional layer at once (one per thread): `forward` on the d-th "
-        "entry of each list; returns one result list per direction; `out`: no buffers or one "
-        "per direction (inference)",
+        "entry of each list; returns one result list per direction",
         py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
         py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
-        py::arg("in_place") = false, py::arg("out") = std::vector<at::Tensor>{});
+        py::arg("in_place") = false);
   m.def("backward_directions", &rnn_backward_directions,
         "the directions of a bidirectional layer at once (one per thread): `backward` on the "
         "d-th entry of each list; returns one result list per direction");
   m.def("fused_forward_directions", &fused_forward_directions,
         "the directions of a bidirectional layer at once (one per thread): `fused_forward` on "
-        "the d-th entry of each list; returns one result list per direction; `out`, `scratch`: "
-        "no buffers or one per direction (inference)",
-        py::arg("spec"), py::arg("highway"), py::arg("x"), py::arg("w_ih"), py::arg("bias"),
-        py::arg("w_hh"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"),
-        py::arg("rec_mask"), py::arg("keep_hin"), py::arg("chunk"),
-        py::arg("out") = std::vector<at::Tensor>{}, py::arg("scratch") = std::vector<at::Tensor>{});
+        "the d-th entry of each list; returns one result list per direction");
   m.def("fused_backward_directions", &fused_backward_directions,
         "the directions of a bidirectional layer at once (one per thread): `fused_backward` on "
         "the d-th entry of each list; returns one result list per direction");
   m.def("fused_forward", &fused_forward,
-        "one layer, one direction: pipelined input projection + recurrence; keep_hin=False "
-        "(inference) may write the output into the buffer `out` and the projections into "
-        "`scratch`",
-        py::arg("spec"), py::arg("highway"), py::arg("x"), py::arg("w_ih"), py::arg("bias"),
-        py::arg("w_hh"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"),
-        py::arg("rec_mask"), py::arg("keep_hin"), py::arg("chunk"), py::arg("out") = py::none(),
-        py::arg("scratch") = py::none());
+        "one layer, one direction: pipelined input projection + recurrence");
   m.def("fused_backward", &fused_backward,
         "one layer, one direction: pipelined recurrence backward + input/weight gradients");
   m.def("packed_gemm", &packed_gemm_available,

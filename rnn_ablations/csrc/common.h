@@ -16,7 +16,6 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
 
 #include <utility>
@@ -111,37 +110,6 @@ inline std::pair<at::Tensor, at::Tensor> final_states(bool memory, const at::Ten
   }
   if (!memory) c_n = h_n.clone();
   return {h_n, c_n};
-}
-
-// A caller's buffer for an output of an inference call (rnn_ablations/dispatch.py's Workspace:
-// a multi-layer stack reuses its buffers from layer to layer): `buf` absent = allocate.  The
-// buffer must be contiguous, of `like`'s dtype and device, hold at least the product of `sizes`
-// elements and share no memory with `inputs`; its first elements are returned viewed as `sizes`.
-// Refused for a training call (`keep`): its outputs are saved for its backward.
-inline at::Tensor take_buffer(const c10::optional<at::Tensor>& buf, at::IntArrayRef sizes,
-                              const at::Tensor& like, std::initializer_list<at::Tensor> inputs,
-                              bool keep, const char* name, const char* who) {
-  if (!buf.has_value() || !buf->defined()) return at::empty(sizes, like.options());
-  const at::Tensor& b = *buf;
-  TORCH_CHECK(!keep, who, ": a buffer for ", name, " was given to a training call (keep_hin="
-              "True), whose outputs are saved for its backward; pass buffers only with "
-              "keep_hin=False");
-  int64_t need = 1;
-  for (int64_t s : sizes) need *= s;
-  TORCH_CHECK(b.is_contiguous() && b.scalar_type() == like.scalar_type() &&
-                  b.device() == like.device() && b.numel() >= need,
-              who, ": the buffer for ", name, " must be a contiguous ", like.scalar_type(),
-              " tensor on ", like.device(), " with at least ", need, " elements, got ",
-              b.scalar_type(), " on ", b.device(), " with ", b.numel(),
-              b.is_contiguous() ? "" : " (not contiguous)");
-  at::Tensor view = b.view({-1}).narrow(0, 0, need).view(sizes);
-  for (const at::Tensor& in : inputs) {
-    if (!in.defined() || in.numel() == 0 || view.numel() == 0) continue;
-    TORCH_CHECK(at::get_overlap_status(view, in) == at::MemOverlapStatus::No, who,
-                ": the buffer for ", name, " shares memory with an input of the call; give it "
-                "a buffer of its own");
-  }
-  return view;
 }
 
 // h_{t-1} (masked) for steps [t0, t0 + len), as one (len*B, H) matrix.

@@ -16,12 +16,9 @@
 namespace rnn_ablations {
 
 // Returns {out (T,B,H), h_n (B,H), c_n (B,H), gates (T,B,R*H) activations, cs (T,B,H), hin}.
-// keep_hin=False is the inference call: nothing is kept for a backward (cs and hin come back
-// empty), and `out` may be the caller's buffer for the output (take_buffer in common.h).
 std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh,
                                     at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
-                                    at::Tensor rec_mask, bool keep_hin, bool in_place,
-                                    c10::optional<at::Tensor> out);
+                                    at::Tensor rec_mask, bool keep_hin, bool in_place);
 // Returns {d_proj (T,B,(R+X)*H), d_w_hh, d_h0, d_c0}.
 std::vector<at::Tensor> rnn_backward(int64_t spec, bool highway, at::Tensor grad_out,
                                      at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
@@ -29,14 +26,10 @@ std::vector<at::Tensor> rnn_backward(int64_t spec, bool highway, at::Tensor grad
                                      at::Tensor w_hh, at::Tensor h0, at::Tensor c0,
                                      at::Tensor batch_sizes, at::Tensor rec_mask);
 // Returns {out, h_n, c_n, gates (activations), cs, hin, xo (T,B,X*H) input-only projections}.
-// Inference (keep_hin=False): `out` may be the caller's buffer for the output, `scratch` one for
-// the projections (gates and xo, T*B*(R+X)*H elements).
 std::vector<at::Tensor> fused_forward(int64_t spec, bool highway, at::Tensor x, at::Tensor w_ih,
                                       at::Tensor bias, at::Tensor w_hh, at::Tensor h0,
                                       at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask,
-                                      bool keep_hin, int64_t chunk,
-                                      c10::optional<at::Tensor> out,
-                                      c10::optional<at::Tensor> scratch);
+                                      bool keep_hin, int64_t chunk);
 // Returns {dx (T,B,D) or empty, d_w_ih, d_bias (R*H) or empty, d_w_hh, d_h0, d_c0}.
 std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor grad_out,
                                        at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
@@ -47,12 +40,11 @@ std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor gr
                                        bool need_bias, int64_t chunk);
 // Both directions of a bidirectional layer, concurrently (layer_pair.cpp): rnn_forward /
 // rnn_backward of direction d on the d-th entry of every list, one direction per thread.
-// Returns one result list per direction, as rnn_forward / rnn_backward return it.  The buffer
-// lists (inference) are empty or hold one buffer per direction.
+// Returns one result list per direction, as rnn_forward / rnn_backward return it.
 std::vector<std::vector<at::Tensor>> rnn_forward_directions(
     int64_t spec, bool highway, std::vector<at::Tensor> proj, std::vector<at::Tensor> w_hh,
     std::vector<at::Tensor> h0, std::vector<at::Tensor> c0, at::Tensor batch_sizes,
-    std::vector<at::Tensor> rec_mask, bool keep_hin, bool in_place, std::vector<at::Tensor> out);
+    std::vector<at::Tensor> rec_mask, bool keep_hin, bool in_place);
 std::vector<std::vector<at::Tensor>> rnn_backward_directions(
     int64_t spec, bool highway, std::vector<at::Tensor> grad_out, std::vector<at::Tensor> grad_hn,
     std::vector<at::Tensor> grad_cn, std::vector<at::Tensor> gates, std::vector<at::Tensor> cs,
@@ -64,7 +56,7 @@ std::vector<std::vector<at::Tensor>> fused_forward_directions(
     int64_t spec, bool highway, std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih,
     std::vector<at::Tensor> bias, std::vector<at::Tensor> w_hh, std::vector<at::Tensor> h0,
     std::vector<at::Tensor> c0, at::Tensor batch_sizes, std::vector<at::Tensor> rec_mask,
-    bool keep_hin, int64_t chunk, std::vector<at::Tensor> out, std::vector<at::Tensor> scratch);
+    bool keep_hin, int64_t chunk);
 std::vector<std::vector<at::Tensor>> fused_backward_directions(
     int64_t spec, bool highway, std::vector<at::Tensor> grad_out, std::vector<at::Tensor> grad_hn,
     std::vector<at::Tensor> grad_cn, std::vector<at::Tensor> gates, std::vector<at::Tensor> cs,

@@ -16,7 +16,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/ThreadLocalState.h>
 
 #include <atomic>
@@ -53,27 +52,12 @@ void check_count(size_t got, size_t n, const char* name, const char* who) {
               "), got ", got);
 }
 
-// The directions run concurrently: no two of their buffers may share memory (each direction's
-// own call checks its buffers against its inputs).
-void check_distinct_buffers(const std::vector<at::Tensor>& buffers, const char* who) {
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    for (size_t j = i + 1; j < buffers.size(); ++j) {
-      if (!buffers[i].defined() || !buffers[j].defined() || buffers[i].numel() == 0 ||
-          buffers[j].numel() == 0) {
-        continue;
-      }
-      TORCH_CHECK(at::get_overlap_status(buffers[i], buffers[j]) == at::MemOverlapStatus::No,
-                  who, ": two directions' buffers share memory; give each its own");
-    }
-  }
-}
-
 }  // namespace
 
 std::vector<std::vector<at::Tensor>> rnn_forward_directions(
     int64_t spec, bool highway, std::vector<at::Tensor> proj, std::vector<at::Tensor> w_hh,
     std::vector<at::Tensor> h0, std::vector<at::Tensor> c0, at::Tensor batch_sizes,
-    std::vector<at::Tensor> rec_mask, bool keep_hin, bool in_place, std::vector<at::Tensor> out) {
+    std::vector<at::Tensor> rec_mask, bool keep_hin, bool in_place) {
   const char* who = "rnn_ablations kernel (directions)";
   const size_t n = proj.size();
   TORCH_CHECK(n >= 1, who, ": proj must hold one tensor per direction");
@@ -81,17 +65,14 @@ std::vector<std::vector<at::Tensor>> rnn_forward_directions(
   check_count(h0.size(), n, "h0", who);
   check_count(c0.size(), n, "c0", who);
   check_count(rec_mask.size(), n, "rec_mask", who);
-  if (!out.empty()) check_count(out.size(), n, "out (buffers)", who);
   for (size_t d = 1; d < n; ++d) {
     TORCH_CHECK(proj[d].sizes() == proj[0].sizes() && w_hh[d].sizes() == w_hh[0].sizes(), who,
                 ": the directions must have the same shapes");
   }
-  check_distinct_buffers(out, who);
   std::vector<std::vector<at::Tensor>> result(n);
   for_each_direction(static_cast<int64_t>(n), [&](int64_t d) {
     result[d] = rnn_forward(spec, highway, proj[d], w_hh[d], h0[d], c0[d], batch_sizes,
-                            rec_mask[d], keep_hin, in_place,
-                            out.empty() ? c10::optional<at::Tensor>() : out[d]);
+                            rec_mask[d], keep_hin, in_place);
   });
   return result;
 }
@@ -128,7 +109,7 @@ std::vector<std::vector<at::Tensor>> fused_forward_directions(
     int64_t spec, bool highway, std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih,
     std::vector<at::Tensor> bias, std::vector<at::Tensor> w_hh, std::vector<at::Tensor> h0,
     std::vector<at::Tensor> c0, at::Tensor batch_sizes, std::vector<at::Tensor> rec_mask,
-    bool keep_hin, int64_t chunk, std::vector<at::Tensor> out, std::vector<at::Tensor> scratch) {
+    bool keep_hin, int64_t chunk) {
   const char* who = "rnn_ablations kernel (pipelined directions)";
   const size_t n = x.size();
   TORCH_CHECK(n >= 1, who, ": x must hold one tensor per direction");
@@ -137,11 +118,6 @@ std::vector<std::vector<at::Tensor>> fused_forward_directions(
            {"h0", h0.size()}, {"c0", c0.size()}, {"rec_mask", rec_mask.size()}}) {
     check_count(named.second, n, named.first, who);
   }
-  if (!out.empty()) check_count(out.size(), n, "out (buffers)", who);
-  if (!scratch.empty()) check_count(scratch.size(), n, "scratch (buffers)", who);
-  std::vector<at::Tensor> buffers = out;
-  buffers.insert(buffers.end(), scratch.begin(), scratch.end());
-  check_distinct_buffers(buffers, who);
   for (size_t d = 1; d < n; ++d) {
     TORCH_CHECK(x[d].sizes() == x[0].sizes() && w_ih[d].sizes() == w_ih[0].sizes() &&
                     w_hh[d].sizes() == w_hh[0].sizes(),
@@ -152,9 +128,7 @@ std::vector<std::vector<at::Tensor>> fused_forward_directions(
   std::vector<std::vector<at::Tensor>> result(n);
   for_each_direction(static_cast<int64_t>(n), [&](int64_t d) {
     result[d] = fused_forward(spec, highway, x[d], w_ih[d], bias[d], w_hh[d], h0[d], c0[d],
-                              batch_sizes, rec_mask[d], keep_hin, chunk,
-                              out.empty() ? c10::optional<at::Tensor>() : out[d],
-                              scratch.empty() ? c10::optional<at::Tensor>() : scratch[d]);
+                              batch_sizes, rec_mask[d], keep_hin, chunk);
   });
   return result;
 }

@@ -48,33 +48,17 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& w_ih, const at::T
 std::vector<at::Tensor> fused_forward(int64_t spec, bool highway, at::Tensor x, at::Tensor w_ih,
                                       at::Tensor bias, at::Tensor w_hh, at::Tensor h0,
                                       at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask,
-                                      bool keep_hin, int64_t chunk,
-                                      c10::optional<at::Tensor> out,
-                                      c10::optional<at::Tensor> scratch) {
+                                      bool keep_hin, int64_t chunk) {
   const char* who = "rnn_ablations kernel";
   check_fused_inputs(x, w_ih, bias, w_hh, h0, c0, batch_sizes);
   const int64_t T = x.size(0), B = x.size(1), D = x.size(2), P = w_ih.size(0);
   const LayerSizes z = cpu::layer_sizes(w_hh, P);
   const int64_t H = z.H, R = z.R, X = z.X, RH = R * H, XH = X * H;
-  // Inference buffers (take_buffer): the projections of all steps (gates, then xo) in
-  // `scratch`, the output in `out`; they must not overlap the inputs or each other.
-  at::Tensor proj_buf, out_buf;
-  if (scratch.has_value() && scratch->defined()) {
-    proj_buf = take_buffer(scratch, {T * B * P}, x, {x, w_ih, bias, w_hh, h0, c0, rec_mask},
-                           keep_hin, "the projections (scratch)", who);
-  }
-  if (out.has_value() && out->defined()) {
-    out_buf = take_buffer(out, {T, B, H}, x, {x, w_ih, bias, w_hh, h0, c0, rec_mask, proj_buf},
-                          keep_hin, "out", who);
-  }
   StepState s;
   s.init_forward(check_kernel_spec(spec, highway, R, X, who), Dims{T, B, H, R, X, P, XH, RH},
-                 batch_sizes, h0, c0, w_hh, rec_mask, keep_hin, who, false, out_buf);
-  s.gates = proj_buf.defined() ? proj_buf.narrow(0, 0, T * B * RH).view({T, B, RH})
-                               : at::empty({T, B, RH}, x.options());
-  at::Tensor xo = X == 0 ? at::empty({0}, x.options())
-                  : proj_buf.defined() ? proj_buf.narrow(0, T * B * RH, T * B * XH).view({T, B, XH})
-                                       : at::empty({T, B, XH}, x.options());
+                 batch_sizes, h0, c0, w_hh, rec_mask, keep_hin, who);
+  s.gates = at::empty({T, B, RH}, x.options());
+  at::Tensor xo = X > 0 ? at::empty({T, B, XH}, x.options()) : at::empty({0}, x.options());
   const bool has_bias = bias.numel() > 0;
   const at::Tensor w_rec_t = w_ih.narrow(0, 0, RH).t();
   const at::Tensor w_xo_t = X > 0 ? w_ih.narrow(0, RH, XH).t() : at::Tensor();

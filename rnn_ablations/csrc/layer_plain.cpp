@@ -34,8 +34,7 @@ at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in) {
 
 std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh,
                                     at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
-                                    at::Tensor rec_mask, bool keep_hin, bool in_place,
-                                    c10::optional<at::Tensor> out) {
+                                    at::Tensor rec_mask, bool keep_hin, bool in_place) {
   const char* who = "rnn_ablations kernel";
   check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, at::kCPU, who);
   // The kernel's own writes into views of proj are not autograd operations (the autograd
@@ -45,15 +44,10 @@ std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj,
   const int64_t T = proj.size(0), B = proj.size(1), P = proj.size(2);
   const LayerSizes z = cpu::layer_sizes(w_hh, P);
   const int64_t H = z.H, R = z.R, X = z.X;
-  at::Tensor out_buf;
-  if (out.has_value() && out->defined()) {
-    out_buf = take_buffer(out, {T, B, H}, proj, {proj, w_hh, h0, c0, rec_mask}, keep_hin, "out",
-                          who);
-  }
   StepState s;
   s.init_forward(check_kernel_spec(spec, highway, R, X, who),
                  Dims{T, B, H, R, X, P, P, in_place ? P : R * H}, batch_sizes, h0, c0, w_hh,
-                 rec_mask, keep_hin, who, /*split_units=*/true, out_buf);
+                 rec_mask, keep_hin, who, /*split_units=*/true);
   // Pre-activations of the recurrent blocks, turned into activations in place: in proj itself
   // when the caller allows it (its input-only blocks stay as they are), else in a copy.
   s.gates = proj.narrow(2, 0, R * H);

@@ -62,18 +62,16 @@ struct StepState {
   // h_t before the mix) are kept; false = inference (rolling_c, no hin).
   // `split_units`: the caller runs every step with `parallel` (the plain kernel), so the steps
   // may be split by hidden units (packed_blocks) where that pays (see pack).
-  // `out_buf`: (T, B, H) to write the outputs into (from take_buffer), undefined = allocate.
   void init_forward(const KernelSpec& ks_, const Dims& d_, const at::Tensor& batch_sizes,
                     const at::Tensor& h0_, const at::Tensor& c0_, const at::Tensor& w_hh_,
                     const at::Tensor& rec_mask_, bool keep, const char* who,
-                    bool split_units = false, const at::Tensor& out_buf = at::Tensor()) {
+                    bool split_units = false) {
     ks = ks_; d = d_; bs = batch_sizes.data_ptr<int64_t>();
     has_mask = rec_mask_.defined() && rec_mask_.numel() > 0;
     if (has_mask) check_like(rec_mask_, h0_.sizes(), h0_, "rec_mask", who);
     const auto opt = h0_.options();
     // Every active row of out[t] is written by its step; finish_forward zeroes the others.
-    // `out_buf`: the caller's buffer for it (inference, see take_buffer), else a new tensor.
-    out = out_buf.defined() ? out_buf : at::empty({d.T, d.B, d.H}, opt);
+    out = at::empty({d.T, d.B, d.H}, opt);
     rolling_c = !keep;
     cs = rolling_c ? c0_.clone(at::MemoryFormat::Contiguous) : at::empty({d.T, d.B, d.H}, opt);
     hin = (ks.highway && keep) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
