@@ -103,3 +103,22 @@ def test_device_session_script_on_a_cpu_machine(tmp_path):
     assert " passed" in tests_log and " failed" not in tests_log
     assert {r["shape"] for r in meta["rows"]} == {"PTB small LM"}
     assert meta["threads"] == 2 and meta["cpu"]["kernel_isa"] in ra.supported_kernel_isas()
+
+
+@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+def test_ab_checkouts_end_to_end(capsys):
+    """``benchmarks/ab_checkouts.py`` at a tiny setting, this checkout against itself: one
+    process per side, each importing the checkout's own package and timing the variant against
+    nn.LSTM; bad arguments are refused with what to give instead."""
+    ab = _load("ab_checkouts")
+    assert ab.main(["--other", str(REPO), "--shape", "PTB small LM", "--variant", "ran",
+                    "--mode", "inference", "--processes", "1", "--rounds", "1",
+                    "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ratio ") == 3 and "median of 1 processes: this" in out
+    with pytest.raises(SystemExit):
+        ab.main(["--other", str(REPO), "--shape", "no such shape"])
+    assert "unknown shape 'no such shape'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab.main(["--other", "/nonexistent", "--shape", "parser"])
+    assert "no rnn_ablations package there" in capsys.readouterr().err

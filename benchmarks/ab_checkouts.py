@@ -1,0 +1,111 @@
+"""A/B of two checkouts of this repository on one of the experiments' shapes, whole model: this
+checkout against ``--other`` (e.g. ``git worktree add /tmp/old <commit>`` with its kernel built
+there: ``python setup.py build_ext --inplace``), in alternating processes, each process timing
+the variant and ``nn.LSTM`` of the same configuration in interleaved rounds.  A checkout's ratio
+to ``nn.LSTM`` in its own process is what is compared: the machine's drift between processes
+cancels in it.  Prints each process's ratio and both checkouts' medians.
+
+    python benchmarks/ab_checkouts.py --other /tmp/old --shape parser --variant lstm --mode train
+
+Use it when a table of ``benchmarks/speed.py`` moves between sessions and the question is whether
+the code or the machine moved (the eighth session: the parser's training ratio, 1.32 in the fifth
+session's table and ~1.0-1.2 since, was the machine: both commits gave the same ratios).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs inside a checkout (its directory first on sys.path): prints one JSON line.
+CHILD = r"""
+import json, statistics, sys, time
+import torch
+import rnn_ablations as ra
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args["threads"])
+L, D, H, bi, B, T = args["shape"]
+torch.manual_seed(0)
+m = ra.AblatedRNN(args["variant"], D, H, num_layers=L, bidirectional=bi, batch_first=True)
+ref = torch.nn.LSTM(D, H, L, bidirectional=bi, batch_first=True)
+x = torch.randn(B, T, D)
+def call(f):
+    if args["mode"] == "train":
+        f.zero_grad()
+        f(x)[0].sum().backward()
+    else:
+        with torch.inference_mode():
+            f(x)
+ts = {"ours": [], "nn.LSTM": []}
+for r in range(args["warmup"] + args["rounds"]):
+    for k in (("ours", "nn.LSTM") if r % 2 else ("nn.LSTM", "ours")):
+        t0 = time.perf_counter()
+        call(m if k == "ours" else ref)
+        if r >= args["warmup"]:
+            ts[k].append(time.perf_counter() - t0)
+ours, lstm = (1e3 * statistics.median(ts[k]) for k in ("ours", "nn.LSTM"))
+print(json.dumps({"package": ra.__file__, "ours_ms": ours, "nn_lstm_ms": lstm,
+                  "ratio": lstm / ours}))
+"""
+
+
+def _run(checkout: Path, args: dict) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], cwd=checkout, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"ab_checkouts: the run in {checkout} failed:\n{proc.stderr[-2000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not Path(result["package"]).resolve().is_relative_to(checkout.resolve()):
+        raise SystemExit(f"ab_checkouts: the run in {checkout} imported {result['package']}, not "
+                         "the checkout's package")
+    return result
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(REPO))
+    from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
+    shapes = {s[0]: s[1:] for s in EXPERIMENT_SHAPES}
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--other", type=Path, required=True, help="the other checkout's root")
+    p.add_argument("--shape", required=True, help=f"one of: {', '.join(shapes)}")
+    p.add_argument("--variant", default="lstm")
+    p.add_argument("--mode", choices=["train", "inference"], default="train")
+    p.add_argument("--processes", type=int, default=3, help="processes per checkout")
+    p.add_argument("--rounds", type=int, default=11)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args(argv)
+    if a.shape not in shapes:
+        p.error(f"unknown shape {a.shape!r}; choose one of: {', '.join(shapes)}")
+    if not (a.other / "rnn_ablations" / "__init__.py").is_file():
+        p.error(f"--other {a.other}: no rnn_ablations package there (give a checkout's root)")
+    if a.processes < 1 or a.rounds < 1 or a.warmup < 0 or a.threads < 1:
+        p.error("--processes, --rounds and --threads must be >= 1, --warmup >= 0")
+    child = {"shape": list(shapes[a.shape]), "variant": a.variant, "mode": a.mode,
+             "rounds": a.rounds, "warmup": a.warmup, "threads": a.threads}
+    ratios = {"this": [], "other": []}
+    for i in range(a.processes):
+        order = (("this", REPO), ("other", a.other)) if i % 2 == 0 else \
+            (("other", a.other), ("this", REPO))
+        for name, checkout in order:
+            r = _run(checkout, child)
+            ratios[name].append(r["ratio"])
+            print(f"{name:5s} ({checkout}): {a.variant} {a.mode} {r['ours_ms']:.1f} ms, nn.LSTM "
+                  f"{r['nn_lstm_ms']:.1f} ms, ratio {r['ratio']:.2f}", flush=True)
+    print(f"# {a.shape} {a.variant} {a.mode}, {a.threads} threads: ratio to nn.LSTM, median of "
+          f"{a.processes} processes: this {statistics.median(ratios['this']):.2f} "
+          f"({min(ratios['this']):.2f}-{max(ratios['this']):.2f}), other "
+          f"{statistics.median(ratios['other']):.2f} "
+          f"({min(ratios['other']):.2f}-{max(ratios['other']):.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
