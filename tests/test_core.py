@@ -315,18 +315,9 @@ def _float32_against_float64(kernel, variant, highway, recurrent_dropout):
     lengths = torch.tensor([9, 9, 8, 8, 7, 6, 6, 5, 4, 3, 3, 2, 1])
     old = torch.get_num_threads()
     torch.set_num_threads(2)
-    results = []
     try:
-        for dtype, name in ((torch.float32, kernel), (torch.float64, "generic")):
-            mm = m.to(dtype)
-            xx = x.to(dtype).detach().clone().requires_grad_()
-            torch.manual_seed(1)  # same dropout masks
-            with path(name):
-                out, (h, c) = mm(xx, lengths=lengths)
-                (out.square().sum() + h.sum() + 2 * c.sum()).backward()
-            results.append([t.detach().double() for t in (out, h, c, xx.grad)]
-                           + [p.grad.double() for p in mm.parameters()])
-            mm.zero_grad()
+        results = [_training_pass(m, dtype, name, x, lengths)
+                   for dtype, name in ((torch.float32, kernel), (torch.float64, "generic"))]
         inference = _float32_inference(m, kernel, x, lengths)
     finally:
         torch.set_num_threads(old)
@@ -335,6 +326,21 @@ def _float32_against_float64(kernel, variant, highway, recurrent_dropout):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
     for a, b in zip(inference, results[1][:3]):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-3)
+
+
+def _training_pass(m, dtype, name, x, lengths):
+    """Outputs, final states and the gradients of a fixed loss (input and every parameter) of
+    ``m`` cast to ``dtype`` on path ``name``, with fixed dropout masks; ``m`` stays cast."""
+    mm = m.to(dtype)
+    xx = x.to(dtype).detach().clone().requires_grad_()
+    torch.manual_seed(1)  # same dropout masks
+    with path(name):
+        out, (h, c) = mm(xx, lengths=lengths)
+        (out.square().sum() + h.sum() + 2 * c.sum()).backward()
+    result = ([t.detach().double() for t in (out, h, c, xx.grad)]
+              + [p.grad.double() for p in mm.parameters()])
+    mm.zero_grad()
+    return result
 
 
 def _float32_inference(m, name, x, lengths):
@@ -366,20 +372,11 @@ def test_unit_split_forward_against_float64_generic(isa, variant, highway, recur
     lengths = torch.tensor([5, 5, 4, 4, 3, 3, 2, 1, 1])
     old = torch.get_num_threads()
     torch.set_num_threads(2)
-    results = []
     try:
         before = _C.unit_split_steps()
-        for dtype, name in ((torch.float32, "plain"), (torch.float64, "generic")):
-            mm = m.to(dtype)
-            xx = x.to(dtype).detach().clone().requires_grad_()
-            torch.manual_seed(1)  # same dropout masks
-            with ra.use_kernel_isa(isa), path(name):
-                out, (h, c) = mm(xx, lengths=lengths)
-                (out.square().sum() + h.sum() + 2 * c.sum()).backward()
-            results.append([t.detach().double() for t in (out, h, c, xx.grad)]
-                           + [p.grad.double() for p in mm.parameters()])
-            mm.zero_grad()
         with ra.use_kernel_isa(isa):
+            results = [_training_pass(m, dtype, name, x, lengths)
+                       for dtype, name in ((torch.float32, "plain"), (torch.float64, "generic"))]
             inference = _float32_inference(m, "plain", x, lengths)
         # every step whose product is large enough to be split (gemm_packed's size rule), in
         # the training forward and in the inference call

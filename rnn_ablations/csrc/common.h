@@ -92,24 +92,26 @@ inline void check_plain_inputs(const at::Tensor& proj, const at::Tensor& w_hh,
   check_batch_sizes(batch_sizes, proj.size(0), proj.size(1), who);
 }
 
-// Final states (h_n, c_n): row b's state after its last active step (device-agnostic ATen).
-// A cell without memory (the S-RNN) returns c_n = h_n.
-inline std::pair<at::Tensor, at::Tensor> final_states(bool memory, const at::Tensor& out,
-                                               const at::Tensor& cs, const at::Tensor& h0,
-                                               const at::Tensor& c0, const int64_t* bs) {
-  const int64_t T = out.size(0);
-  at::Tensor h_n = h0.clone();
-  at::Tensor c_n = c0.clone();
+// Row b of seq (T, B, H) at its last active step, in init's dtype; a row with no step keeps
+// init's row (device-agnostic ATen).
+inline at::Tensor last_step_rows(const at::Tensor& seq, const at::Tensor& init, const int64_t* bs) {
+  const int64_t T = seq.size(0);
+  at::Tensor last = init.clone();
   for (int64_t t = 0; t < T; ++t) {
     const int64_t n = bs[t];
     const int64_t n_next = t + 1 < T ? bs[t + 1] : 0;
-    if (n > n_next) {
-      h_n.narrow(0, n_next, n - n_next).copy_(out[t].narrow(0, n_next, n - n_next));
-      c_n.narrow(0, n_next, n - n_next).copy_(cs[t].narrow(0, n_next, n - n_next));
-    }
+    if (n > n_next) last.narrow(0, n_next, n - n_next).copy_(seq[t].narrow(0, n_next, n - n_next));
   }
-  if (!memory) c_n = h_n.clone();
-  return {h_n, c_n};
+  return last;
+}
+
+// Final states (h_n, c_n): row b's state after its last active step.  A cell without memory (the
+// S-RNN) returns c_n = h_n.
+inline std::pair<at::Tensor, at::Tensor> final_states(bool memory, const at::Tensor& out,
+                                               const at::Tensor& cs, const at::Tensor& h0,
+                                               const at::Tensor& c0, const int64_t* bs) {
+  at::Tensor h_n = last_step_rows(out, h0, bs);
+  return {h_n, memory ? last_step_rows(cs, c0, bs) : h_n.clone()};
 }
 
 // h_{t-1} (masked) for steps [t0, t0 + len), as one (len*B, H) matrix.

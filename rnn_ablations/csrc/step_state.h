@@ -116,10 +116,9 @@ struct StepState {
       auto fin = final_states(ks.memory, out, cs, h0_, c0_, bs);
       return {fin.first, fin.second, cs};
     }
-    // h_n as final_states takes it (each row's last step); c_n is the rolling buffer itself.
-    auto fin = final_states(true, out, out, h0_, h0_, bs);
-    at::Tensor c_n = ks.memory ? cs : fin.first.clone();
-    return {fin.first, c_n, at::empty({0}, out.options())};
+    // c_n is the rolling buffer itself (each row's last update is its last step).
+    at::Tensor h_n = last_step_rows(out, h0_, bs);
+    return {h_n, ks.memory ? cs : h_n.clone(), at::empty({0}, out.options())};
   }
   // dL/dc_0 as returned: zero for a cell without memory (its c is h, whose gradient is in dh).
   at::Tensor grad_c0() {
