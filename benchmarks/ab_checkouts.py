@@ -7,9 +7,9 @@ cancels in it.  Prints each process's ratio and both checkouts' medians.
 
     python benchmarks/ab_checkouts.py --other /tmp/old --shape parser --variant lstm --mode train
 
-Use it when a table of ``benchmarks/speed.py`` moves between sessions and the question is whether
-the code or the machine moved (the eighth session: the parser's training ratio, 1.32 in the fifth
-session's table and ~1.0-1.2 since, was the machine: both commits gave the same ratios).
+Use it when a ratio of ``benchmarks/speed.py`` differs between two runs made at different
+commits and the question is whether the code or the machine moved: both commits are timed here,
+on the same machine, in alternating processes.
 """
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ def _run(checkout: Path, args: dict) -> dict:
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))
+    from rnn_ablations.commands.machine import cpu_info, describe
     from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
     shapes = {s[0]: s[1:] for s in EXPERIMENT_SHAPES}
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -90,6 +91,7 @@ def main(argv=None) -> int:
         p.error("--processes, --rounds and --threads must be >= 1, --warmup >= 0")
     child = {"shape": list(shapes[a.shape]), "variant": a.variant, "mode": a.mode,
              "rounds": a.rounds, "warmup": a.warmup, "threads": a.threads}
+    print(f"# machine: {describe(dict(cpu_info(), threads=a.threads))}", flush=True)
     ratios = {"this": [], "other": []}
     for i in range(a.processes):
         order = (("this", REPO), ("other", a.other)) if i % 2 == 0 else \

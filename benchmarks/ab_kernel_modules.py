@@ -9,7 +9,7 @@ ratio and the largest output difference (0 when the arithmetic is the same).
 Build the other module from a checkout of the older commit (``python setup.py build_ext
 --inplace`` there) and copy its ``rnn_ablations/_C*.so`` out first.  Both modules must have
 the same ``forward`` entry point (``spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
-keep_hin, in_place``), i.e. come from after the kernel-spec restructuring (issue 16).
+keep_hin, in_place``): a module with another signature is refused by the call.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import torch
 
 import rnn_ablations as ra
 from rnn_ablations import backend
+from rnn_ablations.commands.machine import describe
 
 SHAPES = [("ran", 650, 20, 35), ("lstm", 650, 20, 35), ("ran", 256, 32, 64), ("lstm", 256, 32, 64),
           ("lstm", 100, 40, 200)]
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
         raise SystemExit("the installed package has no CPU kernel: run `bash scripts/setup.sh`")
     torch.set_num_threads(a.threads)
     other, mine = _load(a.other), backend._C
+    print(f"# machine: {describe()}")
     print(f"# kernel vector path: this module {mine.kernel_isa()}, other {other.kernel_isa()}; "
           f"{a.threads} thread(s), median of {a.calls - 3} interleaved calls")
     for variant, hidden, batch, steps in SHAPES:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The CPU kernel's vector paths on this machine's CPU (issue 11): run from the repo root with the
+# The CPU kernel's vector paths on this machine's CPU: run from the repo root with the
 # CPU kernel built (pip install -e ., or python setup.py build_ext --inplace):
 #
 #   bash benchmarks/cpu_isa_check.sh [OUT_DIR]       (default OUT_DIR: benchmarks/results/tmp/cpu_isa)
 #
 # Meant for a machine with AVX-512 (a lent GPU machine's host CPU, a cloud VM): the tests and the
 # speed table that an AVX2-only machine cannot run.  Pinned to two logical CPUs on different
-# physical cores (the issue's "2 threads"), so that it can run beside other work on a larger
+# physical cores (2 threads, as the speed tables), so that it can run beside other work on a larger
 # machine; CPUS=0,1 picks them by hand.  Steps, logs in OUT_DIR:
 #   env    cpu_env.txt: lscpu's model and the AVX-512 flags, the CPUs used, torch, the kernel's
 #          vector paths (rnn_ablations.supported_kernel_isas()) and the one in use;

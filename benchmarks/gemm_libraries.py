@@ -6,8 +6,8 @@ each, the two libraries called alternately.
 
     python benchmarks/gemm_libraries.py --out benchmarks/results
 
-These are the products that ``nn.LSTM`` computes too (``benchmarks/profile_cpu.py`` puts them at
-36–72 % of a layer's CPU time); ``rnn_ablations/projection.py`` takes oneDNN for the projection
+These are the products that ``nn.LSTM`` computes too (``benchmarks/profile_cpu.py`` measures
+their share of a layer's CPU time); ``rnn_ablations/projection.py`` takes oneDNN for the projection
 above a weight size.  Prints and writes ``OUT/gemm_libraries.{json,md}``.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _pair_ms(fa, fb, n: int = 21):
 
 def main(argv=None) -> int:
     from rnn_ablations import backend
-    from rnn_ablations.commands.speed import _machine, cpu_info
+    from rnn_ablations.commands.machine import describe
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None)
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     lin = lambda a, w: torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], "")  # noqa: E731
-    machine = _machine(cpu_info())
+    machine = describe()
     print(f"# {machine}; {args.threads} thread(s); median ms of 21 alternating calls")
     rows = []
     with torch.no_grad():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, for a machine with CUDA and a torch that sees it (run from the repo root):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]          (default OUT_DIR: benchmarks/results)
-# About 2-3 minutes on an H200; needs no network.  Steps (each under its own time limit, logs in
+# A few minutes of GPU time; needs no network.  Steps (each under its own time limit, logs in
 # OUT_DIR; a summary at the end says which step failed; exit status 1 if any did):
 #   build   the CUDA kernel in place (rnn_ablations/_C_cuda*.so) with this machine's torch and
 #           nvcc, for this GPU's architecture only (the CPU kernel is not built:
@@ -24,11 +24,10 @@
 #           speed_cuda_nographs.{json,md}: the same in float32 and bfloat16 with graphs off;
 #           speed_cuda_experiments.{json,md}: the experiments' shapes, float32 and bfloat16;
 #   long_bi speed_cuda_long_bi.{json,md}: the bidirectional T = 200 experiment shapes (BiDAF,
-#           DrQA; 0.25-0.34x cuDNN in float32 on the H100 in the seventh session), ran and lstm,
+#           DrQA: the step kernel's weakest shapes against cuDNN in float32), ran and lstm,
 #           each on the step kernel and on the persistent forward ("[persistent]");
 #   autocast speed_cuda_autocast.{json,md}: every variant under torch.autocast(bfloat16 and
-#           float16) against cuDNN under the same autocast (not timed yet: the -HIDDEN scan
-#           crashed under autocast until the seventh session's fix);
+#           float16) against cuDNN under the same autocast;
 #   core    tests/test_core.py on the GPU machine's Python (the CPU kernel _C, built for another
 #           Python, is usually not importable there: the generic path runs and
 #           test_kernel_is_built is deselected), last and optional (GPU_CHECK_CORE=0 skips it,

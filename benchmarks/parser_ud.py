@@ -61,16 +61,6 @@ def _subset(src: Path, dst: Path, limit: int) -> int:
     return count
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _overrides(args) -> dict:
     return {
         "model.text_field_embedder.token_embedders.tokens.embedding_dim": args.embedding_dim,
@@ -226,7 +216,7 @@ def main(argv=None) -> int:
         if not f.exists():
             p.error(f"{f} not found: the benchmark needs UD English EWT in ../shared/data/ud_ewt "
                     "(or set RNN_ABLATIONS_SHARED_DATA)")
-    import torch
+    from rnn_ablations.commands.machine import cpu_info, describe
     settings = {k: getattr(args, k) for k in ("epochs", "hidden", "layers", "embedding_dim",
                                                "pos_dim", "arc_dim", "tag_dim", "batch_size",
                                                "threads", "mst", "highway", "timing_note")}
@@ -234,8 +224,8 @@ def main(argv=None) -> int:
         "benchmark": "parser_ud",
         "command": " ".join(["nice -n 15 .venv/bin/python benchmarks/parser_ud.py",
                              *(argv if argv is not None else sys.argv[1:])]),
-        "machine": f"{_cpu_name()}, {os.cpu_count()} cores, "
-                   f"torch {torch.__version__}, Python {platform.python_version()}",
+        "machine": f"{describe(dict(cpu_info(), threads=args.threads))}, "
+                   f"Python {platform.python_version()}",
         "settings": settings,
         "runs": [],
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Where the CPU time of one layer stack goes: ``perf record`` over a steady loop of forward
-(+ backward) calls, the samples grouped into what issue 11 asks about.
+(+ backward) calls, the samples grouped by what did the work (below).
 
     python benchmarks/profile_cpu.py --shape "PTB medium LM" --variants lstm nn.LSTM --mode inference
     python benchmarks/profile_cpu.py --shapes-all --variants lstm ran nn.LSTM --out benchmarks/results
@@ -150,7 +150,8 @@ def profile_one(variant: str, shape, mode: str, threads: int, seconds: float,
 
 
 def main(argv=None) -> int:
-    from rnn_ablations.commands.speed import EXPERIMENT_SHAPES, cpu_info, _machine
+    from rnn_ablations.commands.machine import describe
+    from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
     names = [s[0] for s in EXPERIMENT_SHAPES]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
         if v != "nn.LSTM":
             get_variant(v)  # raises with the valid names
     shapes = [s for s in EXPERIMENT_SHAPES if s[0] in wanted]
-    machine = _machine(cpu_info())
+    machine = describe()
     print(f"# machine: {machine}; {args.threads} thread(s); perf samples of the whole process")
     rows: List[Dict] = []
     for name, *shape in shapes:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import rnn_ablations as ra
-from rnn_ablations.commands.speed import _machine
+from rnn_ablations.commands.machine import describe
 
 
 def main(argv=None) -> int:
@@ -77,7 +77,8 @@ def main(argv=None) -> int:
               f"{r['inference_ms']:.1f} | {r['inference_ratio']:.2f}× |" for r in rows]
     table = "\n".join(lines)
     threads = torch.get_num_threads()
-    head = (f"machine: {_machine()}\n\nbatch 32, length 64, input = hidden, batch_first, float32; "
+    machine = describe()
+    head = (f"machine: {machine}\n\nbatch 32, length 64, input = hidden, batch_first, float32; "
             f"median of {args.rounds} interleaved rounds; wall clock, {threads} thread(s)")
     print(head)
     print(table)
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
     out.mkdir(exist_ok=True)
     stem = f"schedules_{threads}t_h{'-'.join(str(h) for h in args.hidden)}"
     (out / f"{stem}.json").write_text(json.dumps(
-        {"machine": _machine(), "threads": threads, "rounds": args.rounds, "rows": rows}, indent=2))
+        {"machine": machine, "threads": threads, "rounds": args.rounds, "rows": rows}, indent=2))
     (out / f"{stem}.md").write_text(f"{head}\n\n{table}\n")
     return 0
 

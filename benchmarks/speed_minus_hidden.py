@@ -1,13 +1,15 @@
 """Speed of LSTM − S-RNN − HIDDEN (one input projection + element-wise scan) against
-``torch.nn.LSTM`` of the same configuration, on the experiments' shapes (issue 11's table),
-training (forward + backward of ``output.sum()``) and inference (``no_grad``), float32.
+``torch.nn.LSTM`` of the same configuration, on the experiments' shapes (those of
+``rnn-ablations speed --shapes experiments``), training (forward + backward of
+``output.sum()``) and inference (``no_grad``), float32.
 
 Every model is timed in interleaved rounds (each model once per round, so that a change in machine
 load hits all alike); the table shows the median time and the ratio time(nn.LSTM) / time(model)
 (> 1 = faster than nn.LSTM), with the spread of the per-round ratios.  Needs a quiet machine.
-On CPU the file records the processor (``lscpu``) and the kernel's vector path
-(:func:`rnn_ablations.kernel_isa`); ``--isas avx2 portable`` times each model under each vector
-path in the same rounds (the portable rows are the fallback for CPUs without AVX2 + FMA).
+The file records the machine (``rnn_ablations.commands.machine``: the processor, its vector
+flags, the kernel's vector path :func:`rnn_ablations.kernel_isa`, the GPU); ``--isas avx2
+portable`` times each model under each vector path in the same rounds (the portable rows are
+the fallback for CPUs without AVX2 + FMA).
 
     .venv/bin/python benchmarks/speed_minus_hidden.py --threads 2
     .venv/bin/python benchmarks/speed_minus_hidden.py --threads 2 --isas avx2 portable
@@ -22,7 +24,6 @@ import argparse
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,49 +33,19 @@ import torch
 import rnn_ablations
 from rnn_ablations import AblatedRNN, get_variant
 from rnn_ablations.commands import speed as speed_cmd
+from rnn_ablations.commands.machine import machine_info
 from rnn_ablations.scan import scan_kernel_available
 
-#: (name, layers, d_in, H, bidirectional, batch, seq_len): issue 11's experiment shapes, the same
+#: (name, layers, d_in, H, bidirectional, batch, seq_len): the experiments' shapes, the same
 #: table as ``rnn-ablations speed --shapes experiments``
 EXPERIMENT_SHAPES = list(speed_cmd.EXPERIMENT_SHAPES)
-#: issue 18's GPU target shapes (B = 32, T = 64, H = 256/650)
+#: the single-layer shapes of the CUDA speed table (B = 32, T = 64, H = 256/650)
 GPU_SHAPES = [
     ("single layer 256", 1, 256, 256, False, 32, 64),
     ("single layer 650", 1, 650, 650, False, 32, 64),
 ]
 TINY_SHAPES = [("tiny", 2, 8, 6, True, 3, 5)]
 SHAPES = {"experiments": EXPERIMENT_SHAPES, "gpu": GPU_SHAPES, "tiny": TINY_SHAPES}
-
-
-def _machine(device: str) -> str:
-    if device == "cuda":
-        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    return speed_cmd._machine()
-
-
-def _lscpu() -> dict:
-    """The processor as ``lscpu`` reports it (model, cores, caches, the vector flags that matter)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    info = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "Flags":
-            flags = value.split()
-            info["vector flags"] = " ".join(f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f",
-                                                         "avx512_bf16", "amx_tile") if f in flags)
-        elif key in ("Model name", "Vendor ID", "CPU(s)", "Thread(s) per core", "Socket(s)",
-                     "L1d cache", "L2 cache", "L3 cache", "CPU max MHz"):
-            info[key] = value
-    return info
-
-
-def _kernel_isa_info() -> dict:
-    return {"kernel_isa": rnn_ablations.kernel_isa(),
-            "supported_kernel_isas": rnn_ablations.supported_kernel_isas()}
 
 
 def _sync(device: str) -> None:
@@ -200,15 +171,10 @@ def main(argv=None) -> int:
                     f"{', '.join(rnn_ablations.supported_kernel_isas())}")
         isas = tuple(dict.fromkeys(args.isas))
     torch.set_num_threads(args.threads)
-    machine = _machine(args.device)
+    info = machine_info(args.device)
+    machine = info["machine"]
     kernel = scan_kernel_available(args.device)
-    cpu = _lscpu() if args.device == "cpu" else {}
-    isa_info = _kernel_isa_info() if args.device == "cpu" else {}
     line = machine
-    if args.device == "cpu":
-        line += (f"; lscpu: {cpu.get('Model name', '?')} ({cpu.get('vector flags', '?')}); "
-                 f"kernel ISA {isa_info['kernel_isa']} (supported: "
-                 f"{', '.join(isa_info['supported_kernel_isas']) or 'none'})")
     print(f"{line}; scan kernel {'compiled' if kernel else 'NOT available (generic path)'}",
           flush=True)
     rows = measure(SHAPES[args.shapes], variants, args.repeats, args.warmup, args.device, isas)
@@ -219,7 +185,7 @@ def main(argv=None) -> int:
     stem = f"speed_minus_hidden_{args.device}"
     if args.shapes == "tiny":
         stem += "_tiny"
-    meta = {"machine": machine, "lscpu": cpu, **isa_info, "scan_kernel": kernel,
+    meta = {**info, "scan_kernel": kernel,
             "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
             "shapes": args.shapes, "command": " ".join(sys.argv), "rows": rows}
     (args.out / f"{stem}.json").write_text(json.dumps(meta, indent=1))

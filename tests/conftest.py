@@ -1,11 +1,53 @@
+"""Shared fixtures and skip markers.
+
+Every test that needs something an install may lack skips through one of the markers below, so
+that the reason a test did not run reads the same everywhere and names the fix:
+
+* ``requires_kernel`` / ``requires_scan_kernel``: the compiled CPU kernel (its step and scan
+  entry points);
+* ``requires_cuda`` / ``requires_cuda_kernel``: a CUDA device / the compiled CUDA kernel;
+* ``requires_allennlp`` / ``requires_onmt``: the host frameworks (``bash scripts/setup.sh``
+  installs both);
+* ``requires_shared_data(*parts)``: a file or folder of the experiments' data (``../shared/data``
+  or ``$RNN_ABLATIONS_SHARED_DATA``), which the package never needs to run its tests' defaults.
+"""
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
+import rnn_ablations as ra
+from rnn_ablations.scan import scan_kernel_available
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("RNN_ABLATIONS_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+_SETUP = "run `bash scripts/setup.sh` (or `pip install --no-build-isolation -e .`)"
+
+requires_kernel = pytest.mark.skipif(
+    not ra.kernel_available(), reason=f"the compiled CPU kernel is not built: {_SETUP}")
+requires_scan_kernel = pytest.mark.skipif(
+    not scan_kernel_available("cpu"),
+    reason=f"the compiled CPU scan kernel is not built: {_SETUP}")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+requires_cuda_kernel = pytest.mark.skipif(
+    not ra.cuda_kernel_available(),
+    reason="the CUDA kernel is not built (it is built by `pip install --no-build-isolation -e .` "
+           "where torch is a CUDA build and nvcc is found)")
+requires_allennlp = pytest.mark.skipif(
+    importlib.util.find_spec("allennlp") is None,
+    reason="AllenNLP is not installed (bash scripts/setup.sh installs it)")
+requires_onmt = pytest.mark.skipif(
+    importlib.util.find_spec("onmt") is None,
+    reason="OpenNMT-py is not installed (bash scripts/setup.sh installs it)")
+
+
+def requires_shared_data(*parts):
+    path = SHARED_DATA.joinpath(*parts)
+    return pytest.mark.skipif(not path.exists(),
+                              reason=f"shared data {path} is absent (set RNN_ABLATIONS_SHARED_DATA)")
 
 
 @pytest.fixture(autouse=True)
@@ -22,9 +64,3 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
-
-
-def requires_shared_data(*parts):
-    path = SHARED_DATA.joinpath(*parts)
-    return pytest.mark.skipif(not path.exists(),
-                              reason=f"shared data {path} is absent (set RNN_ABLATIONS_SHARED_DATA)")

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import rnn_ablations as ra
-
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, requires_kernel
 
 
 def _load(name):
@@ -55,16 +54,22 @@ def _perf_works() -> bool:
     return run.returncode == 0
 
 
-@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@requires_kernel
 @pytest.mark.skipif(not _perf_works(), reason="perf is not installed or may not sample here")
 def test_profile_cpu_end_to_end(tmp_path):
     """``benchmarks/profile_cpu.py`` on the PTB small shape: perf records only the steady loop
     (not the imports), the shares of each row add up to about 100 %, our kernel's own symbols
-    show up, and the JSON and Markdown are written."""
+    show up, and the JSON and Markdown are written.
+
+    One thread: perf samples CPU time, so with one thread the shares are those of the work
+    itself, whatever else loads the machine.  With two threads on a loaded machine a waiting
+    OpenMP thread spins while its partner is descheduled, and those samples (``sync``) can
+    crowd the kernel's own below any fixed bound.  The time limit is generous for the same
+    reason (a loaded machine starts the child's interpreter and ``perf report`` slowly)."""
     run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "profile_cpu.py"), "--shape",
                           "PTB small LM", "--variants", "ran", "--mode", "inference",
-                          "--seconds", "0.5", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, cwd=REPO)
+                          "--threads", "1", "--seconds", "1", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900, cwd=REPO)
     assert run.returncode == 0, run.stdout + run.stderr
     meta = json.loads((tmp_path / "profile_cpu.json").read_text())
     (row,) = meta["rows"]
@@ -75,16 +80,16 @@ def test_profile_cpu_end_to_end(tmp_path):
     assert "| PTB small LM | inference | ran |" in (tmp_path / "profile_cpu.md").read_text()
 
 
-@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@requires_kernel
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset (util-linux) is not installed")
-def test_device_session_script_on_a_cpu_machine(tmp_path):
-    """``benchmarks/device_session.sh``, the one prepared call for a lent GPU machine, on this
+def test_gpu_machine_check_script_on_a_cpu_machine(tmp_path):
+    """``benchmarks/gpu_machine_check.sh``, the one prepared call for a lent GPU machine, on this
     CPU-only machine at a tiny setting: the CPU side (``cpu_isa_check.sh``: the vector-path tests
     and one shape of the experiments' table, pinned) runs and passes, the GPU side says it has no
     CUDA device and is skipped, and everything comes back in one tarball."""
     env = dict(os.environ, PYTHON=sys.executable, SHAPE_NAMES="PTB small LM", REPEATS="1",
                WARMUP="0", MINUS_HIDDEN_SPEED_S="10")
-    run = subprocess.run(["bash", "benchmarks/device_session.sh", str(tmp_path / "out"), "240"],
+    run = subprocess.run(["bash", "benchmarks/gpu_machine_check.sh", str(tmp_path / "out"), "240"],
                          capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     summary = (tmp_path / "out" / "summary.txt").read_text()
@@ -105,7 +110,7 @@ def test_device_session_script_on_a_cpu_machine(tmp_path):
     assert meta["threads"] == 2 and meta["cpu"]["kernel_isa"] in ra.supported_kernel_isas()
 
 
-@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+@requires_kernel
 def test_ab_checkouts_end_to_end(capsys):
     """``benchmarks/ab_checkouts.py`` at a tiny setting, this checkout against itself: one
     process per side, each importing the checkout's own package and timing the variant against

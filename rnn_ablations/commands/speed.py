@@ -20,10 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -37,57 +34,14 @@ from ..dispatch import (cuda_kernel_available, get_backend, kernel_available, ke
                         supported_kernel_isas, use_concurrent_directions, use_kernel_isa)
 from ..rnn import AblatedRNN
 from ..variants import VARIANTS, get_variant
+from .machine import cpu_info, describe, gpu_info
 
 __all__ = ["measure", "format_table", "add_subparser", "cpu_info", "EXPERIMENT_SHAPES", "DTYPES",
            "DIRECTIONS", "RECURRENCES"]
 
 
-def cpu_info() -> Dict:
-    """The CPU as ``lscpu`` names it (model name, flags; ``/proc/cpuinfo`` where ``lscpu`` is
-    missing): ``{"model", "avx2", "fma", "avx512f", "avx512_flags", "cores", "kernel_isa",
-    "kernel_isas"}`` (the last two: the CPU kernel's vector path in use and those it can run)."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
-                              env=dict(os.environ, LC_ALL="C")).stdout
-    except (OSError, subprocess.SubprocessError):
-        text = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Model name":
-            model = value.strip()
-        elif key.strip() == "Flags":
-            flags = set(value.split())
-    if not flags:
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    key, _, value = line.partition(":")
-                    if key.strip() == "model name" and not text:
-                        model = value.strip()
-                    elif key.strip() == "flags":
-                        flags = set(value.split())
-                        break
-        except OSError:
-            pass
-    return {"model": model, "cores": os.cpu_count(), "avx2": "avx2" in flags,
-            "fma": "fma" in flags, "avx512f": "avx512f" in flags,
-            "avx512_flags": sorted(f for f in flags if f.startswith("avx512")),
-            "kernel_isa": kernel_isa(), "kernel_isas": supported_kernel_isas()}
-
-
-def _machine(info: Optional[Dict] = None) -> str:
-    info = info or cpu_info()
-    isa = ("AVX-512" if info["avx512f"] else "no AVX-512") + (", AVX2+FMA" if info["avx2"] and
-                                                              info["fma"] else "")
-    return (f"{info['model']} ({isa}), {info['cores']} cores, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads, CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}), kernel vector path "
-            f"{info['kernel_isa']}")
-
-
-#: The experiments' own shapes (issue 11): (name, layers, input size, hidden, bidirectional,
-#: batch, seq_len).
+#: The shapes of the papers' experiments' recurrent layers: (name, layers, input size, hidden,
+#: bidirectional, batch, seq_len).
 EXPERIMENT_SHAPES = (
     ("single layer 256", 1, 256, 256, False, 32, 64),
     ("single layer 650", 1, 650, 650, False, 32, 64),
@@ -323,12 +277,8 @@ def format_table(rows: List[Dict]) -> str:
 
 
 def _cuda_machine(device: str) -> Dict:
-    props = torch.cuda.get_device_properties(torch.device(device))
-    return {"gpu": props.name, "multiprocessors": props.multi_processor_count,
-            "gpu_memory_gib": round(props.total_memory / 2 ** 30, 1),
-            "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(),
-            "cuda_graphs": get_cuda_graphs(), "cuda_kernel": cuda_kernel_available()}
+    return dict(gpu_info(device), cuda_graphs=get_cuda_graphs(),
+                cuda_kernel=cuda_kernel_available())
 
 
 def run(args) -> int:
@@ -360,7 +310,7 @@ def run(args) -> int:
             raise ValueError(f"unknown shape name(s) {bad}; choose from {sorted(known)}")
         shapes = [s for s in EXPERIMENT_SHAPES if s[0] in args.shape_names]
     cpu = cpu_info()
-    machine = _machine(cpu)
+    machine = describe(cpu)
     cuda_info = None
     if args.device != "cpu":
         cuda_info = _cuda_machine(args.device)

@@ -2,11 +2,11 @@
 # One call on a lent GPU machine (run from the repo root there): the GPU checks and the host CPU's
 # vector-path checks at once, on disjoint CPUs, everything packed into one file.
 #
-#   bash benchmarks/device_session.sh OUT [BUDGET_SECONDS]        (default budget 540)
+#   bash benchmarks/gpu_machine_check.sh OUT [BUDGET_SECONDS]        (default budget 540)
 #
 # - CPU side, pinned to two logical CPUs on different physical cores:
 #   benchmarks/cpu_isa_check.sh (the AVX-512 / AVX2 / portable kernel tests and the
-#   experiments' speed table with --isas avx512 avx2 where the host has AVX-512; issue 11).
+#   experiments' speed table with --isas avx512 avx2 where the host has AVX-512).
 #   Needs the CPU kernel built for the machine's Python and torch (carry
 #   rnn_ablations/_C.cpython-312-*.so built with the same torch, or it is built here first).
 # - GPU side, on all the other CPUs: the CUDA kernel (carried with build/cuda_sources.stamp, or
@@ -19,15 +19,15 @@
 # OUT receives results.tgz (all logs, JSON and Markdown) and summary.txt: the device tool brings
 # back at most 8 files.  Unpack with: tar -xzf OUT/results.tgz -C DIR
 set -o pipefail
-out=${1:?usage: bash benchmarks/device_session.sh OUT [BUDGET_SECONDS]}
+out=${1:?usage: bash benchmarks/gpu_machine_check.sh OUT [BUDGET_SECONDS]}
 budget=${2:-540}
 t_start=$(date +%s)
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-work=$(mktemp -d /tmp/device_session.XXXXXX)
+work=$(mktemp -d /tmp/gpu_machine_check.XXXXXX)
 mkdir -p "$out" "$work/cpu" "$work/gpu"
 left() { echo $(( budget - ($(date +%s) - t_start) )); }
-say() { echo "[device_session +$(( $(date +%s) - t_start ))s] $*" | tee -a "$work/summary.txt"; }
+say() { echo "[gpu_machine_check +$(( $(date +%s) - t_start ))s] $*" | tee -a "$work/summary.txt"; }
 
 say "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) CPUs; budget ${budget}s"
 if ! "$py" -c "import rnn_ablations._C" 2>/dev/null; then
