@@ -79,6 +79,8 @@ def register() -> None:
       saved with the model options in the checkpoint) and the ``-encoder_type`` help lists ours;
     * ``ArgumentParser.validate_model_opts`` first runs :func:`check_model_opts`;
     * ``onmt.model_builder.build_model`` applies ``-ablated_init`` after OpenNMT's init;
+    * OpenNMT's checkpoint loader (``BaseModel.load_state_dict``) first runs
+      :func:`prepare_checkpoint` (fills a missing ``variant_state``, refuses a wrong one);
     * ``torch.serialization.add_safe_globals([argparse.Namespace])``.
     """
     global _REGISTER_WHEN_READY
@@ -90,11 +92,24 @@ def register() -> None:
 
 try:
     from onmt.encoders.encoder import EncoderBase
-except ImportError as _exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "rnn_ablations.integrations.onmt needs OpenNMT-py 3.5.1 (`bash scripts/setup.sh` installs "
-        f"it into .venv/): {_exc}") from _exc
+    ONMT_IMPORT_ERROR: Optional[ImportError] = None
+except ImportError as _exc:
+    # This module must import without OpenNMT-py: AllenNLP's --include-package imports every
+    # submodule of rnn_ablations.  The classes below are then built on nn.Module and every entry
+    # point (constructing an encoder, register, the option checks) raises require_onmt()'s error.
+    EncoderBase = nn.Module
+    ONMT_IMPORT_ERROR = _exc
 
+
+def require_onmt() -> None:
+    """Raise ``ImportError`` saying how to install OpenNMT-py when it cannot be imported."""
+    if ONMT_IMPORT_ERROR is not None:
+        raise ImportError(
+            f"the OpenNMT-py encoders of rnn_ablations need OpenNMT-py 3.5.1, which cannot be "
+            f"imported here ({ONMT_IMPORT_ERROR}); install it with: {INSTALL_HINT}"
+        ) from ONMT_IMPORT_ERROR
+
+from . import ONMT_INSTALL_HINT as INSTALL_HINT
 from ..rnn import AblatedRNN
 from ..validation import check_positive_int, check_prob
 from ..variants import VARIANTS, get_variant
@@ -102,6 +117,7 @@ from ..variants import VARIANTS, get_variant
 __all__ = [
     "AblatedRNNEncoder", "ENCODER_TYPES", "ENCODER_CLASSES", "INIT_CHOICES", "DEFAULT_INIT",
     "register", "is_registered", "check_model_opts", "check_train_from", "encoder_type_for",
+    "require_onmt", "INSTALL_HINT", "ONMT_IMPORT_ERROR", "prepare_checkpoint",
 ]
 
 #: ``-ablated_init`` choices (see the module docstring).
@@ -151,6 +167,7 @@ class AblatedRNNEncoder(EncoderBase):
     def __init__(self, variant, bidirectional: bool, num_layers: int, hidden_size: int,
                  dropout: float = 0.0, embeddings=None, use_bridge: bool = False,
                  bridge_states: int = 2, init: str = DEFAULT_INIT) -> None:
+        require_onmt()
         super().__init__()
         self.variant = get_variant(variant)
         if not isinstance(bidirectional, bool):
@@ -297,6 +314,7 @@ def check_model_opts(opt) -> None:
     """Check the model options that concern the encoder; raise ``ValueError`` with a message
     saying what is wrong and how to fix it.  Expects the options after OpenNMT's
     ``ArgumentParser.update_model_opts`` (as ``validate_model_opts`` gets them)."""
+    require_onmt()
     from onmt.encoders import str2enc
 
     if getattr(opt, "model_task", "seq2seq") != "seq2seq" or getattr(opt, "model_type", "text") != "text":
@@ -463,6 +481,84 @@ def _patch_build_model(modules) -> None:
             module.build_model = mb.build_model
 
 
+def _variant_code(encoder_type) -> Optional[int]:
+    """The ``Variant.code`` of one of our encoder types, None for any other type."""
+    if encoder_type not in ENCODER_TYPES:
+        return None
+    return get_variant(ENCODER_TYPES[encoder_type][0]).code
+
+
+def _describe(code: int, highway: bool) -> str:
+    names = {get_variant(v).code: v for v in VARIANTS}
+    return (repr(names[code]) if code in names else f"<unknown variant code {code}>") + \
+        (" with highway" if highway else "")
+
+
+def prepare_checkpoint(model, checkpoint) -> None:
+    """Fill and check the ``variant_state`` entries of ``checkpoint["model"]`` before OpenNMT-py
+    loads it into ``model`` (OpenNMT-py copies tensors into the modules itself, so the check
+    that :class:`~rnn_ablations.AblatedRNN` does in ``load_state_dict`` does not run there).
+
+    * An entry that is missing (a checkpoint saved before the variant was recorded) is filled
+      from the checkpoint's ``-encoder_type`` (from the module itself when the checkpoint has no
+      options), so such checkpoints load for ``onmt_translate`` and ``-train_from``.
+    * An entry that is present must be an integer ``[variant code, highway]`` that agrees with
+      the checkpoint's ``-encoder_type`` and with the module it is loaded into; else
+      ``ValueError`` names both.
+    """
+    state = checkpoint.get("model") if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict):
+        return
+    encoder_type = getattr(checkpoint.get("opt"), "encoder_type", None)
+    saved_code = _variant_code(encoder_type)
+    for name, module in model.named_modules():
+        if not isinstance(module, AblatedRNN):
+            continue
+        key = f"{name}.variant_state" if name else "variant_state"
+        expected = module.variant_state.detach().cpu()
+        if key not in state:
+            filled = expected.clone()
+            if saved_code is not None:
+                filled[0] = saved_code
+            state[key] = filled
+        value = state[key]
+        if (not isinstance(value, torch.Tensor) or value.numel() != 2 or value.is_floating_point()
+                or value.is_complex()):
+            raise ValueError(
+                f"the checkpoint's {key} must be an integer tensor [variant code, highway] as "
+                f"rnn_ablations saves it, got {getattr(value, 'shape', type(value).__name__)}; the "
+                "checkpoint is damaged or was edited: train it again or restore the original file")
+        code, highway = (int(v) for v in value.reshape(-1).tolist())
+        if saved_code is not None and code != saved_code:
+            raise ValueError(
+                f"the checkpoint is inconsistent: its options say -encoder_type {encoder_type} "
+                f"(variant {_describe(saved_code, False)}) but its weights {key} were saved from "
+                f"variant {_describe(code, bool(highway))}; the file was edited or mixed from two "
+                "checkpoints: use the checkpoint as onmt_train saved it")
+        if (code, bool(highway)) != (int(expected[0]), bool(expected[1])):
+            raise ValueError(
+                f"cannot load the checkpoint's {key}, saved from variant "
+                f"{_describe(code, bool(highway))}, into {name or 'the module'}, an encoder of "
+                f"variant {_describe(int(expected[0]), bool(expected[1]))} (the shapes may match, "
+                "the equations do not); build the model with the checkpoint's -encoder_type")
+        if value.dtype != expected.dtype or value.device != expected.device:
+            state[key] = value.to(dtype=expected.dtype, device=expected.device)
+
+
+def _patch_load_state_dict(model_cls) -> None:
+    original = model_cls.__dict__.get("load_state_dict")
+    if original is None or _wrapped(original):
+        return
+
+    @functools.wraps(original)
+    def load_state_dict(self, checkpoint, *args, **kwargs):
+        prepare_checkpoint(self, checkpoint)
+        return original(self, checkpoint, *args, **kwargs)
+
+    load_state_dict.__rnn_ablations_wrapped__ = True
+    model_cls.load_state_dict = load_state_dict
+
+
 def is_registered() -> bool:
     """True when every encoder type is in ``onmt.encoders.str2enc``."""
     import sys
@@ -475,8 +571,11 @@ def is_registered() -> bool:
 def _register() -> None:
     import sys
 
+    require_onmt()
+
     import onmt.encoders
     import onmt.model_builder
+    import onmt.models.model
     import onmt.opts
     import onmt.utils.parse
 
@@ -492,6 +591,7 @@ def _register() -> None:
     _patch_model_opts(onmt.opts)
     _patch_validate_model_opts(onmt.utils.parse.ArgumentParser)
     _patch_build_model([sys.modules.get("onmt.train_single")])
+    _patch_load_state_dict(onmt.models.model.BaseModel)
     if hasattr(torch.serialization, "add_safe_globals"):
         torch.serialization.add_safe_globals([argparse.Namespace])
 

@@ -20,6 +20,8 @@ import functools
 import importlib
 import sys
 
+from . import ONMT_INSTALL_HINT
+
 #: sub-command -> (OpenNMT-py module with main(), the console script it stands for)
 COMMANDS = {
     "onmt-train": ("onmt.bin.train", "onmt_train"),
@@ -46,8 +48,8 @@ def run(command: str, onmt_args) -> int:
     try:
         import onmt  # noqa: F401  (the package must be complete before registering)
     except ImportError as exc:
-        raise ValueError(f"OpenNMT-py is not installed ({exc}); `bash scripts/setup.sh` installs "
-                         "the pinned OpenNMT-py 3.5.1 into .venv/") from exc
+        raise ValueError(f"OpenNMT-py cannot be imported ({exc}); install OpenNMT-py 3.5.1 with: "
+                         f"{ONMT_INSTALL_HINT}") from exc
     from rnn_ablations.integrations.onmt import register
 
     register()

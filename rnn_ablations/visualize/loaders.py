@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from ..integrations import ALLENNLP_INSTALL_HINT, ONMT_INSTALL_HINT
 from .core import WeightMap, resolve_directions, weight_map
 from .encoders import (as_ablated, capture_inputs, captured_sequence, describe_candidates,
                        recurrent_modules, select_encoder)
@@ -199,7 +200,7 @@ def _load_allennlp(path: str) -> LoadedModel:
         import allennlp  # noqa: F401  (the start-up hook installs what it needs first)
     except ImportError as exc:
         raise ValueError(f"{path} is an AllenNLP model archive but AllenNLP cannot be imported "
-                         f"({exc}); install requirements/allennlp*.txt") from exc
+                         f"({exc}); install it with: {ALLENNLP_INSTALL_HINT}") from exc
     from allennlp.common.checks import ConfigurationError
     from allennlp.common.plugins import import_plugins
     from allennlp.models.archival import load_archive
@@ -359,7 +360,7 @@ def _load_onmt(path: str) -> LoadedModel:
         from onmt.utils.parse import ArgumentParser
     except ImportError as exc:
         raise ValueError(f"{path} is an OpenNMT-py checkpoint but OpenNMT-py cannot be imported "
-                         f"({exc}); install requirements/onmt*.txt") from exc
+                         f"({exc}); install it with: {ONMT_INSTALL_HINT}") from exc
     try:
         import rnn_ablations.integrations.onmt as ours
         if hasattr(ours, "register"):

@@ -11,24 +11,16 @@
 
 ``allennlp train config.jsonnet --include-package rnn_ablations`` imports it (AllenNLP imports every
 submodule of the named package).  ``import rnn_ablations`` alone does not need AllenNLP: it imports
-this package only when ``allennlp`` is already imported.  The torchvision stand-in that AllenNLP
+this package only when ``allennlp`` is already imported.  Without AllenNLP (or allennlp-models)
+this package still imports, exposes no submodules, and each of its names raises an
+``ImportError`` naming the pip command that installs AllenNLP (:data:`INSTALL_HINT`).  The torchvision stand-in that AllenNLP
 needs on a CPU-only torch is installed before AllenNLP loads by the start-up hook
 (:mod:`rnn_ablations.integrations.allennlp_compat`).
 """
+import importlib as _importlib
+
+from rnn_ablations.integrations import ALLENNLP_INSTALL_HINT as INSTALL_HINT
 from rnn_ablations.integrations.allennlp_compat import install_torchvision_standin
-
-install_torchvision_standin()  # no-op when the hook already ran or torchvision works
-
-from .encoders import (  # noqa: E402
-    ENCODER_NAMES, SEQ2SEQ_CLASSES, SEQ2VEC_CLASSES, STACKED_ENCODER_NAMES,
-    AblatedSeq2SeqEncoder, AblatedSeq2VecEncoder, ConcatLayersSeq2SeqEncoder,
-    StackedBidirectionalAblatedSeq2SeqEncoder, StackedBidirectionalAblatedSeq2VecEncoder,
-    encoder_name, run_masked,
-)
-from .drqa_reader import DrQASquadReader  # noqa: E402
-from .drqa import DrQA  # noqa: E402
-from .predictors import DrQAPredictor  # noqa: E402
-from .schedulers import ReduceOnPlateauTorch2  # noqa: E402
 
 __all__ = [
     "ENCODER_NAMES", "STACKED_ENCODER_NAMES", "SEQ2SEQ_CLASSES", "SEQ2VEC_CLASSES",
@@ -36,3 +28,50 @@ __all__ = [
     "StackedBidirectionalAblatedSeq2VecEncoder", "ConcatLayersSeq2SeqEncoder", "encoder_name",
     "run_masked", "DrQASquadReader", "DrQA", "DrQAPredictor", "ReduceOnPlateauTorch2",
 ]
+
+
+install_torchvision_standin()  # no-op when the hook already ran or torchvision works
+
+try:
+    _importlib.import_module("allennlp")
+    _importlib.import_module("allennlp_models")
+    ALLENNLP_IMPORT_ERROR = None
+except ImportError as _exc:
+    ALLENNLP_IMPORT_ERROR = _exc
+
+if ALLENNLP_IMPORT_ERROR is None:
+    from .encoders import (  # noqa: E402
+        ENCODER_NAMES, SEQ2SEQ_CLASSES, SEQ2VEC_CLASSES, STACKED_ENCODER_NAMES,
+        AblatedSeq2SeqEncoder, AblatedSeq2VecEncoder, ConcatLayersSeq2SeqEncoder,
+        StackedBidirectionalAblatedSeq2SeqEncoder, StackedBidirectionalAblatedSeq2VecEncoder,
+        encoder_name, run_masked,
+    )
+    from .drqa_reader import DrQASquadReader  # noqa: E402
+    from .drqa import DrQA  # noqa: E402
+    from .predictors import DrQAPredictor  # noqa: E402
+    from .schedulers import ReduceOnPlateauTorch2  # noqa: E402
+else:
+    # Without AllenNLP this package imports but exposes nothing: its submodules subclass
+    # AllenNLP's classes, so the package hides them (an empty __path__) from tools that import
+    # every submodule of rnn_ablations (OpenNMT-py users, documentation builders), and every
+    # name raises an ImportError that says how to install AllenNLP.
+    __path__ = []
+
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise _missing(f"rnn_ablations.integrations.allennlp.{name}")
+
+
+def _missing(what: str) -> ImportError:
+    error = ImportError(
+        f"{what} needs AllenNLP 2.10.1 and allennlp-models 2.10.1, which cannot be imported here "
+        f"({ALLENNLP_IMPORT_ERROR}); install them with: {INSTALL_HINT}")
+    error.__cause__ = ALLENNLP_IMPORT_ERROR
+    return error
+
+
+def require_allennlp() -> None:
+    """Raise ``ImportError`` saying how to install AllenNLP when it cannot be imported."""
+    if ALLENNLP_IMPORT_ERROR is not None:
+        raise _missing("the AllenNLP integration of rnn_ablations")
