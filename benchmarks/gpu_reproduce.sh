@@ -23,17 +23,22 @@
 #
 # Environment: RNN_ABLATIONS_PTB (default .data/ptb: a folder with ptb.train.txt, ptb.valid.txt,
 # ptb.test.txt; copy it into the repo's ignored .data/ and carry it), CONFIG (medium), VARIANTS
-# ("lstm srnn lstm_minus_srnn ran identity_ran"), SEEDS (0), WORK (where the runs and their
+# ("lstm srnn lstm_minus_srnn ran identity_ran"), SEEDS (0), LRS (learning rates other than the
+# papers', "VARIANT=LR ..." passed as --lr VARIANT=LR each, e.g. "srnn=0.25 srnn=0.1"),
+# VISUALIZE (run names, e.g. "lstm_s1 ran_s1": after training, `rnn-ablations visualize` of
+# each trained run on a PTB test sentence, the heat map and arrows as visualize_<run>.png and
+# the norms as visualize_<run>.json in OUT), WORK (where the runs and their
 # checkpoints live, outside OUT: /tmp/rnn_ablations_reproduce), MPS=1 (run the full run under
 # MPS), RUNS_PER_PROCESS (runs per process in the full run: 1, the number of runs = all in one
 # process, or auto = the faster of the two timings when STEPS > 0, else 1; default auto),
 # CUDA_GRAPH (auto),
 # MAX_PARALLEL (processes at once: all), DEVICE (cuda).
 #
-# OUT receives at most 8 files: gpu_reproduce.log (everything printed, the runs' logs at the
-# end), timing.md, results.{json,md,csv,png}, ptb_${CONFIG}_gpu.json (device and one row per
-# variant: variant, epochs, valid_ppl, test_ppl, seconds, status: the format of
-# benchmarks/results/ptb_medium_gpu.json) and ptb_${CONFIG}_gpu.md.  Checkpoints stay in WORK.
+# OUT receives gpu_reproduce.log (everything printed, the runs' logs at the end), timing.md,
+# results.{json,md,csv,png}, ptb_${CONFIG}_gpu_call.json (device, command and one row per run:
+# variant, seed, learning_rate, epochs, valid_ppl, test_ppl, seconds, status; merged into
+# benchmarks/results/ptb_medium_gpu.json by benchmarks/ptb_medium_merge.py) and, with
+# VISUALIZE, two files per run named there.  Checkpoints stay in WORK.
 set -o pipefail
 out=${1:-benchmarks/results/tmp/gpu_reproduce}
 budget=${2:-450}
@@ -43,6 +48,8 @@ data=${RNN_ABLATIONS_PTB:-.data/ptb}
 config=${CONFIG:-medium}
 variants=${VARIANTS:-lstm srnn lstm_minus_srnn ran identity_ran}
 seeds=${SEEDS:-0}
+lr_args=()
+for item in ${LRS:-}; do lr_args+=(--lr "$item"); done
 work=${WORK:-/tmp/rnn_ablations_reproduce}
 graph=${CUDA_GRAPH:-auto}
 device=${DEVICE:-cuda}   # DEVICE=cpu CONFIG=tiny: a check of this script on a machine without a GPU
@@ -55,7 +62,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 elapsed() { echo $(( $(date +%s) - t_start )); }
 say() { echo "[gpu_reproduce +$(elapsed)s] $*"; }
 
-say "config $config, variants: $variants, seeds: $seeds, data $data, budget ${budget}s, steps $steps"
+say "config $config, variants: $variants, seeds: $seeds, lrs: ${LRS:-as in the papers}, data $data, budget ${budget}s, steps $steps"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', __import__('sys').version.split()[0])"
 for f in ptb.train.txt ptb.valid.txt ptb.test.txt; do
@@ -85,14 +92,14 @@ mps_stop() {
 }
 
 status=0
-nruns=$(( $(echo $variants | wc -w) * $(echo $seeds | wc -w) ))
+nruns=$(( ($(echo $variants | wc -w) + $(echo ${LRS:-} | wc -w)) * $(echo $seeds | wc -w) ))
 # ---- timing
 timing() {   # timing NAME TITLE [extra reproduce args]: appends its table to OUT/timing.md
     local name=$1 title=$2; shift 2
     say "timing ($title): $steps steps of every run at once"
     rm -rf "$work/$name"
     timeout 200 python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
-        --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
+        --variants $variants --seeds $seeds "${lr_args[@]}" --device $device --cuda-graph "$graph" \
         --out "$work/$name" --timing "$steps" "$@" || say "timing ($title) FAILED"
     { echo "## $config, $steps steps per run, all runs at once: $title"; echo;
       cat "$work/$name/timing.md" 2>/dev/null || echo "(failed: see gpu_reproduce.log)"; echo; } >> "$out/timing.md"
@@ -156,33 +163,45 @@ EOF
         rm -rf "$work/run"
     fi
     python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
-        --variants $variants --seeds $seeds --device $device --cuda-graph "$graph" \
+        --variants $variants --seeds $seeds "${lr_args[@]}" --device $device --cuda-graph "$graph" \
         --out "$work/run" --time-budget "$left" --runs-per-process "$rpp" $resume \
         ${MAX_PARALLEL:+--max-parallel $MAX_PARALLEL} || status=$?
     [ "${MPS:-0}" = 1 ] && mps_stop
     for f in results.json results.md results.csv results.png; do
         cp "$work/run/$f" "$out/" 2>/dev/null || say "no $f"
     done
-    python3 - "$work/run/results.json" "$out/ptb_${config}_gpu.json" "$config" \
-        "rnn-ablations reproduce ptb --config $config --data DIR --variants $variants --seeds $seeds --device $device --cuda-graph $graph --time-budget $left --runs-per-process $rpp" <<'EOF' || status=$?
+    python3 - "$work/run/results.json" "$out/ptb_${config}_gpu_call.json" "$config" \
+        "rnn-ablations reproduce ptb --config $config --data DIR --variants $variants --seeds $seeds ${lr_args[*]} --device $device --cuda-graph $graph --time-budget $left --runs-per-process $rpp" <<'EOF' || status=$?
 import json, sys
 src, dst, config, command = sys.argv[1:5]
 r = json.load(open(src))
-keys = ("variant", "epochs", "valid_ppl", "test_ppl", "seconds", "status")
+keys = ("variant", "seed", "learning_rate", "paper_learning_rate", "epochs", "valid_ppl",
+        "test_ppl", "seconds", "status")
 table = {"device": r["device"], "config": config, "runs_at_once": r["max_parallel"],
-         "wall_seconds": r["wall_seconds"], "cuda_graph": r["cuda_graph"],
+         "wall_seconds": r["wall_seconds"], "time_budget_s": r.get("time_budget_s"),
+         "over_budget_s": r.get("over_budget_s"), "cuda_graph": r["cuda_graph"],
          "processes": r.get("processes"), "command": command,
          "rows": [{k: row.get(k) for k in keys} for row in r["rows"]]}
 json.dump(table, open(dst, "w"), indent=2)
 open(dst, "a").write("\n")
-md = open(src[:-len(".json")] + ".md").read()
-open(dst[:-len(".json")] + ".md", "w").write(
-    md + f"\nCommand (on the GPU machine, from the repo root): `{table['command']}`.\n")
 print(json.dumps(table, indent=2))
 EOF
     for d in "$work"/run/*/; do
         [ -f "$d/run.log" ] && { echo "=== $(basename "$d")/run.log"; grep -v "UserWarning\|warnings.warn" "$d/run.log"; }
     done
+    # ---- the weight pictures of the trained runs, on a PTB test sentence of 15-30 words
+    if [ -n "${VISUALIZE:-}" ]; then
+        sentence=$(awk 'NF >= 15 && NF <= 30 { $1 = $1; print; exit }' "$data/ptb.test.txt")
+        say "visualize on: $sentence"
+        for r in $VISUALIZE; do
+            if [ ! -f "$work/run/$r/checkpoint.pt" ]; then
+                say "visualize: no trained run $r in $work/run"; status=5; continue
+            fi
+            timeout 120 python3 -m rnn_ablations.cli visualize --model "$work/run/$r" \
+                --text "$sentence" --out "$out/visualize_$r.png" --json "$out/visualize_$r.json" \
+                || { say "visualize $r FAILED"; status=5; }
+        done
+    fi
 fi
 say "done (exit $status)"
 exit $status

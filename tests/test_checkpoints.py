@@ -15,9 +15,8 @@ import torch
 
 from rnn_ablations.cli import main
 from rnn_ablations.lm import LanguageModel, SyntheticSpec, get_config, load_checkpoint, synthetic_corpus, train_lm
-from rnn_ablations.lm import trainer as trainer_mod
 from rnn_ablations.lm.ablate import run_ablation
-from rnn_ablations.lm.trainer import TrainingInterrupted
+from rnn_ablations.lm.interrupt import TrainingInterrupted
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = SyntheticSpec(train_sentences=120, valid_sentences=15, test_sentences=15)
@@ -85,7 +84,7 @@ def test_checkpoint_without_checksum_is_read_with_a_warning(tmp_path, corpus, ca
     ck = torch.load(path, weights_only=True)
     del ck["sha256"]
     torch.save(ck, path)
-    with caplog.at_level("WARNING", logger="rnn_ablations.lm.trainer"):
+    with caplog.at_level("WARNING", logger="rnn_ablations.lm.checkpoints"):
         assert load_checkpoint(path)["variant"] == "ran"
     assert "no checksum" in caplog.text
 
@@ -285,3 +284,54 @@ def test_non_utf8_data_file_is_named(tmp_path, capsys):
                  "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "ptb.train.txt" in err and "not UTF-8" in err and "line 2" in err and "0xe9" in err
+
+
+# ------------------------------------------------------------------ a finished run resumes to itself
+def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["lm", "train", "--variant", "lstm", "--out", str(run), "--epochs", "2"] + TINY
+    assert main(args + ["--max-steps", "4"]) == 0
+    files = {f: (run / f).read_bytes() for f in ("checkpoint.pt", "result.json")}
+    for _ in range(2):   # stopped by --max-steps 4: resumed with the same limit, it stays at 4
+        assert main(args + ["--max-steps", "4", "--resume"]) == 0
+        assert load_checkpoint(run)["global_step"] == 4
+        assert {f: (run / f).read_bytes() for f in files} == files
+    assert "nothing left to train" in capsys.readouterr().out
+    assert main(args + ["--resume"]) == 0          # no limit: trains to the end
+    res = json.loads((run / "result.json").read_text())
+    assert res["complete"] is True
+    files = {f: (run / f).read_bytes() for f in ("checkpoint.pt", "result.json")}
+    for extra in ([], ["--max-steps", "2"], ["--max-steps", "1000"]):   # complete: unchanged
+        assert main(args + ["--resume"] + extra) == 0
+        assert {f: (run / f).read_bytes() for f in files} == files
+
+
+def test_a_crash_and_resume_chain_ends_at_max_steps(tmp_path, corpus, monkeypatch):
+    """A run asked for 12 windows, killed after its checkpoint at window 6 and resumed (three
+    times) ends at 12 windows, with the parameters of an uninterrupted 12-window run."""
+    cfg = get_config("tiny", epochs=3)
+    ref = tmp_path / "ref"
+    train_lm("ran", cfg, corpus, ref, log=None, max_steps=12)
+    real = LanguageModel.forward
+    calls = {"n": 0}
+
+    def forward(self, *a, **kw):
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == 8:
+                raise RuntimeError("killed")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(LanguageModel, "forward", forward)
+    cut = tmp_path / "cut"
+    with pytest.raises(RuntimeError, match="killed"):
+        train_lm("ran", cfg, corpus, cut, log=None, max_steps=12, checkpoint_every=3)
+    monkeypatch.setattr(LanguageModel, "forward", real)
+    assert load_checkpoint(cut)["global_step"] == 6
+    for _ in range(3):
+        assert train_lm("ran", cfg, corpus, cut, log=None, max_steps=12, resume=True,
+                        checkpoint_every=3) is None
+        assert load_checkpoint(cut)["global_step"] == 12
+    assert json.loads((cut / "result.json").read_text())["global_step"] == 12
+    a, b = load_checkpoint(ref)["model"], load_checkpoint(cut)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -20,9 +20,12 @@ import torch
 from rnn_ablations.lm import SyntheticSpec, get_config, load_checkpoint, synthetic_corpus, train_lm
 from rnn_ablations.lm.graph_step import StaticEvaluator, StaticTrainStep
 from rnn_ablations.lm.model import LanguageModel
-from rnn_ablations.lm.reproduce import (PAPER_TEST_PPL, format_results, reproduce_ptb,
-                                        write_results)
-from rnn_ablations.lm.trainer import evaluate
+from rnn_ablations.lm.distributed import DistContext
+from rnn_ablations.lm.evaluation import evaluate
+from rnn_ablations.lm.reproduce import reproduce_ptb, row_of
+from rnn_ablations.lm.reproduce_child import child_train
+from rnn_ablations.lm.reproduce_report import PAPER_TEST_PPL, format_results, write_results
+from rnn_ablations.lm.reproduce_timing import run_timing
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -166,7 +169,7 @@ def test_deadline_stops_training_like_max_steps(corpus, tmp_path):
     assert train_lm("srnn", cfg, corpus, tmp_path / "r", seed=0, log=None,
                     deadline=time.time() - 1) is None
     ck = load_checkpoint(tmp_path / "r")
-    assert (ck["epoch"], ck["step"], ck["done"]) == (0, 1, False)
+    assert (ck["epoch"], ck["step"], ck["done"]) == (0, 0, False)   # nothing trained after it
 
 
 def test_cuda_graph_mode_is_checked(corpus, tmp_path):
@@ -287,14 +290,13 @@ def test_reproduce_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
 
 def test_a_run_cut_short_is_reported_incomplete_with_its_test_ppl(tmp_path):
     """The process body of a run (in this process), stopped by max_steps as by a deadline."""
-    from rnn_ablations.lm.reproduce import _child_train, _row
     data = _write_ptb(tmp_path / "ptb", 2000, 300)
     spec = {"run": "identity_ran_s0", "variant": "identity_ran", "seed": 0, "config": "tiny",
             "epochs": None, "data": str(data), "out": str(tmp_path / "identity_ran_s0"),
             "device": "cpu", "resume": False, "overwrite": False, "deadline": None,
             "cuda_graph": "auto", "checkpoint_every": 0, "max_steps": 4, "threads": 1}
-    assert _child_train(spec) == 0
-    row = _row(tmp_path, spec, 0)
+    assert child_train(spec) == 0
+    row = row_of(tmp_path, spec, 0)
     assert row["status"] == "incomplete" and row["epochs"] == pytest.approx(4 / 24, abs=1e-3)
     assert math.isfinite(row["test_ppl"]) and row["test_ppl"] < 100 and row["steps"] == 4
     res = {"device": row["device"], "config": "tiny", "epochs_planned": 2, "data": str(data),
@@ -305,7 +307,6 @@ def test_a_run_cut_short_is_reported_incomplete_with_its_test_ppl(tmp_path):
 
 
 def test_timing_mode_projects_the_full_run(tmp_path):
-    from rnn_ablations.lm.reproduce import run_timing
     data = _write_ptb(tmp_path / "ptb", 2000, 300)
     t = run_timing("tiny", data, tmp_path / "t", variants=["srnn"], device="cpu", steps=5,
                    threads=1, log=None)
@@ -325,7 +326,6 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_step_matches_the_eager_step(corpus, tmp_path):
     """Ten steps of the graphed trainer against the trainer's own eager loop on the GPU (the
     same dropout masks: the generator's)."""
-    from rnn_ablations.lm.trainer import DistContext
     ctx = DistContext(device=torch.device("cuda"))
     cfg = _cfg(epochs=1)
     lines = []
@@ -344,7 +344,6 @@ def test_cuda_graph_step_matches_the_eager_step(corpus, tmp_path):
 
 @cuda
 def test_cuda_graph_resume_is_bit_identical(corpus, tmp_path):
-    from rnn_ablations.lm.trainer import DistContext
     ctx = DistContext(device=torch.device("cuda"))
     cfg = _cfg(epochs=2)
     full = train_lm("ran", cfg, corpus, tmp_path / "full", seed=5, cuda_graph="on", log=None,

@@ -1,22 +1,25 @@
 """The ablation study: every variant under the same config and seed, one table.
 
 ``OUT/`` receives one run directory per variant (``OUT/<variant>/``, see
-:mod:`rnn_ablations.lm.trainer`) and ``ablation.json`` (what was asked: config, seed, data),
+:mod:`rnn_ablations.lm.checkpoints`) and ``ablation.json`` (what was asked: config, seed, data),
 ``results.csv``, ``results.json``, ``results.md`` and ``results.png`` (bar chart).
 """
 from __future__ import annotations
 
 import csv
-import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..variants import VARIANTS, get_variant
 from .configs import LMConfig
 from .data import Corpus
-from .trainer import (RUN_FILES, DistContext, _default_log, _write_json, corpus_fingerprint,
-                      train_lm)
+from .checkpoints import RUN_FILES, write_json
+from .corpora import corpus_fingerprint
+from .distributed import DistContext
+from .rundir import prepare_out
+from .trainer import _default_log, train_lm
 
 __all__ = ["run_ablation", "format_table", "write_results", "parse_variants", "diverged",
            "ablation_figure"]
@@ -246,7 +249,6 @@ def ablation_figure(results: List[Dict], title: str):
     if any(bad):
         fig.text(0.5, 0.005, "red: diverged run (validation perplexity not finite or above the "
                  "vocabulary size)", ha="center", va="bottom", fontsize=8, color=red)
-    import textwrap
     width = fig.get_figwidth()
     lines = textwrap.wrap(title, int(width * 11))
     fig.suptitle("\n".join(lines), fontsize=10)
@@ -268,46 +270,11 @@ def write_results(results: List[Dict], out: Path, title: str, note: str = "") ->
         for r in results:
             row = dict(r, learning_rate=r["hyper_parameters"]["learning_rate"])
             w.writerow(["" if row.get(k) is None else row.get(k) for k in keys])
-    _write_json({"title": title, "note": note, "results": results}, paths["results.json"])
+    write_json({"title": title, "note": note, "results": results}, paths["results.json"])
     paths["results.md"].write_text(f"{title}\n\n{format_table(results, markdown=True)}\n"
                                    + (f"\n{note}\n" if note else ""))
     _plot(results, paths["results.png"], title)
     return paths
-
-
-def _prepare_out(out: Path, manifest: Dict, variants: List[str], resume: bool,
-                 overwrite: bool) -> None:
-    if resume and overwrite:
-        raise ValueError("give either --resume or --overwrite, not both")
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {str(out)!r} exists and is not a directory")
-    if resume and not out.exists():
-        raise FileNotFoundError(
-            f"--resume: {str(out)!r} does not exist, so there is no ablation to continue; check "
-            "--out, or drop --resume to start one")
-    ours = [p for p in [out / MANIFEST] + [out / o for o in OUTPUTS] if p.exists()]
-    runs = [out / v for v in VARIANTS if any((out / v / f).exists() for f in RUN_FILES)]
-    if (ours or runs) and not (resume or overwrite):
-        raise FileExistsError(
-            f"--out {str(out)!r} already holds ablation results "
-            f"({', '.join(p.name for p in (ours + runs)[:6])}); pass --resume to continue "
-            "(finished variants are reused) or --overwrite to discard them and start again")
-    if resume and (out / MANIFEST).exists():
-        old = json.loads((out / MANIFEST).read_text())
-        for key in ("config", "seed", "corpus_fingerprint", "paper_lr"):
-            if old.get(key) != manifest.get(key):
-                raise ValueError(
-                    f"--resume: {str(out)!r} was run with a different {key.replace('_', ' ')} "
-                    f"({old.get(key)!r} there, {manifest.get(key)!r} now); use the same settings "
-                    "or --overwrite")
-    if overwrite:
-        for p in ours:
-            p.unlink()
-        for r in runs:
-            for f in RUN_FILES:
-                if (r / f).exists():
-                    (r / f).unlink()
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def run_ablation(config: LMConfig, corpus: Corpus, out, *, variants: Optional[Sequence[str]] = None,
@@ -318,7 +285,7 @@ def run_ablation(config: LMConfig, corpus: Corpus, out, *, variants: Optional[Se
     """Train every variant (same config, seed and data); write and return the results.
     ``log`` receives the progress lines and the table (default: the ``rnn_ablations.lm.trainer``
     logger at INFO level; ``None``: nothing).  Ctrl-C raises
-    :class:`~rnn_ablations.lm.trainer.TrainingInterrupted` after checkpointing the current
+    :class:`~rnn_ablations.lm.interrupt.TrainingInterrupted` after checkpointing the current
     variant; ``resume=True`` then reuses the finished variants and continues."""
     ctx = ctx or DistContext()
     names = parse_variants(variants)
@@ -327,8 +294,11 @@ def run_ablation(config: LMConfig, corpus: Corpus, out, *, variants: Optional[Se
                 "corpus": corpus.source, "corpus_spec": corpus_spec,
                 "corpus_fingerprint": corpus_fingerprint(corpus), "variants": names}
     if ctx.is_main:
-        _prepare_out(out, manifest, names, resume, overwrite)
-        _write_json(manifest, out / MANIFEST)
+        prepare_out(out, resume=resume, overwrite=overwrite, what="ablation results",
+                    files=list(OUTPUTS) + [f"{v}/{f}" for v in VARIANTS for f in RUN_FILES],
+                    manifest=MANIFEST, new_manifest=manifest,
+                    same_keys=("config", "seed", "corpus_fingerprint", "paper_lr"))
+        write_json(manifest, out / MANIFEST)
     ctx.barrier()
     say = log if (log is not None and ctx.is_main) else (lambda s: None)
     results = []

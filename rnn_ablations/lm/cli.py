@@ -3,17 +3,55 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Dict, Tuple
 
-from ..variants import VARIANTS
+import torch
+
+from ..variants import VARIANTS, get_variant
+from .ablate import parse_variants, run_ablation
+from .checkpoints import load_checkpoint, model_from_checkpoint
+from .configs import LMConfig, get_config
+from .corpora import check_corpus_matches, corpus_from_spec, truncate_train
+from .data import load_corpus
+from .distributed import init_distributed, resolve_device
+from .evaluation import evaluate, long_range_positions
+from .interrupt import TrainingInterrupted
+from .params import format_param_table, param_rows
+from .reproduce import reproduce_ptb
+from .reproduce_timing import run_timing
+from .rundir import check_out_path
+from .synthetic import SyntheticSpec, synthetic_corpus
+from .trainer import train_lm
 
 __all__ = ["add_subparser"]
 
 _VARIANT_HELP = ", ".join(VARIANTS)
+
+
+def _file_errors(func):
+    """A failed read or write (disk full, no permission, a path under a file) ends the command
+    with one line naming the file and the fix, not a traceback; what was written before stays
+    (checkpoints are replaced atomically)."""
+    @functools.wraps(func)
+    def run(args) -> int:
+        try:
+            return func(args)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except OSError as exc:
+            where = f" {exc.filename!r}" if exc.filename else ""
+            raise ValueError(
+                f"could not read or write{where}: {exc.strerror or exc}. Files written before "
+                "are intact (checkpoints are replaced atomically); free space or fix the path or "
+                "permissions, then run again (--resume continues a run)") from exc
+    return run
 
 
 def _positive_int(text: str) -> int:
@@ -46,9 +84,11 @@ def _parse_set(items) -> Dict:
         k = k.strip()
         try:
             num = float(val)
-            out[k] = int(num) if num.is_integer() and "." not in val and "e" not in val.lower() else num
         except ValueError:
-            raise ValueError(f"--set {item!r}: the value must be a number")
+            raise ValueError(f"--set {item!r}: the value must be a number") from None
+        if not math.isfinite(num):
+            raise ValueError(f"--set {item!r}: the value must be a finite number (not nan or inf)")
+        out[k] = int(num) if num.is_integer() and "." not in val and "e" not in val.lower() else num
     return out
 
 
@@ -86,21 +126,18 @@ def _add_common(p: argparse.ArgumentParser, config_default_help: str) -> None:
 def _corpus(args) -> Tuple[object, Dict]:
     corpus, spec = _base_corpus(args)
     if args.train_tokens is not None:
-        from .trainer import truncate_train
         corpus = truncate_train(corpus, args.train_tokens)
         spec = dict(spec, train_tokens=args.train_tokens)
     return corpus, spec
 
 
 def _base_corpus(args) -> Tuple[object, Dict]:
-    from .data import load_corpus
     if args.data is not None:
         if args.corpus_seed is not None or args.corpus_sentences is not None:
             raise ValueError("--corpus-seed/--corpus-sentences apply to the embedded corpus only; "
                              "drop them or drop --data")
         path = str(Path(args.data).resolve()) if Path(args.data).exists() else args.data
         return load_corpus(args.data), {"kind": "dir", "path": path}
-    from .synthetic import SyntheticSpec, synthetic_corpus
     kw = {}
     if args.corpus_seed is not None:
         kw["seed"] = args.corpus_seed
@@ -112,7 +149,6 @@ def _base_corpus(args) -> Tuple[object, Dict]:
 
 
 def _config(args):
-    from .configs import get_config
     name = args.config or ("small" if args.data is not None else "synthetic")
     overrides = _parse_set(args.set)
     if args.epochs is not None:
@@ -126,8 +162,6 @@ SINGLE_THREAD_MAX_HIDDEN = 256
 
 
 def _setup(args, cfg):
-    import torch
-    from .trainer import init_distributed
     if args.resume and args.overwrite:
         raise ValueError("give either --resume or --overwrite, not both")
     ctx = init_distributed(args.device)
@@ -165,7 +199,6 @@ def resume_command(args) -> str:
 
 
 def _interrupted(args, exc) -> int:
-    from .trainer import TrainingInterrupted
     if isinstance(exc, TrainingInterrupted):
         what = f"{exc}."
     else:   # a second Ctrl-C, or one before training started: no new checkpoint
@@ -175,11 +208,11 @@ def _interrupted(args, exc) -> int:
     return 130
 
 
+@_file_errors
 def _cmd_train(args) -> int:
-    from .trainer import train_lm
+    check_out_path(Path(args.out))
     cfg = _config(args)
     corpus, spec = _corpus(args)
-    from ..variants import get_variant
     variant = get_variant(args.variant).name
     ctx = _setup(args, cfg)
     cfg = cfg.for_variant(variant, paper_lr=not args.same_lr)
@@ -196,15 +229,10 @@ def _cmd_train(args) -> int:
     return 0
 
 
+@_file_errors
 def _cmd_evaluate(args) -> int:
-    import torch
-    from .trainer import (corpus_from_spec, evaluate, load_checkpoint, model_from_checkpoint,
-                          _long_range_positions, _resolve_device)
-    from .configs import LMConfig
-    from .data import load_corpus
     ckpt = load_checkpoint(args.run)
     if args.variant is not None:
-        from ..variants import get_variant
         if get_variant(args.variant).name != ckpt["variant"]:
             raise ValueError(f"{args.run} holds a {ckpt['variant']!r} model, not "
                              f"{get_variant(args.variant).name!r}")
@@ -221,7 +249,9 @@ def _cmd_evaluate(args) -> int:
         if not spec:
             raise ValueError("the checkpoint does not say which data it was trained on; pass --data")
         corpus = corpus_from_spec(spec)
-    device = _resolve_device(args.device)
+        check_corpus_matches(corpus, ckpt["vocab"], ckpt["corpus"].get("fingerprint"),
+                             f"the checkpoint {args.run}")
+    device = resolve_device(args.device)
     model = model_from_checkpoint(ckpt, device)
     bs = args.batch_size or cfg.eval_batch_size
     out = {"variant": ckpt["variant"], "config": cfg.name, "epochs_trained": ckpt["epoch"],
@@ -231,7 +261,7 @@ def _cmd_evaluate(args) -> int:
         if data is None:
             print(f"{split}: no {split} file in {corpus.source}; skipped")
             continue
-        r = evaluate(model, data, bs, cfg.num_steps, device, _long_range_positions(corpus, split))
+        r = evaluate(model, data, bs, cfg.num_steps, device, long_range_positions(corpus, split))
         out[split] = r
         extra = (f", agreement accuracy {r['long_range_acc']:.1%}" if "long_range_acc" in r else "")
         print(f"{ckpt['variant']} {split}: perplexity {r['ppl']:.2f} over {r['tokens']:,} tokens{extra}")
@@ -240,8 +270,9 @@ def _cmd_evaluate(args) -> int:
     return 0
 
 
+@_file_errors
 def _cmd_ablate(args) -> int:
-    from .ablate import parse_variants, run_ablation
+    check_out_path(Path(args.out))
     cfg = _config(args)
     variants = parse_variants(args.variants)
     corpus, spec = _corpus(args)
@@ -256,7 +287,6 @@ def _cmd_ablate(args) -> int:
 
 
 def _cmd_params(args) -> int:
-    from .params import format_param_table, param_rows
     configs = args.configs if args.configs is not None else ([] if args.sizes else
                                                               ["small", "medium", "large"])
     rows = param_rows(configs, args.sizes or [], args.variants, args.input_size)
@@ -276,9 +306,9 @@ def _positive_float(text: str) -> float:
     return v
 
 
+@_file_errors
 def _cmd_reproduce(args) -> int:
-    import os
-    from .reproduce import reproduce_ptb, run_timing
+    check_out_path(Path(args.out))
     data = args.data or os.environ.get("RNN_ABLATIONS_PTB")
     if args.timing is not None:
         if args.resume or args.overwrite or args.time_budget is not None:
@@ -290,6 +320,7 @@ def _cmd_reproduce(args) -> int:
                    runs_per_process=args.runs_per_process)
         return 0
     res = reproduce_ptb(args.config, data, args.out, variants=args.variants, seeds=args.seeds,
+                        lrs=args.lr,
                         device=args.device, max_parallel=args.max_parallel, resume=args.resume,
                         overwrite=args.overwrite, time_budget=args.time_budget,
                         cuda_graph=args.cuda_graph, checkpoint_every=args.checkpoint_every,
@@ -411,6 +442,11 @@ def add_subparser(subparsers) -> None:
                     help=f"subset of {_VARIANT_HELP} (default: all five)")
     pt.add_argument("--seeds", nargs="+", type=_nonneg_int, default=None, metavar="SEED",
                     help="one run per variant and seed (default: 0)")
+    pt.add_argument("--lr", action="append", default=None, metavar="VARIANT=LR",
+                    help="train VARIANT at learning rate LR instead of the papers' (repeatable; "
+                         "several for one variant give one run each, and the table reports the "
+                         "one with the best final validation perplexity), e.g. --lr srnn=0.25 "
+                         "--lr srnn=0.1")
     pt.add_argument("--out", required=True, metavar="DIR", help="output directory")
     pt.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     pt.add_argument("--max-parallel", type=_positive_int, default=None, metavar="N",

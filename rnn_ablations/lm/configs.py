@@ -27,6 +27,7 @@ corpus of ``rnn-ablations ablate`` (see :mod:`rnn_ablations.lm.synthetic`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Dict
 
@@ -67,12 +68,15 @@ class LMConfig:
                              f"got {self.decay_after!r}")
         for f in ("init_scale", "learning_rate", "max_grad_norm", "lr_decay"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:
-                raise ValueError(f"config {self.name!r}: {f} must be a positive number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0 \
+                    or not math.isfinite(v):
+                raise ValueError(f"config {self.name!r}: {f} must be a finite positive number, "
+                                 f"got {v!r}")
         if not isinstance(self.dropout, numbers.Real) or not 0 <= self.dropout < 1:
             raise ValueError(f"config {self.name!r}: dropout must be in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.forget_bias, numbers.Real):
-            raise ValueError(f"config {self.name!r}: forget_bias must be a number, "
+        if isinstance(self.forget_bias, bool) or not isinstance(self.forget_bias, numbers.Real) \
+                or not math.isfinite(self.forget_bias):
+            raise ValueError(f"config {self.name!r}: forget_bias must be a finite number, "
                              f"got {self.forget_bias!r}")
 
     def lr_at_epoch(self, epoch: int) -> float:

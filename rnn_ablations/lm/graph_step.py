@@ -44,6 +44,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
+from .data import batchify
+from .evaluation import evaluate
+
 __all__ = ["CUDA_GRAPH_MODES", "StaticTrainStep", "StaticEvaluator", "make_stepper"]
 
 CUDA_GRAPH_MODES = ("auto", "on", "off")
@@ -76,7 +80,6 @@ def _capture_whole(owner) -> None:
     inside one graph they would only add copies into their static buffers, and a layer graph
     recorded during the warm-up must not be replayed around this capture.  When the capture is
     given up (``owner.graph`` stays ``None``) the eager steps that follow get them back."""
-    from ..cuda_graphs import get_cuda_graphs, set_cuda_graphs
     before = get_cuda_graphs()
     set_cuda_graphs(False)
     with _CAPTURE_LOCK:
@@ -286,9 +289,8 @@ class StaticTrainStep:
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, model, data, batch_size: int, num_steps: int, device=None,
                  positions=None) -> Dict:
-        """:func:`rnn_ablations.lm.trainer.evaluate`, with the full windows replayed from a CUDA
+        """:func:`rnn_ablations.lm.evaluation.evaluate`, with the full windows replayed from a CUDA
         graph when this step uses one (same numbers: same kernels, same summation order)."""
-        from .trainer import evaluate
         if positions is not None or self.graph is None or model is not self.model:
             return evaluate(model, data, batch_size, num_steps, device, positions)
         bs = max(1, min(batch_size, data.numel() // 2))
@@ -300,7 +302,7 @@ class StaticTrainStep:
 
 
 class StaticEvaluator:
-    """:func:`rnn_ablations.lm.trainer.evaluate` with the full windows on static buffers (a CUDA
+    """:func:`rnn_ablations.lm.evaluation.evaluate` with the full windows on static buffers (a CUDA
     graph when ``use_graph``), the last partial window eager.  Falls back to eager windows if
     capture raises."""
 
@@ -350,7 +352,6 @@ class StaticEvaluator:
 
     @torch.no_grad()
     def evaluate(self, data: torch.Tensor) -> Dict:
-        from .data import batchify
         if data is None or data.numel() < 2:
             raise ValueError("cannot evaluate on an empty split")
         rows = batchify(data, self.B).to(self.device)

@@ -34,6 +34,8 @@ import dataclasses
 import random
 from typing import Dict, List, Optional
 
+import torch
+
 from .data import EOS, Corpus, Vocabulary
 
 __all__ = ["SyntheticSpec", "generate_lines", "synthetic_corpus", "DEFAULT_SPEC",
@@ -133,9 +135,8 @@ def synthetic_corpus(spec: Optional[SyntheticSpec] = None) -> Corpus:
                                "(rnn_ablations.lm.synthetic)"))
 
 
-def agreement_positions(corpus: Corpus, split: str) -> "torch.Tensor":  # noqa: F821
+def agreement_positions(corpus: Corpus, split: str) -> torch.Tensor:
     """Boolean mask over a split's stream: True at the verbs (the long-distance predictions)."""
-    import torch
     data = corpus.split(split)
     verb_ids = torch.tensor([i for i, w in enumerate(corpus.vocab.words) if w.startswith("v")
                              and w[1:].isdigit()])
