@@ -183,7 +183,7 @@ def test_lm_png_and_numbers(lm_run, tmp_path, capsys):
     assert "7 .       ->" in stdout
     # independent check: layer 1 of the LM reads layer 0's output of the embeddings
     from rnn_ablations.lm.data import Vocabulary
-    from rnn_ablations.lm.trainer import load_checkpoint, model_from_checkpoint
+    from rnn_ablations.lm.checkpoints import load_checkpoint, model_from_checkpoint
     ckpt = load_checkpoint(lm_run)
     model = model_from_checkpoint(ckpt).eval()
     ids, _ = Vocabulary(ckpt["vocab"]).encode(text.split())
