@@ -293,6 +293,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rnn_ablations CUDA recurrence (forward and hand-written backward)";
   register_scan(m);
   register_persistent(m);
-  m.def("forward", &cuda_forward, "one layer, one direction: forward from the input projections");
-  m.def("backward", &cuda_backward, "one layer, one direction: backward to the input projections");
+  m.def("forward", &cuda_forward, py::call_guard<py::gil_scoped_release>(), "one layer, one direction: forward from the input projections");
+  m.def("backward", &cuda_backward, py::call_guard<py::gil_scoped_release>(), "one layer, one direction: backward to the input projections");
 }

@@ -1,6 +1,10 @@
 // Python bindings of the CPU extension rnn_ablations._C: the step kernels' entry points
 // (cpu_entry_points.h), the element-wise scan (scan.cpp), the kernel-spec decoder the table test
 // reads, and the choice of vector path (vec_kernels.h).
+//
+// Every entry point that computes releases the GIL for the whole call (py::call_guard): the
+// kernels never run Python, and their worker threads inherit only grad and inference mode
+// (thread_modes.h), so no Python-level mode or hook a caller installs can block them.
 
 #include <torch/extension.h>
 
@@ -59,14 +63,14 @@ at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& w, bool transpos
 // The element-wise scan (scan.cpp), for the cells that read no h_{t-1}.
 static void register_scan(pybind11::module_& m) {
   using namespace rnn_ablations;
-  m.def("scan_forward", &scan_forward,
+  m.def("scan_forward", &scan_forward, py::call_guard<py::gil_scoped_release>(),
         "element-wise scan of a gated memory whose gates read x_t only (forward), D = h0.size(0) "
         "directions (direction 1 runs each row backwards within its length); layout = "
         "{i, f, o, c, r, hw, output} block offsets in units of H (-1 absent), output 0 o*tanh(c), "
         "1 tanh(c), 2 c",
         py::arg("proj"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"), py::arg("layout"),
         py::arg("save"), py::arg("bias") = py::none());
-  m.def("scan_backward", &scan_backward,
+  m.def("scan_backward", &scan_backward, py::call_guard<py::gil_scoped_release>(),
         "backward of scan_forward: (d_proj, d_c0, d_bias); d_bias (the sum of d_proj over steps "
         "and rows, D*G*H) is computed when bias_grad, else empty",
         py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"), py::arg("proj"), py::arg("c0"),
@@ -83,35 +87,35 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("torch_version") = RNN_ABLATIONS_TORCH_VERSION;  // the torch this module was built for
 #endif
   register_scan(m);
-  m.def("forward", &rnn_forward,
+  m.def("forward", &rnn_forward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: forward from the input projections; with in_place=True the "
         "recurrent blocks of proj become the returned gates (proj must be a scratch tensor)",
         py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
         py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
         py::arg("in_place") = false);
-  m.def("backward", &rnn_backward, "one layer, one direction: backward to the input projections");
-  m.def("forward_directions", &rnn_forward_directions,
+  m.def("backward", &rnn_backward, py::call_guard<py::gil_scoped_release>(), "one layer, one direction: backward to the input projections");
+  m.def("forward_directions", &rnn_forward_directions, py::call_guard<py::gil_scoped_release>(),
         "the directions of a bidirectional layer at once (one per thread): `forward` on the d-th "
         "entry of each list; returns one result list per direction",
         py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
         py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
         py::arg("in_place") = false);
-  m.def("backward_directions", &rnn_backward_directions,
+  m.def("backward_directions", &rnn_backward_directions, py::call_guard<py::gil_scoped_release>(),
         "the directions of a bidirectional layer at once (one per thread): `backward` on the "
         "d-th entry of each list; returns one result list per direction");
-  m.def("fused_forward_directions", &fused_forward_directions,
+  m.def("fused_forward_directions", &fused_forward_directions, py::call_guard<py::gil_scoped_release>(),
         "the directions of a bidirectional layer at once (one per thread): `fused_forward` on "
         "the d-th entry of each list; returns one result list per direction");
-  m.def("fused_backward_directions", &fused_backward_directions,
+  m.def("fused_backward_directions", &fused_backward_directions, py::call_guard<py::gil_scoped_release>(),
         "the directions of a bidirectional layer at once (one per thread): `fused_backward` on "
         "the d-th entry of each list; returns one result list per direction");
-  m.def("fused_forward", &fused_forward,
+  m.def("fused_forward", &fused_forward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: pipelined input projection + recurrence");
-  m.def("fused_backward", &fused_backward,
+  m.def("fused_backward", &fused_backward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: pipelined recurrence backward + input/weight gradients");
   m.def("packed_gemm", &packed_gemm_available,
         "whether the vector path in use has the packed step GEMM (float32; AVX2 + FMA or AVX-512)");
-  m.def("packed_matmul", &packed_matmul,
+  m.def("packed_matmul", &packed_matmul, py::call_guard<py::gil_scoped_release>(),
         "tests only: c (+)= a @ B with the packed step GEMM of the path in use (B = w.T when "
         "transposed, else w); returns c", py::arg("a"), py::arg("w"), py::arg("transposed"),
         py::arg("c"), py::arg("accumulate"), py::arg("parallel"));
@@ -129,5 +133,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the step kernels' view of a kernel spec (Variant.kernel_spec): a dict with the output "
         "rule, memory, content form and the recurrent / input-only block roles they index; "
         "raises for a spec they refuse", py::arg("spec"), py::arg("highway"));
-  m.def("weight_grad", &weight_grad, "g^T in for g (rows, M), in (rows, K): a weight gradient");
+  m.def("weight_grad", &weight_grad, py::call_guard<py::gil_scoped_release>(), "g^T in for g (rows, M), in (rows, K): a weight gradient");
 }

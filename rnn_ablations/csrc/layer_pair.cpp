@@ -16,7 +16,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
 
 #include <atomic>
 #include <cstdint>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "cpu_entry_points.h"
+#include "thread_modes.h"
 
 namespace rnn_ablations {
 
@@ -33,16 +33,15 @@ namespace {
 // threads claim the directions from a counter instead of being handed one each: on a busy
 // machine a thread of the team that starts late finds the work taken and leaves, instead of
 // the call waiting for it (the numbers do not depend on which thread runs a direction).  The
-// caller's thread-local state (grad mode, inference mode, dispatch keys) is carried into the
-// team's threads (ATen's parallel_for does not carry it), so that a call made under
-// torch.inference_mode() may write its inference tensors there too.  An exception in one
+// caller's grad and inference modes are carried into the team's threads (thread_modes.h), so
+// that a call made under torch.inference_mode() may write its inference tensors there too.  An exception in one
 // direction is rethrown here after the others finished (at::parallel_for collects it).
 template <class F>
 void for_each_direction(int64_t n, const F& f) {
-  const at::ThreadLocalState state;
+  const CallerModes modes;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
-    at::ThreadLocalStateGuard guard(state);
+    CallerModesGuard guard(modes);
     for (int64_t d = next.fetch_add(1); d < n; d = next.fetch_add(1)) f(d);
   });
 }

@@ -634,10 +634,10 @@ void register_persistent(pybind11::module_& m) {
         "(applicable, reason, blocks, units, batch_tile, smem_bytes) of the persistent forward "
         "(backward=True: backward) kernel for (spec, highway, proj, w_hh, blocks, batch_tile, "
         "backward); 0 = automatic");
-  m.def("persistent_forward", &persistent_forward,
+  m.def("persistent_forward", &persistent_forward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: the forward in one persistent cooperative launch (W_hh on "
         "chip, a grid barrier per step); same results as forward, gates only with keep_hin");
-  m.def("persistent_backward", &persistent_backward,
+  m.def("persistent_backward", &persistent_backward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: backward's recurrence in one persistent cooperative launch "
         "(W_hh columns on chip); same arguments as backward plus blocks, batch_tile");
 }

@@ -4,13 +4,14 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <thread>
+
+#include "thread_modes.h"
 
 namespace rnn_ablations {
 namespace cpu {
@@ -47,14 +48,13 @@ struct Pipeline {
     return true;
   }
 
-  // The caller's thread-local state (inference mode, dispatch keys) is carried into the team's
-  // threads, which at::parallel_for does not do: under torch.inference_mode() the roles write
-  // inference tensors, which ATen refuses outside inference mode.
+  // The caller's grad and inference modes are carried into the team's threads, and nothing else
+  // of its thread-local state (thread_modes.h).
   template <class F0, class F1>
   void run(F0&& role0, F1&& role1) {
-    const at::ThreadLocalState state;
+    const CallerModes modes;
     at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-      at::ThreadLocalStateGuard guard(state);
+      CallerModesGuard guard(modes);
       for (int64_t r = begin; r < end; ++r) {
         try {
           at::NoGradGuard no_grad;  // grad mode is thread-local: off in the team's threads too

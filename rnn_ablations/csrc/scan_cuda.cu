@@ -425,12 +425,12 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
 
 // Called from the module init in ablated_rnn_cuda.cu.
 void register_scan(pybind11::module_& m) {
-  m.def("scan_forward", &scan_forward,
+  m.def("scan_forward", &scan_forward, py::call_guard<py::gil_scoped_release>(),
         "element-wise scan of a gated memory whose gates read x_t only (forward, CUDA); see "
         "scan.cpp for the layout",
         py::arg("proj"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"), py::arg("layout"),
         py::arg("save"), py::arg("bias") = py::none());
-  m.def("scan_backward", &scan_backward,
+  m.def("scan_backward", &scan_backward, py::call_guard<py::gil_scoped_release>(),
         "backward of scan_forward (CUDA): (d_proj, d_c0, d_bias); d_bias computed when bias_grad",
         py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"), py::arg("proj"), py::arg("c0"),
         py::arg("cs"), py::arg("batch_sizes"), py::arg("layout"), py::arg("bias") = py::none(),

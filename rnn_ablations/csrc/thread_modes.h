@@ -1,0 +1,37 @@
+// What a kernel's worker threads inherit from the calling thread: grad mode and inference mode,
+// nothing else.
+//
+// at::parallel_for does not carry thread-local state into its team.  The kernels need two
+// pieces of it there: inference mode (under torch.inference_mode() the workers write inference
+// tensors, which ATen refuses outside inference mode) and grad mode.  Copying the whole
+// at::ThreadLocalState instead would also copy the caller's Python-level state (dispatch modes,
+// saved-tensor hooks, torch-function modes), which takes the GIL: with the GIL held by the
+// waiting caller that is a deadlock.  The workers get exactly the two modes, so no mode or hook
+// a caller installs reaches them, and the bindings release the GIL for the whole call.
+#pragma once
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+
+namespace rnn_ablations {
+
+// The calling thread's modes, captured where the kernel is entered.
+struct CallerModes {
+  bool grad = at::GradMode::is_enabled();
+  bool inference = c10::InferenceMode::is_enabled();
+};
+
+// Sets a worker thread's modes to the caller's for its lifetime, and restores them after.
+// InferenceMode(false) puts a thread into normal mode with grad enabled; the grad-mode guard
+// (constructed second, destroyed first) then applies the caller's grad mode.
+class CallerModesGuard {
+ public:
+  explicit CallerModesGuard(const CallerModes& modes)
+      : inference_(modes.inference), grad_(modes.grad) {}
+
+ private:
+  c10::InferenceMode inference_;
+  at::AutoGradMode grad_;
+};
+
+}  // namespace rnn_ablations
