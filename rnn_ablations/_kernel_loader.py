@@ -4,10 +4,19 @@ did not (as SRU does).
 Order: (1) the module installed inside the package (built by ``setup.py`` when torch was
 importable at install time, e.g. ``scripts/setup.sh`` or ``pip install --no-build-isolation .``),
 if it loads and was built for the torch now installed; (2) a module compiled earlier for this
-torch, Python and source in the cache directory; (3) compile it there now (once, 2-3 minutes;
-with a lock, so parallel processes wait for one build).  When that fails (no C++ compiler, no
-Python headers) the package warns once, naming the fix, and runs its generic PyTorch path, which
-computes the same numbers more slowly.
+torch, Python and source in the cache directory, if it matches the size and SHA-256 recorded
+beside it; (3) compile it there now (once, 2-3 minutes; with a lock, so parallel processes wait
+for one build).  When that fails (no C++ compiler, no Python headers, a cache folder that cannot
+be written) the package warns once, saying what failed and naming the fix, and runs its generic
+PyTorch path, which computes the same numbers more slowly.
+
+The cache folder holds the module, ``build.json`` (the module's file name, size and SHA-256, and
+the torch and Python it was built for), ``build.log`` and the compiler's object files (so that a
+rebuild of the same sources only links).  A module is built in a temporary folder and renamed
+into place after it is flushed to disk, its record after it: an interrupted build, a full disk or
+a killed process leaves either no module or one that does not match its record, never a
+truncated file that the loader maps (loading a truncated shared library kills the process with
+SIGBUS).  A module that does not match its record, or that has none, is compiled again.
 
 Environment: ``RNN_ABLATIONS_NO_KERNEL=1`` (or ``RNN_ABLATIONS_DISABLE_KERNEL=1``) skips (2)-(3);
 ``RNN_ABLATIONS_CACHE`` sets the cache directory (default ``$XDG_CACHE_HOME/rnn_ablations`` or
@@ -15,14 +24,17 @@ Environment: ``RNN_ABLATIONS_NO_KERNEL=1`` (or ``RNN_ABLATIONS_DISABLE_KERNEL=1`
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from types import ModuleType
 from typing import Optional, Tuple
@@ -32,10 +44,20 @@ import torch
 logger = logging.getLogger("rnn_ablations")
 
 MODULE = __package__ + "._C"
+RECORD = "build.json"
 _FIX = ("install a C++ compiler and the Python headers (e.g. `apt install g++ python3-dev`) and "
         "import rnn_ablations again, or reinstall with `pip install --no-build-isolation .` in an "
         "environment that has them; set RNN_ABLATIONS_NO_KERNEL=1 to use the generic path "
         "without this warning")
+
+
+class KernelCacheError(RuntimeError):
+    """Why the cache could not give a module: ``str(exc)`` says what happened (compiling,
+    loading, writing the folder) and ``fix`` what the user can do."""
+
+    def __init__(self, what: str, fix: str = _FIX):
+        super().__init__(what)
+        self.fix = fix
 
 
 def cache_root() -> str:
@@ -86,58 +108,216 @@ def _cache_dir() -> str:
     return os.path.join(cache_root(), name)
 
 
-def _module_in(folder: str) -> Optional[str]:
+def _digest(path: str) -> Tuple[int, str]:
+    """``(size in bytes, SHA-256 hex digest)`` of a file."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            size += len(block)
+    return size, h.hexdigest()
+
+
+def _is_module_name(name: str) -> bool:
+    return name.startswith("_C") and name.endswith((".so", ".pyd")) and os.sep not in name
+
+
+def cached_module(folder: str) -> Tuple[Optional[str], Optional[str]]:
+    """``(path, None)`` for a module in ``folder`` that matches its record; ``(None, None)`` when
+    the folder holds no module; ``(None, what is wrong)`` for a module that cannot be trusted
+    (no record, a different size or SHA-256: truncated or overwritten), which must not be
+    loaded."""
     if not os.path.isdir(folder):
-        return None
-    for f in sorted(os.listdir(folder)):
-        if f.startswith("_C") and f.endswith((".so", ".pyd")):
-            return os.path.join(folder, f)
-    return None
+        return None, None
+    present = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if _is_module_name(f)]
+    record_path = os.path.join(folder, RECORD)
+    try:
+        with open(record_path) as f:
+            record = json.load(f)
+        name, size, sha = record["module"], int(record["size"]), str(record["sha256"])
+        if not isinstance(name, str) or not _is_module_name(name):
+            raise ValueError(f"bad module name {name!r}")
+    except FileNotFoundError:
+        if not present:
+            return None, None
+        return None, f"{present[0]} has no size and SHA-256 record ({record_path})"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"its record {record_path} cannot be read ({type(exc).__name__}: {exc})"
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        if not present:
+            return None, None
+        return None, f"{present[0]} is not the module its record names ({name})"
+    actual_size, actual_sha = _digest(path)
+    if actual_size != size:
+        return None, (f"{path} is {actual_size} bytes, its record says {size} "
+                      "(truncated or overwritten)")
+    if actual_sha != sha:
+        return None, f"{path} does not match the SHA-256 in its record (overwritten or damaged)"
+    return path, None
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. systems without directory file descriptors
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _run_build(folder: str, out: str, build_temp: str, log_path: str) -> int:
+    from . import _build
+
+    code = ("import runpy, sys; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    with open(log_path, "a") as log:
+        # -c: sys.path[0] is the working folder, not rnn_ablations/ (whose module names could
+        # shadow others); the build does not import this package.
+        return subprocess.run(
+            [sys.executable, "-c", code, _build.__file__, "--out", out, "--build-temp", build_temp],
+            cwd=folder, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def _publish(folder: str, built: str, seconds: float) -> str:
+    """Move the module ``built`` (in a temporary folder inside ``folder``) into place with its
+    record, each flushed to disk and then renamed, so that no reader sees a partial file."""
+    name = os.path.basename(built)
+    with open(built, "rb+") as f:
+        os.fsync(f.fileno())
+    size, sha = _digest(built)
+    record = {"module": name, "size": size, "sha256": sha, "torch": torch.__version__,
+              "python": sys.version.split()[0], "seconds": round(seconds, 1)}
+    fd, temp_record = tempfile.mkstemp(prefix=".build-", suffix=".json", dir=folder)
+    os.chmod(temp_record, 0o644)  # mkstemp's 0600 would hide the record from other users
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    final = os.path.join(folder, name)
+    os.replace(built, final)
+    os.replace(temp_record, os.path.join(folder, RECORD))
+    _fsync_dir(folder)
+    return final
 
 
 def _compile(folder: str) -> str:
-    """Compile into ``folder`` (under a lock); returns the module's path."""
-    import fcntl  # POSIX; on other systems the import fails and the generic path is used
+    """Compile into ``folder`` (under a lock) unless another process did; returns the module's
+    path.  A module there that does not match its record is replaced, with a warning that says
+    what is wrong with it."""
+    try:
+        import fcntl  # POSIX; elsewhere the generic path is used
+    except ImportError as exc:  # pragma: no cover - not POSIX
+        raise KernelCacheError(f"compiling on first use needs POSIX file locks ({exc})") from exc
 
-    from . import _build
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, ".lock"), "w")
+    except OSError as exc:
+        raise KernelCacheError(
+            f"the cache folder {folder} cannot be written ({exc})",
+            fix=f"set RNN_ABLATIONS_CACHE to a writable folder, or {_FIX}") from exc
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            done, damaged = cached_module(folder)
+            if done:  # another process built (or repaired) it while this one waited
+                return done
+            for entry in os.listdir(folder):  # left by a build that was killed
+                if entry.startswith(".out-"):
+                    shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+                elif entry.startswith(".build-") and entry.endswith(".json"):
+                    os.remove(os.path.join(folder, entry))
+            if damaged:
+                logger.warning("rnn_ablations: the cached CPU kernel cannot be used (%s); "
+                               "compiling it again (%s)", damaged, folder)
+            else:
+                logger.warning("rnn_ablations: compiling the CPU kernel for torch %s (once: 2-3 "
+                               "minutes of CPU; cached in %s)", torch.__version__, folder)
+            build_temp = os.path.join(folder, "build")
+            log_path = os.path.join(folder, "build.log")
+            open(log_path, "w").close()
+            out = tempfile.mkdtemp(prefix=".out-", dir=folder)
+            try:
+                start = time.time()
+                reused = os.path.isdir(build_temp)
+                rc = _run_build(folder, out, build_temp, log_path)
+                if rc != 0 and reused:  # the object files kept from an earlier build may be bad
+                    shutil.rmtree(build_temp, ignore_errors=True)
+                    rc = _run_build(folder, out, build_temp, log_path)
+                what = (f"the cached module cannot be used ({damaged}) and compiling it again"
+                        if damaged else "compiling it on first use")
+                fix = (f"{_FIX} (deleting the folder {folder} removes the damaged module)"
+                       if damaged else _FIX)
+                if rc != 0:
+                    with open(log_path) as f:
+                        tail = "".join(f.readlines()[-15:])
+                    raise KernelCacheError(
+                        f"{what} failed: the compiler failed (log: {log_path}):\n{tail}", fix)
+                built = [f for f in sorted(os.listdir(out)) if _is_module_name(f)]
+                if not built:
+                    raise KernelCacheError(
+                        f"{what} failed: the build produced no module (log: {log_path})", fix)
+                return _publish(folder, os.path.join(out, built[0]), time.time() - start)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+        except OSError as exc:
+            raise KernelCacheError(
+                f"writing the cache folder {folder} failed ({exc})",
+                fix=f"free disk space or set RNN_ABLATIONS_CACHE to a writable folder, or {_FIX}"
+            ) from exc
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
-    os.makedirs(folder, exist_ok=True)
+
+def _remove_module(folder: str) -> None:
+    """Remove the module and its record (under the lock), so the next build replaces them."""
+    import fcntl
+
     with open(os.path.join(folder, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            done = _module_in(folder)
-            if done:  # another process built it while this one waited
-                return done
-            logger.warning("rnn_ablations: compiling the CPU kernel for torch %s (once: 2-3 "
-                           "minutes of CPU; cached in %s)", torch.__version__, folder)
-            temp = os.path.join(folder, "build")
-            out = os.path.join(folder, "out")
-            log_path = os.path.join(folder, "build.log")
-            code = ("import runpy, sys; sys.argv = sys.argv[1:]; "
-                    "runpy.run_path(sys.argv[0], run_name='__main__')")
-            start = time.time()
-            with open(log_path, "w") as log:
-                # -c: sys.path[0] is the working folder, not rnn_ablations/ (whose module names
-                # could shadow others); the build does not import this package.
-                proc = subprocess.run(
-                    [sys.executable, "-c", code, _build.__file__, "--out", out,
-                     "--build-temp", temp],
-                    cwd=folder, stdout=log, stderr=subprocess.STDOUT)
-            if proc.returncode != 0:
-                with open(log_path) as f:
-                    tail = "".join(f.readlines()[-15:])
-                raise RuntimeError(f"the compiler failed (log: {log_path}):\n{tail}")
-            built = _module_in(out)
-            if built is None:
-                raise RuntimeError(f"the build produced no module (log: {log_path})")
-            final = os.path.join(folder, os.path.basename(built))
-            os.replace(built, final)
-            with open(os.path.join(folder, "build.json"), "w") as f:
-                json.dump({"torch": torch.__version__, "python": sys.version.split()[0],
-                           "seconds": round(time.time() - start, 1)}, f)
-            return final
+            for entry in os.listdir(folder):
+                if entry == RECORD or _is_module_name(entry):
+                    os.remove(os.path.join(folder, entry))
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _from_cache() -> Tuple[ModuleType, str]:
+    folder = _cache_dir()
+    path, _ = cached_module(folder)
+    source = "cache"
+    if path is None:  # absent or damaged: _compile checks again under its lock and says which
+        path = _compile(folder)
+        source = "compiled"
+    try:
+        return _load_file(path), source
+    except ImportError as exc:
+        if source == "compiled":
+            raise KernelCacheError(
+                f"loading the module just compiled, {path}, failed ({exc})") from exc
+        # Matches its record but does not load (e.g. a library it links against changed):
+        # compiled once more.
+        logger.warning("rnn_ablations: the cached CPU kernel %s does not load (%s); compiling "
+                       "it again", path, exc)
+        try:
+            _remove_module(folder)
+        except OSError as exc2:
+            raise KernelCacheError(
+                f"the cached module {path} does not load ({exc}) and cannot be removed ({exc2})",
+                fix=f"delete the folder {folder}") from exc2
+        path = _compile(folder)
+        try:
+            return _load_file(path), "compiled"
+        except ImportError as exc2:
+            raise KernelCacheError(
+                f"loading the module just compiled, {path}, failed ({exc2})") from exc2
 
 
 def load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
@@ -149,16 +329,13 @@ def load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
     if _kernel_disabled():
         return None, why + "; RNN_ABLATIONS_NO_KERNEL/RNN_ABLATIONS_DISABLE_KERNEL is set", ""
     try:
-        folder = _cache_dir()
-        path = _module_in(folder)
-        source = "cache"
-        if path is None:
-            path = _compile(folder)
-            source = "compiled"
-        return _load_file(path), None, source
+        module, source = _from_cache()
+        return module, None, source
     except Exception as exc:  # no compiler, no headers, read-only cache, ...
-        msg = (f"rnn_ablations: the CPU kernel is not available ({why}; compiling it on first "
-               f"use failed: {exc}). Using the generic PyTorch path (same numbers, slower). "
-               f"To fix: {_FIX}.")
+        fix = getattr(exc, "fix", _FIX)
+        what = str(exc) if isinstance(exc, KernelCacheError) else (
+            f"the kernel cache failed: {type(exc).__name__}: {exc}")
+        msg = (f"rnn_ablations: the CPU kernel is not available ({why}; {what}). Using the "
+               f"generic PyTorch path (same numbers, slower). To fix: {fix}.")
         logger.warning(msg)
         return None, msg, ""
