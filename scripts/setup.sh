@@ -21,7 +21,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "im
   exit 0
 fi
 $PIP install -q $C -r requirements/core.txt
-# (pip then prints "dependency conflicts" about their declared pins: expected, see DESIGN.md §3-4)
+# (pip then prints "dependency conflicts" about their declared pins: expected, see docs/install.md)
 $PIP install -q --no-deps -r requirements/allennlp-nodeps.txt
 $PIP install -q $C -r requirements/allennlp.txt
 $PIP install -q --no-deps -r requirements/onmt-nodeps.txt

@@ -11,6 +11,7 @@ that the reason a test did not run reads the same everywhere and names the fix:
 * ``requires_shared_data(*parts)``: a file or folder of the experiments' data (``../shared/data``
   or ``$RNN_ABLATIONS_SHARED_DATA``), which the package never needs to run its tests' defaults.
 """
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -42,6 +43,20 @@ requires_allennlp = pytest.mark.skipif(
 requires_onmt = pytest.mark.skipif(
     importlib.util.find_spec("onmt") is None,
     reason="OpenNMT-py is not installed (bash scripts/setup.sh installs it)")
+
+
+#: the CPU kernel's two schedules, and every code path a CPU call can take (the pipelined and the
+#: plain kernel, the generic PyTorch path), for tests that compare them
+KERNEL_SCHEDULES = ["pipelined", "plain"]
+BACKENDS = KERNEL_SCHEDULES + ["generic"] if ra.kernel_available() else ["generic"]
+
+
+@contextlib.contextmanager
+def backend_path(name):
+    """Run the block on one of :data:`BACKENDS`."""
+    backend = "generic" if name == "generic" else "kernel"
+    with ra.use_backend(backend), ra.use_pipeline("always" if name == "pipelined" else "never"):
+        yield
 
 
 def requires_shared_data(*parts):

@@ -1,4 +1,4 @@
-"""Both directions of a bidirectional layer at once (issue 11): the CPU kernel's concurrent
+"""Both directions of a bidirectional layer at once: the CPU kernel's concurrent
 directions path (``dispatch.run_directions`` → ``_C.forward_directions`` /
 ``_C.backward_directions``, one direction per thread) against the float64 generic path and
 against the directions run one after the other, with 1 and 2 threads: outputs, final states and
@@ -15,16 +15,24 @@ from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, use_pi
 from rnn_ablations import dispatch
 from rnn_ablations.dispatch import use_concurrent_directions
 
-pytestmark = pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
+from conftest import requires_kernel
 
-#: the variants the step kernels run (lstm_minus_srnn_minus_hidden reads no h_{t-1}: scan.py)
-STEP_VARIANTS = [v for v in VARIANTS if get_variant(v).reads_hidden]
+pytestmark = requires_kernel
+
+#: the variants of the table that the step kernels run (a variant whose gates read no h_{t-1}
+#: runs the element-wise scan instead: scan.py)
+STEP_VARIANTS = [v for v in VARIANTS if get_variant(v).has_step_kernel]
 LENGTHS = [7, 4, 2]
 
 
-def test_the_five_step_kernel_variants():
-    assert sorted(STEP_VARIANTS) == sorted(
-        ["lstm", "srnn", "lstm_minus_srnn", "ran", "identity_ran"])
+def test_every_variant_runs_a_step_kernel_or_the_scan():
+    """The tests below take their variants from the table: every variant that reads h_{t-1}
+    has a step kernel (and is among them), every other one runs the scan."""
+    assert STEP_VARIANTS
+    for name in VARIANTS:
+        v = get_variant(name)
+        assert v.has_step_kernel == v.reads_hidden, name
+        assert (name in STEP_VARIANTS) == v.reads_hidden, name
 
 
 @contextlib.contextmanager
@@ -41,7 +49,7 @@ def threads(n):
 def path(name, n_threads):
     """``generic``; ``concurrent`` / ``concurrent_pipelined`` (the directions entry points,
     forced, from the input projections / from the layer input); ``sequential`` (one direction
-    after the other on the plain kernel, as before issue 11); ``pipelined`` (the same on the
+    after the other on the plain kernel); ``pipelined`` (the same on the
     pipelined kernel)."""
     backend = "generic" if name == "generic" else "kernel"
     directions = "always" if name.startswith("concurrent") else "never"
@@ -152,7 +160,7 @@ def test_auto_policy(counting, monkeypatch):
     with use_backend("kernel"):
         with threads(1):
             one, _ = m(x)
-        assert _forwards(counting) == 0  # one thread: as before
+        assert _forwards(counting) == 0  # one thread: one direction after the other
         with threads(2):
             two, _ = m(x)
         assert _forwards(counting) == 2  # two layers
@@ -310,79 +318,14 @@ def test_concurrent_mode_is_validated():
     assert ra.dispatch.get_concurrent_directions() == "auto"
 
 
-def test_speed_command_experiments_tiny(tmp_path, capsys):
-    """``benchmarks/speed.py --shapes experiments`` at a tiny setting: train and inference rows
-    against nn.LSTM, each bidirectional variant also with sequential directions, the machine
-    (CPU model, AVX-512, the kernel's vector path) in the JSON."""
-    import json
-    from rnn_ablations.cli import main
-    from rnn_ablations.commands import speed
-    rows = speed.measure(repeats=1, warmup=0, variants=["ran"], directions="both",
-                         shapes=[("tiny", 2, 6, 5, True, 3, 4)])
-    assert {(r["model"], r["mode"]) for r in rows} == {
-        (m, mode) for m in ("nn.LSTM", "ran", "ran" + speed.SEQUENTIAL_SUFFIX)
-        for mode in ("train", "inference")}
-    assert all(r["median_ms"] > 0 and r["min_ms"] <= r["median_ms"] <= r["max_ms"] for r in rows)
-    assert {r["directions"] for r in rows} == {"-", "auto", "sequential"}
-    with pytest.raises(ValueError, match="directions must be one of auto, sequential, both"):
-        speed.measure(repeats=1, variants=["ran"], directions="parallel",
-                      shapes=[("tiny", 1, 6, 5, True, 3, 4)])
-    with threads(torch.get_num_threads()):  # --threads changes the process's setting
-        assert main(["speed", "--shapes", "experiments", "--shape-names", "PTB small LM",
-                     "--variants", "ran", "--repeats", "1", "--warmup", "0", "--threads", "1",
-                     "--out", str(tmp_path)]) == 0
-        assert main(["speed", "--shapes", "experiments", "--shape-names", "PTB huge"]) == 2
-    assert "unknown shape name(s) ['PTB huge']" in capsys.readouterr().err
-    meta = json.loads((tmp_path / "speed_cpu_experiments.json").read_text())
-    assert set(meta["cpu"]) >= {"model", "avx512f", "avx2", "kernel_isa", "kernel_isas"}
-    assert meta["cpu"]["kernel_isa"] == ra.kernel_isa()
-    assert ("no AVX-512" in meta["machine"]) == (not meta["cpu"]["avx512f"])
-    assert meta["threads"] == 1 and meta["directions"] == "auto"
-    assert {(r["shape"], r["model"], r["mode"]) for r in meta["rows"]} == {
-        ("PTB small LM", m, mode) for m in ("nn.LSTM", "ran") for mode in ("train", "inference")}
-    md = (tmp_path / "speed_cpu_experiments.md").read_text()
-    assert "PTB small LM: 2, 200, 200, uni, 20, 20" in md and meta["cpu"]["model"] in md
 
 
-def test_speed_command_keeps_the_rows_of_a_cut_off_run(tmp_path, monkeypatch):
-    """The speed command rewrites its files after every shape: a run cut off in the middle (a
-    device's time limit, Ctrl-C) keeps the rows it measured, and the Markdown says it is
-    incomplete; a run that finishes says nothing of the kind."""
-    import json
-    from rnn_ablations.cli import main
-    from rnn_ablations.commands import speed
-    monkeypatch.setattr(speed, "EXPERIMENT_SHAPES", [("tiny one", 1, 6, 5, False, 3, 4),
-                                                     ("tiny two", 1, 6, 5, True, 3, 4)])
-    real = speed.measure
-    calls = []
-
-    def cut_after_first(*args, **kwargs):
-        calls.append(kwargs["shapes"])
-        if len(calls) == 2:
-            raise KeyboardInterrupt("cut off")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(speed, "measure", cut_after_first)
-    with threads(torch.get_num_threads()), pytest.raises(KeyboardInterrupt):
-        main(["speed", "--shapes", "experiments", "--variants", "ran", "--repeats", "1",
-              "--warmup", "0", "--threads", "1", "--out", str(tmp_path), "--name", "cut"])
-    meta = json.loads((tmp_path / "cut.json").read_text())
-    assert {r["shape"] for r in meta["rows"]} == {"tiny one"} and meta["dtypes_done"] == []
-    assert "INCOMPLETE" in (tmp_path / "cut.md").read_text()
-    monkeypatch.setattr(speed, "measure", real)
-    with threads(torch.get_num_threads()):
-        assert main(["speed", "--shapes", "experiments", "--variants", "ran", "--repeats", "1",
-                     "--warmup", "0", "--threads", "1", "--out", str(tmp_path), "--name",
-                     "whole"]) == 0
-    meta = json.loads((tmp_path / "whole.json").read_text())
-    assert {r["shape"] for r in meta["rows"]} == {"tiny one", "tiny two"}
-    assert meta["dtypes_done"] == ["float32"]
-    assert "INCOMPLETE" not in (tmp_path / "whole.md").read_text()
 
 
 def test_cpu_autocast_keeps_the_sequential_way(counting):
     """Under torch.autocast("cpu") the input projections come out in bfloat16, which the step
-    kernels do not run: the directions go through run_layer as before (same numbers)."""
+    kernels do not run: the directions go one after the other through run_layer (same
+    numbers)."""
     m = AblatedRNN("ran", 5, 4, bidirectional=True)
     x = torch.randn(6, 2, 5)
     results = []
@@ -393,21 +336,3 @@ def test_cpu_autocast_keeps_the_sequential_way(counting):
     torch.testing.assert_close(results[0], results[1])
 
 
-@pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
-def test_speed_command_isas_ab():
-    """--isas times every variant once per CPU kernel vector path in the same rounds (an A/B of
-    the AVX-512 path against the AVX2 one on an AVX-512 machine); each row names its path, the
-    path in use is restored, and a path this CPU lacks is refused with the ones it has."""
-    from rnn_ablations.commands import speed
-    isas = ra.supported_kernel_isas()
-    before = ra.kernel_isa()
-    rows = speed.measure(repeats=1, warmup=0, variants=["ran"], isas=isas,
-                         shapes=[("tiny", 1, 6, 5, True, 3, 4)])
-    want = {("nn.LSTM", "-")} | {(f"ran [{i}]" if len(isas) > 1 else "ran", i) for i in isas}
-    assert {(r["model"], r["kernel_isa"]) for r in rows} == want
-    assert ra.kernel_isa() == before
-    missing = [i for i in ("avx512", "avx2") if i not in isas]
-    if missing:
-        with pytest.raises(ValueError, match=rf"\['{missing[0]}'\] not available.*choose from"):
-            speed.measure(repeats=1, warmup=0, variants=["ran"], isas=[missing[0]],
-                          shapes=[("tiny", 1, 6, 5, True, 3, 4)])

@@ -210,17 +210,68 @@ def test_kernel_matches_generic_float32(highway, bidirectional):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
+def _thread_cpu_seconds():
+    """CPU time (user + system) of each thread of this process, from /proc."""
+    import os
+    tick = os.sysconf("SC_CLK_TCK")
+    times = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        times[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return times
+
+
 @pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task")
+                    or "OpenMP" not in torch.__config__.parallel_info(),
+                    reason="needs Linux's per-thread CPU times and torch's OpenMP backend")
 def test_kernel_runs_rows_in_parallel(one_thread):
-    """Enough work to split over threads: the same numbers with one and two threads."""
-    m = AblatedRNN(NAME, 16, 64, bidirectional=True)
-    x = torch.randn(40, 24, 16)
-    lengths = torch.randint(1, 41, (24,))
-    with use_backend("kernel"):
-        one = m(x, lengths=lengths)
-        torch.set_num_threads(2)
-        two = m(x, lengths=lengths)
-    torch.testing.assert_close(one[0], two[0], atol=0, rtol=0)
+    """With two threads the scan splits its rows over both: the threads other than the caller
+    do a share of the work (their CPU time, which machine load does not change, measured per
+    thread around the kernel calls), while with one thread they do none; and the split gives
+    the same numbers, forward and backward, as one thread."""
+    import threading
+    from rnn_ablations import _C
+    v = get_variant(NAME)
+    layout = scan_layout(v, False)
+    T, B, D, H = 200, 32, 2, 256  # D * B rows; large enough to be split (see scan.cpp)
+    proj = torch.randn(T, B, D * v.num_input_only(False) * H)
+    bias = torch.randn(proj.size(2))
+    h0 = torch.zeros(D, B, H)
+    c0 = torch.randn(D, B, H)
+    bs = torch.tensor(sorted(torch.randint(1, B + 1, (T,)).tolist(), reverse=True))
+    bs[0] = B
+    g_out, g_hn, g_cn = torch.randn(T, B, D * H), torch.randn(D, B, H), torch.randn(D, B, H)
+
+    def both():
+        out, h_n, c_n, cs = _C.scan_forward(proj, h0, c0, bs, layout, True, bias)
+        return (out, h_n, c_n) + tuple(_C.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, bs,
+                                                        layout, bias, True))
+
+    def others_share(n_threads):
+        torch.set_num_threads(n_threads)
+        both()  # warm up (the thread pool starts)
+        me = threading.get_native_id()
+        before = _thread_cpu_seconds()
+        mine = 0.0
+        while mine < 0.5:  # enough CPU time for the clock's ticks
+            results = both()
+            now = _thread_cpu_seconds()
+            mine = now[me] - before.get(me, 0.0)
+        others = sum(t - before.get(tid, 0.0) for tid, t in now.items() if tid != me)
+        return others / (mine + others), results
+
+    one_share, one = others_share(1)
+    two_share, two = others_share(2)
+    assert one_share < 0.1, f"with one thread other threads did {one_share:.0%} of the work"
+    assert two_share > 0.25, (f"with two threads the other thread did {two_share:.0%} of the "
+                              "work: the scan did not split its rows")
+    for a, b in zip(one, two):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 @pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
