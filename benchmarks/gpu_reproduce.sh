@@ -175,8 +175,8 @@ EOF
 import json, sys
 src, dst, config, command = sys.argv[1:5]
 r = json.load(open(src))
-keys = ("variant", "seed", "learning_rate", "paper_learning_rate", "epochs", "valid_ppl",
-        "test_ppl", "seconds", "status")
+keys = ("variant", "paper_name", "seed", "learning_rate", "paper_learning_rate", "epochs",
+        "epochs_planned", "valid_ppl", "test_ppl", "seconds", "status", "step_mode")
 table = {"device": r["device"], "config": config, "runs_at_once": r["max_parallel"],
          "wall_seconds": r["wall_seconds"], "time_budget_s": r.get("time_budget_s"),
          "over_budget_s": r.get("over_budget_s"), "cuda_graph": r["cuda_graph"],

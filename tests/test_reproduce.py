@@ -366,3 +366,73 @@ def test_cuda_graph_evaluator_matches_evaluate(corpus):
     got = ev.evaluate(corpus.valid)
     assert ev.graph is not None, ev.failed
     assert got["ppl"] == pytest.approx(ref["ppl"], rel=1e-6)
+
+
+# ------------------------------------------------------------------ time budget, --lr, --seeds
+def test_time_budget_starts_no_run_it_cannot_fit_and_says_so(tmp_path):
+    """One process at a time, three long runs, a 25 s budget: the first run is cut (its epochs
+    shown), the other two are not started and are listed as not run; the command keeps the
+    budget or states by how much it ran over."""
+    data = _write_ptb(tmp_path / "ptb", 2400, 300)
+    out = tmp_path / "o"
+    t0 = time.time()
+    res = reproduce_ptb("tiny", data, out, variants=["lstm", "ran", "srnn"], device="cpu",
+                        max_parallel=1, threads=1, epochs=500, time_budget=25, log=None)
+    wall = time.time() - t0
+    status = [r["status"] for r in res["rows"]]
+    assert status == ["incomplete", "not run", "not run"]
+    cut = res["rows"][0]
+    assert 0 < cut["epochs"] < 500 and cut["epochs_planned"] == 500
+    assert all(r["epochs"] == 0 and r["test_ppl"] is None for r in res["rows"][1:])
+    assert not (out / "ran_s0" / "checkpoint.pt").exists()
+    md = (out / "results.md").read_text()
+    assert "| not run | not run |" in md and " of 500" in md and "not run: they could not start" in md
+    assert (res["over_budget_s"] is None) == (wall <= 25 + 1)
+    if res["over_budget_s"]:
+        assert "longer than its time budget" in md
+
+
+def test_lr_and_seeds_give_one_row_per_run_and_a_summary_per_variant(tmp_path):
+    """−GATES at three learning rates and the LSTM over two seeds, at tiny scale: every run is a
+    row with its variant, seed and lr; the summary picks the S-RNN's lr by validation
+    perplexity and gives the LSTM's mean ± std over its two seeds."""
+    data = _write_ptb(tmp_path / "ptb", 2000, 300)
+    out = tmp_path / "o"
+    res = reproduce_ptb("tiny", data, out, variants=["lstm", "srnn"], seeds=[0, 1],
+                        lrs=["srnn=0.25", "srnn=0.1", "srnn=0.05"], device="cpu", threads=1,
+                        epochs=1, runs_per_process=4, log=None)
+    rows = res["rows"]
+    assert len(rows) == 2 + 3 * 2
+    assert {(r["variant"], r["seed"], r["learning_rate"]) for r in rows} == (
+        {("lstm", s, 1.0) for s in (0, 1)} | {("srnn", s, lr) for s in (0, 1)
+                                               for lr in (0.25, 0.1, 0.05)})
+    for r in rows:
+        assert r["status"] == "complete" and r["epochs"] == 1 and r["seconds"] > 0
+        assert math.isfinite(r["valid_ppl"]) and math.isfinite(r["test_ppl"])
+        assert r["paper_learning_rate"] == 1.0
+    assert (out / "srnn_lr0.1_s1" / "checkpoint.pt").exists()
+    ck = load_checkpoint(out / "srnn_lr0.05_s0")
+    assert ck["config"]["learning_rate"] == 0.05
+    summary = {s["variant"]: s for s in res["summary"]}
+    by_lr = {}
+    for r in rows:
+        if r["variant"] == "srnn":
+            by_lr.setdefault(r["learning_rate"], []).append(r["valid_ppl"])
+    best = min(by_lr, key=lambda lr: sum(by_lr[lr]) / 2)
+    assert summary["srnn"]["learning_rate"] == best and summary["srnn"]["n"] == 2
+    assert "lr lowered for stability" in summary["srnn"]["note"]
+    lstm_tests = [r["test_ppl"] for r in rows if r["variant"] == "lstm"]
+    assert summary["lstm"]["n"] == 2
+    assert summary["lstm"]["test_ppl_mean"] == pytest.approx(sum(lstm_tests) / 2)
+    assert summary["lstm"]["test_ppl_std"] == pytest.approx(
+        abs(lstm_tests[0] - lstm_tests[1]) / math.sqrt(2))
+    # seeds differ: two different models, not one replayed
+    assert lstm_tests[0] != lstm_tests[1]
+    # --resume of the finished study changes no run
+    before = {r["run"]: (out / r["run"] / "outcome.json").read_text() for r in rows}
+    again = reproduce_ptb("tiny", data, out, variants=["lstm", "srnn"], seeds=[0, 1],
+                          lrs=["srnn=0.25", "srnn=0.1", "srnn=0.05"], device="cpu", threads=1,
+                          epochs=1, runs_per_process=8, resume=True, log=None)
+    assert [r["test_ppl"] for r in again["rows"]] == [r["test_ppl"] for r in rows]
+    assert {k: json.loads(v)["steps"] for k, v in before.items()} == {
+        r["run"]: r["steps"] for r in again["rows"]}
