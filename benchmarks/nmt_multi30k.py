@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CPU-sized Multi30k En->De benchmark of the OpenNMT-py encoders (issue 4).
+"""CPU-sized Multi30k En->De benchmark of the OpenNMT-py encoders.
 
 For every encoder type (default: the bidirectional encoders of the paper's setup, plus
 OpenNMT's stock ``brnn`` LSTM encoder for reference) it runs the real commands:
@@ -23,7 +23,7 @@ less on the other load of a shared machine.
     nice -n 10 .venv/bin/python benchmarks/nmt_multi30k.py   # 15-27 min on 2 shared CPU cores
 
 This smoke run is CPU-sized: 250 steps show that every encoder trains, nothing about the papers'
-ordering.  Results: ``benchmarks/results/nmt_multi30k.json`` and ``.md`` (and printed).
+ordering.  Results: ``benchmarks/results/nmt_multi30k_cpu_smoke.json`` and ``.md`` (and printed).
 
 ``--full`` is the paper's recipe (ACL 2018, Table 4), for a GPU (hours per encoder on a CPU): for
 every encoder type it trains ``onmt_configs/multi30k_<type>.yaml`` as written (OpenNMT's default
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
                     help="torch threads (OMP_NUM_THREADS) per run; 1 is the most stable on a "
                          "shared 2-core machine")
     ap.add_argument("--out", type=Path, default=None,
-                    help="results prefix (default: benchmarks/results/nmt_multi30k, "
+                    help="results prefix (default: benchmarks/results/nmt_multi30k_cpu_smoke, "
                          "nmt_multi30k_full with --full)")
     ap.add_argument("--full", action="store_true",
                     help="the paper's recipe: train onmt_configs/multi30k_<type>.yaml as written, "
@@ -331,7 +331,7 @@ def main(argv=None) -> int:
         args.steps = 250
     if args.out is None:
         args.out = REPO / "benchmarks" / "results" / ("nmt_multi30k_full" if args.full
-                                                      else "nmt_multi30k")
+                                                      else "nmt_multi30k_cpu_smoke")
 
     multi30k = args.data / "multi30k"
     needed = ["train.lc.norm.tok.en", "train.lc.norm.tok.de", "val.lc.norm.tok.en",

@@ -1,4 +1,4 @@
-"""The AllenNLP encoders with an empty batch (issue 14): every encoder name, Seq2Seq and Seq2Vec,
+"""The AllenNLP encoders with an empty batch: every encoder name, Seq2Seq and Seq2Vec,
 plain and stacked, on every code path, forward and backward: empty outputs of the right shapes
 and zero gradients, as ``torch.nn.LSTM`` (AllenNLP's own ``lstm`` refuses an empty batch)."""
 import contextlib

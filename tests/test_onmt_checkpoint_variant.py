@@ -1,6 +1,6 @@
 """OpenNMT-py loads checkpoints with its own loader (``BaseModel.load_state_dict``), not torch's:
-the ``variant_state`` of the encoder is filled when a checkpoint lacks it (saved before the variant
-was recorded) and checked when it is present, for ``onmt_translate`` and ``-train_from`` alike.
+the ``variant_state`` of the encoder is filled when a checkpoint lacks it (written by a version of
+rnn_ablations that did not record the variant) and checked when it is present, for ``onmt_translate`` and ``-train_from`` alike.
 
 One real tiny model is trained on tests/fixtures/onmt; copies of its checkpoint without, and with
 an altered, ``encoder.rnn.variant_state`` are then translated and trained from, in one fresh
@@ -54,7 +54,7 @@ DRIVER = textwrap.dedent('''
     out["saved_state"] = original["model"]["encoder.rnn.variant_state"].tolist()
 
     old = torch.load(work / "orig/model_step_2.pt")
-    del old["model"]["encoder.rnn.variant_state"]   # as saved before the variant was recorded
+    del old["model"]["encoder.rnn.variant_state"]   # as written without the variant recorded
     torch.save(old, work / "without.pt")
     wrong = torch.load(work / "orig/model_step_2.pt")
     wrong["model"]["encoder.rnn.variant_state"] = torch.tensor(

@@ -1,4 +1,4 @@
-"""Weight visualisations: the numbers, the pictures, the arrows, bad input (issue 6).
+"""Weight visualisations: the numbers, the pictures, the arrows, bad input.
 
 The model-kind tests (tiny trained AllenNLP / OpenNMT-py / LM models) are in
 tests/test_visualize_models.py.

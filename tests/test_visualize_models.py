@@ -1,4 +1,4 @@
-"""``rnn-ablations visualize`` on tiny models trained with the real commands (issue 6):
+"""``rnn-ablations visualize`` on tiny models trained with the real commands:
 an AllenNLP biaffine parser (``allennlp train``), an OpenNMT-py model (``onmt_train``) and the
 language model (``rnn-ablations lm train``).  Each model is trained once per module, on the tiny
 fixtures in tests/fixtures, for a few steps: the point is the file formats, not the accuracy.

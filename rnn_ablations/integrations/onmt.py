@@ -499,9 +499,10 @@ def prepare_checkpoint(model, checkpoint) -> None:
     loads it into ``model`` (OpenNMT-py copies tensors into the modules itself, so the check
     that :class:`~rnn_ablations.AblatedRNN` does in ``load_state_dict`` does not run there).
 
-    * An entry that is missing (a checkpoint saved before the variant was recorded) is filled
-      from the checkpoint's ``-encoder_type`` (from the module itself when the checkpoint has no
-      options), so such checkpoints load for ``onmt_translate`` and ``-train_from``.
+    * An entry that is missing (a checkpoint written by a version of rnn_ablations that did not
+      record the variant) is filled from the checkpoint's ``-encoder_type`` (from the module
+      itself when the checkpoint has no options), so such checkpoints load for
+      ``onmt_translate`` and ``-train_from``.
     * An entry that is present must be an integer ``[variant code, highway]`` that agrees with
       the checkpoint's ``-encoder_type`` and with the module it is loaded into; else
       ``ValueError`` names both.

@@ -1,48 +1,41 @@
 """Language-model checkpoints of ``rnn-ablations lm train`` (:mod:`rnn_ablations.lm`).
 
-A run directory holds ``checkpoint.pt``: a dict with ``"format": "rnn_ablations.lm/1"``, the
-variant, the config, the vocabulary (``"vocab"``, a list of words) and the model's state dict.
-The model is rebuilt with :func:`rnn_ablations.lm.trainer.model_from_checkpoint`; a text is split
-on white space, mapped through the vocabulary (``<unk>`` for unknown words) and run through the
-model's embedding and recurrent layers (``layers.0``, ``layers.1``, …, one ``AblatedRNN`` each),
-from a zero state.  Nothing is appended: type ``<eos>`` yourself if you want it.
+A run directory holds the checkpoint that :func:`rnn_ablations.lm.load_checkpoint` reads and
+verifies (format and checksum): the variant, the config, the vocabulary (``"vocab"``, a list of
+words) and the model's state dict.  The model is rebuilt with
+:func:`rnn_ablations.lm.model_from_checkpoint`; a text is split on white space, mapped through the
+vocabulary (``<unk>`` for unknown words) and run through the model's embedding and recurrent
+layers (``layers.0``, ``layers.1``, …, one ``AblatedRNN`` each), from a zero state.  Nothing is
+appended: type ``<eos>`` yourself if you want it.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Tuple
+from typing import Callable, Tuple
 
 import torch
 
-CHECKPOINT_NAME = "checkpoint.pt"
+from ..lm import Vocabulary, load_checkpoint, model_from_checkpoint
+from ..lm.data import UNK
+from .embedded import Embedded
 
+__all__ = ["FORMAT_PREFIX", "is_lm_checkpoint", "load"]
 
-def _format():
-    from ..lm.trainer import FORMAT
-    return FORMAT
+#: every format tag of an ``rnn-ablations lm`` checkpoint starts with this
+FORMAT_PREFIX = "rnn_ablations.lm/"
 
 
 def is_lm_checkpoint(obj) -> bool:
+    """Whether a loaded torch object is a language-model checkpoint (of any format version)."""
     return isinstance(obj, dict) and isinstance(obj.get("format"), str) and \
-        obj["format"].startswith("rnn_ablations.lm/")
+        obj["format"].startswith(FORMAT_PREFIX)
 
 
-def is_run_dir(path) -> bool:
-    return (Path(path) / CHECKPOINT_NAME).is_file()
-
-
-def load(path, obj) -> Tuple[torch.nn.Module, object]:
-    from ..lm.data import UNK, Vocabulary
-    from ..lm.trainer import model_from_checkpoint, verify_checkpoint
-    from .loaders import Embedded
-
-    if obj.get("format") != _format():
-        raise ValueError(f"{path} is a language-model checkpoint of format {obj.get('format')!r}; "
-                         f"this version reads {_format()!r}")
-    ckpt_file = Path(path) / CHECKPOINT_NAME if Path(path).is_dir() else Path(path)
-    verify_checkpoint(obj, ckpt_file)      # the checksum: a damaged file is refused
-    model = model_from_checkpoint(obj).eval()
-    vocab = Vocabulary(obj["vocab"])
+def load(path) -> Tuple[torch.nn.Module, Callable[[str, str], Embedded]]:
+    """The model of the run directory or checkpoint file ``path`` (verified: a damaged file is
+    refused) and the function that runs a text through its embedding and recurrent layers."""
+    ckpt = load_checkpoint(path)
+    model = model_from_checkpoint(ckpt).eval()
+    vocab = Vocabulary(ckpt["vocab"])
 
     def run(text: str, target: str) -> Embedded:
         tokens = text.split()

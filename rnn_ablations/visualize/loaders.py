@@ -31,7 +31,10 @@ import torch
 from torch import nn
 
 from ..integrations import ALLENNLP_INSTALL_HINT, ONMT_INSTALL_HINT
+from ..lm import load_checkpoint as load_lm_checkpoint
+from . import lm_support
 from .core import WeightMap, resolve_directions, weight_map
+from .embedded import Embedded
 from .encoders import (as_ablated, capture_inputs, captured_sequence, describe_candidates,
                        recurrent_modules, select_encoder)
 
@@ -47,14 +50,6 @@ _EXPECTED = ("an AllenNLP model archive (model.tar.gz, or a serialization direct
              "config.json and weights.th or best.th), an OpenNMT-py checkpoint (.pt with 'opt' and "
              "'model' entries, from onmt_train) or a language-model run directory or its "
              "checkpoint.pt from 'rnn-ablations lm train'")
-
-
-@dataclasses.dataclass
-class Embedded:
-    #: the labels of the positions (one per input vector of the encoder).
-    words: List[str]
-    #: words that the vocabulary did not know (shown as themselves, embedded as <unk>).
-    unknown: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -94,11 +89,6 @@ def _torch_load(path: str):
         raise ValueError(f"{path} is none of the model kinds this command reads: it could not be "
                          f"loaded as a torch checkpoint ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''}). Expected {_EXPECTED}") from None
-
-
-def _is_lm_checkpoint(obj) -> bool:
-    from . import lm_support
-    return lm_support.is_lm_checkpoint(obj)
 
 
 _DAMAGED_ARCHIVE = (EOFError, tarfile.TarError, zlib.error, OSError)
@@ -141,19 +131,15 @@ def detect_kind(path) -> Tuple[str, object]:
             return ALLENNLP, None
         if "model.tar.gz" in names:
             return ALLENNLP, None
-        from . import lm_support
-        if lm_support.is_run_dir(path):
-            ckpt_path = os.path.join(path, lm_support.CHECKPOINT_NAME)
-            try:
-                with _namespace_allowed():
-                    obj = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - any failure: the file is not readable
-                detail = str(exc).splitlines()[0] if str(exc) else ""
-                raise ValueError(f"{ckpt_path} (the checkpoint of the language-model run directory "
-                                 f"{path}) could not be read: it is damaged or truncated "
-                                 f"({type(exc).__name__}: {detail})") from None
-            if lm_support.is_lm_checkpoint(obj):
-                return LM, obj
+        try:
+            obj = load_lm_checkpoint(path)
+        except FileNotFoundError:
+            obj = None    # no language-model checkpoint in it
+        except ValueError as exc:
+            raise ValueError(f"{path} holds a language-model checkpoint that could not be read: "
+                             f"it is damaged or truncated, or not a checkpoint ({exc})") from None
+        if obj is not None:
+            return LM, obj
         raise ValueError(f"directory {path} is neither an AllenNLP serialization directory (it has no "
                          f"config.json with weights.th or best.th, nor model.tar.gz) nor a "
                          f"language-model run directory (no checkpoint.pt); expected {_EXPECTED}")
@@ -166,7 +152,7 @@ def detect_kind(path) -> Tuple[str, object]:
     obj = _torch_load(path)
     if isinstance(obj, dict) and "opt" in obj and "model" in obj:
         return ONMT, obj
-    if _is_lm_checkpoint(obj):
+    if lm_support.is_lm_checkpoint(obj):
         return LM, obj
     keys = sorted(obj)[:12] if isinstance(obj, dict) else type(obj).__name__
     raise ValueError(f"{path} is a torch file but none of the model kinds this command reads "
@@ -182,8 +168,7 @@ def load_model(path) -> LoadedModel:
     elif kind == ONMT:
         loaded = _load_onmt(path)
     else:
-        from . import lm_support
-        model, run = lm_support.load(path, obj)
+        model, run = lm_support.load(path)
         loaded = LoadedModel(LM, path, model, run)
     loaded.model.eval()
     return loaded
