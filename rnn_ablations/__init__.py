@@ -5,6 +5,7 @@
 Importing this package needs only torch; the framework integrations are imported lazily.
 """
 from .variants import ALIASES, VARIANTS, Variant, get_variant, recurrent_param_count
+from .plan import Options, get_options, options, reset_options, set_options
 from .rnn import AblatedRNN
 from .analysis import WeightedSum, weighted_sum
 from .dispatch import (cuda_kernel_available, kernel_available, kernel_isa, set_backend,
@@ -17,7 +18,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "VARIANTS", "ALIASES", "Variant", "get_variant", "recurrent_param_count", "AblatedRNN",
-    "weighted_sum", "WeightedSum", "kernel_available", "cuda_kernel_available", "set_backend",
+    "weighted_sum", "WeightedSum", "options", "set_options", "get_options", "reset_options",
+    "Options", "kernel_available", "cuda_kernel_available", "set_backend",
     "use_backend",
     "set_pipeline", "use_pipeline", "set_cuda_graphs", "use_cuda_graphs",
     "set_cuda_recurrence", "get_cuda_recurrence", "use_cuda_recurrence",

@@ -1,36 +1,37 @@
-"""Which implementation runs a layer: the compiled kernels (loaded here), the backend switch
-(``auto`` / ``kernel`` / ``generic``) and the CPU kernel's vector path.
+"""The compiled kernels (loaded here), what they can run, and the public functions that ask
+about them or switch their settings.
 
 The compiled CPU kernel ``rnn_ablations._C`` runs CPU tensors of dtype float32/float64; the CUDA
 kernel ``rnn_ablations._C_cuda`` (built only with a CUDA torch and nvcc; its step loops are
 replayed as CUDA graphs, see :mod:`rnn_ablations.cuda_graphs`) runs CUDA float32/float64/
 bfloat16/float16 (also under ``torch.autocast("cuda")``).  Everything else (half precision on the
 CPU, other devices, an install without the extension, ``RNN_ABLATIONS_DISABLE_KERNEL=1``) takes
-the generic path, which computes the same function.  :func:`set_backend` forces one path (the
-tests use it to compare them).
+the generic path, which computes the same function.  Which path a call takes is decided by
+:func:`rnn_ablations.plan.plan_layer` from :func:`rnn_ablations.options`; :func:`kernels`
+describes to it what this process has.
+
+``set_backend`` / ``use_backend`` / ``get_backend`` and ``set_kernel_isa`` / ``use_kernel_isa``
+are short forms of :func:`rnn_ablations.set_options` / :func:`rnn_ablations.options` /
+:func:`rnn_ablations.get_options` for one setting.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
+import threading
 import warnings
 from typing import Optional
 
 import torch
 
-from . import cuda_graphs
-from . import _kernel_loader
+from . import _kernel_loader, cuda_graphs
+from .plan import Kernels, get_options, options, process_options, set_options
 
 __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "get_backend",
            "use_backend", "kernel_isa", "supported_kernel_isas", "set_kernel_isa",
-           "use_kernel_isa"]
+           "use_kernel_isa", "kernels"]
 
 # The CPU kernel: built at install time, or compiled on first use and cached (_kernel_loader).
 _C, _KERNEL_ERROR, _KERNEL_SOURCE = _kernel_loader.load_cpu_kernel()
-if _C is not None:
-    # RNN_ABLATIONS_ISA names the vector path; a bad value fails here, at import, not mid-run.
-    _C.kernel_isa()
 
 try:  # pragma: no cover - built only with a CUDA build of torch and nvcc (see setup.py)
     _C_cuda = importlib.import_module(__package__ + "._C_cuda")
@@ -40,10 +41,77 @@ except ImportError as exc:  # pragma: no cover
     _CUDA_KERNEL_ERROR = (f"{exc}; it is built by `pip install --no-build-isolation -e .` when "
                           "torch is a CUDA build and CUDA's compiler is found")
 
-_BACKENDS = ("auto", "kernel", "generic")
-_backend = "generic" if os.environ.get("RNN_ABLATIONS_DISABLE_KERNEL") == "1" else "auto"
-# Without a CPU kernel the loader has warned already (or RNN_ABLATIONS_NO_KERNEL asked for that).
-_warned = set() if _C is not None else {"CPU"}
+# Warned once per kind (``Plan.warning``); without a CPU kernel the loader has warned already
+# (or RNN_ABLATIONS_NO_KERNEL / RNN_ABLATIONS_DISABLE_KERNEL asked for that).
+_warned = set() if _C is not None else {"CPU", "CPU scan"}
+_warn_lock = threading.Lock()
+
+
+def apply_kernel_isa(name: str) -> None:
+    """Switch the CPU kernel's vector path (the ``kernel_isa`` setting; called by
+    :func:`rnn_ablations.plan.set_options`).  ``ValueError`` for a path this CPU/build cannot run,
+    ``RuntimeError`` for a named path without a kernel."""
+    if _C is None:
+        if name == "auto":
+            return
+        raise RuntimeError(f"kernel_isa={name!r}: there is no compiled CPU kernel ({_KERNEL_ERROR})")
+    try:
+        _C.set_kernel_isa(name)
+    except RuntimeError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+
+
+if _C is not None:
+    # the kernel_isa default (RNN_ABLATIONS_ISA): a path this CPU lacks fails here, at import
+    apply_kernel_isa(process_options().kernel_isa)
+
+
+def require_a_kernel() -> None:
+    """``RuntimeError`` when no compiled kernel is available (``backend="kernel"`` needs one)."""
+    if _C is None and _C_cuda is None:
+        raise RuntimeError("backend='kernel': no compiled kernel is available (CPU: "
+                           f"{_KERNEL_ERROR}; CUDA: {_CUDA_KERNEL_ERROR})")
+
+
+def _has(module, name: str) -> bool:
+    return module is not None and hasattr(module, name)
+
+
+_kernels_cache = {}
+
+
+def kernels() -> Kernels:
+    """What this process has compiled, for :func:`rnn_ablations.plan.plan_layer`."""
+    isa = _C.kernel_isa() if _C is not None else None
+    key = (id(_C), id(_C_cuda), isa)
+    got = _kernels_cache.get(key)
+    if got is None:
+        from .projection import _onednn_usable
+        scan_why = ("the compiled extension predates the scan kernels: rebuild it "
+                    "(`pip install --no-build-isolation -e .`)")
+        got = Kernels(
+            cpu=_C is not None, cuda=_C_cuda is not None,
+            cpu_scan=_has(_C, "scan_forward"), cuda_scan=_has(_C_cuda, "scan_forward"),
+            cpu_fused_scan=_has(_C, "scan_forward") and getattr(_C, "scan_abi", 1) >= 2,
+            cuda_fused_scan=_has(_C_cuda, "scan_forward") and getattr(_C_cuda, "scan_abi", 1) >= 2,
+            persistent=_has(_C_cuda, "persistent_forward"), onednn=_onednn_usable(), isa=isa,
+            cpu_error=_KERNEL_ERROR if _C is None else scan_why,
+            cuda_error=_CUDA_KERNEL_ERROR if _C_cuda is None else scan_why)
+        _kernels_cache.clear()
+        _kernels_cache[key] = got
+    return got
+
+
+def warn_once(plan) -> None:
+    """Show ``plan.warning`` (the auto backend fell back to the generic path), once per kind."""
+    if plan.warning is None:
+        return
+    kind, message = plan.warning
+    with _warn_lock:
+        if kind in _warned:
+            return
+        _warned.add(kind)
+    warnings.warn(message, stacklevel=3)
 
 
 def kernel_available() -> bool:
@@ -51,14 +119,19 @@ def kernel_available() -> bool:
     return _C is not None
 
 
+def cuda_kernel_available() -> bool:
+    """True when the compiled CUDA kernel could be imported."""
+    return _C_cuda is not None
+
+
 def kernel_isa() -> Optional[str]:
     """The vector code the CPU kernel runs: ``"avx512"`` (AVX-512F: the packed step GEMM in
     8 x 32 register tiles and the element-wise pass in 512-bit registers), ``"avx2"`` (AVX2 +
     FMA, 4 x 24 tiles, 256-bit) or ``"portable"`` (the build's baseline; the step GEMM is ATen's);
-    ``None`` without a kernel.  Chosen at run time from the CPU (cpuid, and whether the OS saves
-    the registers), not from the machine that compiled it, or by
-    ``RNN_ABLATIONS_ISA=avx512|avx2|portable``; :func:`set_kernel_isa` switches it.  The test
-    path ``"emulated_avx512"`` runs the AVX-512 path's GEMM blocking with AVX2 instructions."""
+    ``None`` without a kernel.  The ``kernel_isa`` setting chooses it (``"auto"``: the best this
+    CPU runs, from cpuid and whether the OS saves the registers, not from the machine that
+    compiled it); the test path ``"emulated_avx512"`` runs the AVX-512 path's GEMM blocking with
+    AVX2 instructions."""
     return _C.kernel_isa() if _C is not None else None
 
 
@@ -68,112 +141,51 @@ def supported_kernel_isas() -> list:
 
 
 def set_kernel_isa(name: str) -> None:
-    """Use the vector path ``"avx512"``, ``"avx2"``, ``"portable"`` or ``"auto"`` (the best this
-    CPU supports), or the test path ``"emulated_avx512"`` (see :func:`kernel_isa`).
-    Raises ``ValueError`` for a name this CPU/build cannot run, ``RuntimeError`` without a kernel."""
-    if _C is None:
-        raise RuntimeError(f"no compiled CPU kernel: {_KERNEL_ERROR}")
-    try:
-        _C.set_kernel_isa(name)
-    except RuntimeError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
+    """``set_options(kernel_isa=name)``: ``"avx512"``, ``"avx2"``, ``"portable"``, ``"auto"``
+    or the test path ``"emulated_avx512"`` (see :func:`kernel_isa`).  ``ValueError`` for a path
+    this CPU/build cannot run, ``RuntimeError`` without a kernel."""
+    set_options(kernel_isa=name)
 
 
-@contextlib.contextmanager
 def use_kernel_isa(name: str):
-    """Context manager form of :func:`set_kernel_isa` (restores the previous path)."""
-    old = kernel_isa()
-    set_kernel_isa(name)
-    try:
-        yield
-    finally:
-        set_kernel_isa(old)
-
-
-def cuda_kernel_available() -> bool:
-    """True when the compiled CUDA kernel could be imported."""
-    return _C_cuda is not None
+    """``options(kernel_isa=name)``: the vector path inside the ``with`` block (process-wide),
+    the previous one after it."""
+    return options(kernel_isa=name)
 
 
 def set_backend(name: str) -> None:
-    """``"auto"`` (a compiled kernel where one applies), ``"kernel"`` (required: an error for
-    tensors no kernel handles) or ``"generic"``."""
-    global _backend
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(_BACKENDS)}")
-    if name == "kernel" and _C is None and _C_cuda is None:
-        raise RuntimeError(
-            "no compiled kernel is available (CPU: "
-            f"{_KERNEL_ERROR}; CUDA: {_CUDA_KERNEL_ERROR})"
-        )
-    _backend = name
+    """``set_options(backend=name)``: ``"auto"`` (a compiled kernel where one applies),
+    ``"kernel"`` (required: an error for tensors no kernel handles) or ``"generic"``."""
+    set_options(backend=name)
 
 
 def get_backend() -> str:
-    return _backend
-
-
-@contextlib.contextmanager
-def _temporarily(setter, getter, value: str):
-    old = getter()
-    setter(value)
-    try:
-        yield
-    finally:
-        setter(old)
+    """The ``backend`` setting in effect for this thread."""
+    return get_options().backend
 
 
 def use_backend(name: str):
-    """Context manager: :func:`set_backend` inside the ``with`` block, restored after it."""
-    return _temporarily(set_backend, get_backend, name)
+    """``options(backend=name)``: the backend for this thread inside the ``with`` block."""
+    return options(backend=name)
 
 
-def _unavailable(device: str, error: Optional[str]) -> None:
-    if _backend == "kernel":
-        raise RuntimeError(f"the rnn_ablations {device} kernel is not available: {error}")
-    if device not in _warned:
-        warnings.warn(f"rnn_ablations: compiled {device} kernel unavailable ({error}); using the "
-                      "slower generic path")
-        _warned.add(device)
-
-
-def _plain_kernel(t: torch.Tensor):
-    """The compiled module (``_C`` on CPU, ``_C_cuda`` on CUDA) whose ``forward``/``backward``
-    run a layer from its input projections, or ``None`` for the generic path."""
-    if _backend == "generic":
-        return None
-    if t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64):
-        if _C is None:
-            _unavailable("CPU", _KERNEL_ERROR)
-        return _C
-    if t.device.type == "cuda" and t.dtype in _CUDA_DTYPES:
-        if _C_cuda is None:
-            _unavailable("CUDA", _CUDA_KERNEL_ERROR)
-            return None
-        return _graphed_cuda if cuda_graphs.get_cuda_graphs() else _C_cuda
-    if _backend == "kernel":
-        raise RuntimeError(f"the rnn_ablations kernels handle CPU float32/float64 and CUDA "
-                           f"float32/float64/bfloat16/float16, got {t.device} {t.dtype}; use the "
-                           "generic backend")
-    return None
-
-
-_CUDA_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 #: ``_C_cuda`` behind CUDA-graph replay (same entry points)
 _graphed_cuda = cuda_graphs.GraphedKernel(_C_cuda) if _C_cuda is not None else None
 
 
-def _cuda_autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
-    """The autocast dtype when ``t`` is a CUDA tensor inside ``torch.autocast("cuda")``."""
-    if t.device.type != "cuda":
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None``."""
+    try:
+        on = torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4
+        on = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    if not on:
         return None
     try:
-        on = torch.is_autocast_enabled("cuda")
-        dtype = torch.get_autocast_dtype("cuda") if on else None
-    except TypeError:  # pragma: no cover - torch < 2.4
-        on = torch.is_autocast_enabled()
-        dtype = torch.get_autocast_gpu_dtype() if on else None
-    return dtype
+        return torch.get_autocast_dtype(device_type)
+    except (AttributeError, TypeError):  # pragma: no cover - torch < 2.4
+        return (torch.get_autocast_gpu_dtype() if device_type == "cuda"
+                else torch.get_autocast_cpu_dtype())
 
 
 def autocast_like(proj: torch.Tensor, *tensors: Optional[torch.Tensor]):
@@ -182,11 +194,6 @@ def autocast_like(proj: torch.Tensor, *tensors: Optional[torch.Tensor]):
     cuDNN's LSTM does under autocast: ``tensors`` (recurrent weight, states, mask; ``None``
     passes through) are cast to it, differentiably, so their gradients flow back to the float32
     parameters.  Outside CUDA autocast they are returned as they are."""
-    if _cuda_autocast_dtype(proj) is None:
+    if proj.device.type != "cuda" or autocast_dtype("cuda") is None:
         return tensors
     return tuple(None if t is None else t.to(proj.dtype) for t in tensors)
-
-
-def _kernel_applies(t: torch.Tensor) -> bool:
-    """True when the CPU kernel (and so also its pipelined schedule) runs ``t``."""
-    return t.device.type == "cpu" and _plain_kernel(t) is not None

@@ -19,48 +19,40 @@ into fresh tensors (the caller keeps them: autograd saves them, and the next cal
 shape reuses the static outputs).  Shapes seen once (e.g. data with a new padding pattern per
 batch) are never captured, so they cost only the dictionary lookup.
 
-At most :data:`MAX_GRAPHS` graphs are kept (least recently used first out; each holds its static
-buffers and the memory pool of its capture; ``RNN_ABLATIONS_CUDA_GRAPHS_MAX`` sets it); once as
-many have been evicted, a shape is recorded only after :data:`CAPTURE_AFTER_THRASH` calls.  When a capture fails the key is remembered and runs
+At most ``cuda_graphs_max`` graphs are kept (an :func:`rnn_ablations.options` setting, 32 by
+default; least recently used first out; each holds its static buffers and the memory pool of its
+capture); once as many have been evicted, a shape is recorded only after
+:data:`CAPTURE_AFTER_THRASH` calls.  When a capture fails the key is remembered and runs
 eagerly.  Inside a caller's own capture (``torch.cuda.graph`` around a whole training step) the
 kernel runs eagerly, so its launches go into the caller's graph: the kernel's eager path has no
 host synchronisation and no host<->device copy.
 
-Switch: ``RNN_ABLATIONS_CUDA_GRAPHS=0`` (off) or ``1`` (on, the default), or
-:func:`set_cuda_graphs` / :func:`use_cuda_graphs`; :func:`graph_stats` counts captures, replays
-and fallbacks (the tests use it).
+Whether a layer's calls go through a :class:`GraphedKernel` is the run plan's decision
+(``Plan.graphs``, from the ``cuda_graphs`` setting, on by default), made at the forward: the
+backward of that forward replays (or not) the same way.  :func:`graph_stats` counts captures,
+replays and fallbacks (the tests use it).  ``set_cuda_graphs`` / ``use_cuda_graphs`` /
+``get_cuda_graphs`` are short forms of :func:`rnn_ablations.set_options` /
+:func:`rnn_ablations.options` / :func:`rnn_ablations.get_options` for that setting.
 """
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
 import threading
 import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
 
+from .plan import get_options, options, process_options, set_options
+
 __all__ = ["set_cuda_graphs", "get_cuda_graphs", "use_cuda_graphs", "graph_stats",
-           "clear_graphs", "GraphedKernel", "MAX_GRAPHS", "CAPTURE_AFTER"]
+           "clear_graphs", "GraphedKernel", "CAPTURE_AFTER"]
 
 
-def _env_flag() -> bool:
-    value = os.environ.get("RNN_ABLATIONS_CUDA_GRAPHS", "1").strip().lower()
-    if value in ("1", "true", "on", "yes", ""):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"RNN_ABLATIONS_CUDA_GRAPHS must be 0 or 1, got {value!r}")
-
-
-_enabled = _env_flag()
-#: Graphs kept at once (least recently used evicted first).
-MAX_GRAPHS = int(os.environ.get("RNN_ABLATIONS_CUDA_GRAPHS_MAX", "32"))
 #: A key is captured on its CAPTURE_AFTER-th call (the calls before run eagerly) ...
 CAPTURE_AFTER = 2
-#: ... or, once MAX_GRAPHS graphs have been evicted (more shapes recur than the cache holds, and
-#: recording each costs about three eager calls), on its CAPTURE_AFTER_THRASH-th call.
+#: ... or, once ``cuda_graphs_max`` graphs have been evicted (more shapes recur than the cache
+#: holds, and recording each costs about three eager calls), on its CAPTURE_AFTER_THRASH-th call.
 CAPTURE_AFTER_THRASH = 8
 #: Keys whose calls are counted (the counter is cleared when it grows past this).
 _MAX_SEEN = 4096
@@ -74,29 +66,31 @@ _side_streams: Dict[int, torch.cuda.Stream] = {}
 
 
 def set_cuda_graphs(enabled: bool) -> None:
-    """Turn graph replay of the CUDA kernel on (``True``) or off (``False``: every call launches
-    its steps one by one).  Turning it off frees the recorded graphs."""
-    global _enabled
+    """``set_options(cuda_graphs=enabled)``: graph replay of the CUDA kernel on (``True``) or off
+    (``False``: every call launches its steps one by one) for the process; turning it off frees
+    the recorded graphs."""
     if not isinstance(enabled, bool):
         raise TypeError(f"set_cuda_graphs takes True or False, got {enabled!r}")
-    _enabled = enabled
-    if not enabled:
-        clear_graphs()
+    set_options(cuda_graphs=enabled)
 
 
 def get_cuda_graphs() -> bool:
-    return _enabled
+    """The ``cuda_graphs`` setting in effect for this thread."""
+    return get_options().cuda_graphs
 
 
-@contextlib.contextmanager
 def use_cuda_graphs(enabled: bool):
-    """Context manager: :func:`set_cuda_graphs` inside the ``with`` block, restored after it."""
-    old = _enabled
-    set_cuda_graphs(enabled)
-    try:
-        yield
-    finally:
-        set_cuda_graphs(old)
+    """``options(cuda_graphs=enabled)``: graph replay on or off for this thread inside the
+    ``with`` block."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"use_cuda_graphs takes True or False, got {enabled!r}")
+    return options(cuda_graphs=enabled)
+
+
+def __getattr__(name: str):
+    if name == "MAX_GRAPHS":  # the former module constant: the process-wide setting now
+        return process_options().cuda_graphs_max
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def graph_stats() -> Dict[str, int]:
@@ -195,8 +189,6 @@ class GraphedKernel:
 
 
 def _run(head, tensors, batch_sizes, call, n_out=None):
-    if not _enabled:
-        return call(*tensors)
     if torch.cuda.is_current_stream_capturing():
         # a caller records its own graph: launch eagerly into it (a nested capture would fail)
         _stats["nested"] += 1
@@ -222,8 +214,9 @@ def _run(head, tensors, batch_sizes, call, n_out=None):
             _seen.clear()
         count = _seen.get(key, 0) + 1
         _seen[key] = count
-    needed = CAPTURE_AFTER if _stats["evicted"] < MAX_GRAPHS else CAPTURE_AFTER_THRASH
-    if count < needed or MAX_GRAPHS <= 0:
+    max_graphs = process_options().cuda_graphs_max
+    needed = CAPTURE_AFTER if _stats["evicted"] < max_graphs else CAPTURE_AFTER_THRASH
+    if count < needed or max_graphs <= 0:
         _stats["eager"] += 1
         return call(*tensors)
     entry = _capture(key, tensors, call)
@@ -262,7 +255,8 @@ def _capture(key, tensors, call) -> Optional[_Entry]:
         _failed[key] = f"{type(exc).__name__}: {exc}"
         _stats["failed"] += 1
         warnings.warn(f"rnn_ablations: CUDA graph capture failed ({_failed[key]}); this shape "
-                      "runs without graphs (RNN_ABLATIONS_CUDA_GRAPHS=0 turns them off)")
+                      "runs without graphs (rnn_ablations.options(cuda_graphs=False) or "
+                      "RNN_ABLATIONS_CUDA_GRAPHS=0 turns them off)")
         return None
     current.wait_stream(side)
     for t in static_in:  # the static buffers were made on `current`, used on `side` too
@@ -271,7 +265,7 @@ def _capture(key, tensors, call) -> Optional[_Entry]:
     _stats["captures"] += 1
     with _lock:
         _graphs[key] = entry
-        while len(_graphs) > MAX_GRAPHS:
+        while len(_graphs) > process_options().cuda_graphs_max:
             _graphs.popitem(last=False)
             _stats["evicted"] += 1
     return entry

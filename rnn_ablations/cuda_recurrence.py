@@ -5,91 +5,62 @@
 * ``"persistent"``: the persistent kernel (``csrc/persistent_cuda.cu``): the whole forward in one
   cooperative launch, each thread block keeping its slice of W_hh in shared memory and the grid
   synchronising once per step.  Its saved tensors are the step kernel's, so the backward is the
-  step kernel's hand-written one, or, with :data:`PERSISTENT_BACKWARD`
-  (``RNN_ABLATIONS_PERSISTENT_BACKWARD=1``; off by default), its recurrence in one persistent
-  launch too (the W_hh columns of each block's units on chip).  It applies to float32, bfloat16
-  and float16 where the slices fit on chip (``_C_cuda.persistent_plan`` says why not
-  otherwise); forcing it where it does not apply raises ``ValueError`` naming the reason.
-* ``"auto"`` (the default): today the step kernel everywhere.  The persistent kernel has not run
-  on a GPU yet; ``auto`` will pick it only for the shapes where it is measured faster.
+  step kernel's hand-written one, or, with the ``persistent_backward`` setting, its recurrence in
+  one persistent launch too (the W_hh columns of each block's units on chip).  It applies to
+  float32, bfloat16 and float16 where the slices fit on chip (``_C_cuda.persistent_plan`` says
+  why not otherwise); forcing it where it does not apply raises ``ValueError`` naming the reason.
+* ``"auto"`` (the default): the step kernel.  Measured on an H100 (batch 32, 64 steps, hidden
+  256 and 650, ``benchmarks/results/speed_cuda_persistent.md`` and
+  ``speed_cuda_persistent_bwd.md``), the persistent forward was faster in some rows (float32
+  inference, ran at hidden 256: 0.85 against 1.15 ms) and slower in others (bfloat16 at hidden
+  650, lstm: inference 1.37 against 1.04 ms, training 2.49 against 2.22 ms); ``auto`` keeps the
+  step kernel, which is never far behind.
 
-``RNN_ABLATIONS_CUDA_RECURRENCE=auto|persistent|steps`` sets the mode at import;
-:func:`set_cuda_recurrence` / :func:`use_cuda_recurrence` switch it.
-``RNN_ABLATIONS_PERSISTENT_BLOCKS`` / ``RNN_ABLATIONS_PERSISTENT_BATCH_TILE`` (or the module
-attributes :data:`PERSISTENT_BLOCKS`, :data:`PERSISTENT_BATCH_TILE`) force the persistent
-kernel's grid size and batch rows per tile (0 = automatic: one block per SM, as many rows as the
-shared memory holds), for tuning and tests.
+The mode and the persistent kernel's grid (``persistent_blocks``, ``persistent_batch_tile``;
+0 = automatic: one block per SM, as many rows as the shared memory holds) are settings of
+:func:`rnn_ablations.options`; the run plan (:func:`rnn_ablations.plan.plan_layer`) turns them
+into ``Plan.recurrence`` / ``Plan.persistent`` and :func:`select` into the module that runs the
+layer.  ``set_cuda_recurrence`` / ``use_cuda_recurrence`` / ``get_cuda_recurrence`` are short
+forms of :func:`rnn_ablations.set_options` / :func:`rnn_ablations.options` /
+:func:`rnn_ablations.get_options` for the mode.
 """
 from __future__ import annotations
 
-import os
 from . import backend, cuda_graphs
+from .plan import CUDA_RECURRENCES, get_options, options, set_options
 
 __all__ = ["set_cuda_recurrence", "get_cuda_recurrence", "use_cuda_recurrence",
-           "RECURRENCES", "persistent_stats", "PersistentKernel"]
+           "RECURRENCES", "persistent_stats", "PersistentKernel", "select"]
 
-RECURRENCES = ("auto", "persistent", "steps")
-_ENV = "RNN_ABLATIONS_CUDA_RECURRENCE"
-
-
-def _check(mode) -> str:
-    if mode not in RECURRENCES:
-        raise ValueError(f"unknown CUDA recurrence {mode!r}; choose one of "
-                         f"{', '.join(RECURRENCES)}")
-    return mode
-
-
-def _env_mode() -> str:
-    value = os.environ.get(_ENV, "auto").strip().lower() or "auto"
-    if value not in RECURRENCES:
-        raise ValueError(f"{_ENV} must be one of {', '.join(RECURRENCES)}, got {value!r}")
-    return value
-
-
-def _env_flag(name: str) -> bool:
-    value = os.environ.get(name, "0").strip().lower()
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value in ("0", "false", "off", "no", ""):
-        return False
-    raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-
-
-def _env_count(name: str) -> int:
-    value = os.environ.get(name, "0").strip() or "0"
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"{name} must be an integer >= 0 (0 = automatic), got {value!r}")
-    return n
-
-
-_mode = _env_mode()
-#: grid size of the persistent kernel (0 = one block per SM, at most one per unit)
-PERSISTENT_BLOCKS = _env_count("RNN_ABLATIONS_PERSISTENT_BLOCKS")
-#: batch rows per tile of the persistent kernel (0 = as many as the shared memory holds)
-PERSISTENT_BATCH_TILE = _env_count("RNN_ABLATIONS_PERSISTENT_BATCH_TILE")
-#: the backward of a persistent forward also persistent (else the step kernel's backward)
-PERSISTENT_BACKWARD = _env_flag("RNN_ABLATIONS_PERSISTENT_BACKWARD")
+RECURRENCES = CUDA_RECURRENCES
 _calls = {"persistent_forward": 0, "persistent_backward": 0}
 
 
 def set_cuda_recurrence(mode: str) -> None:
-    """``"auto"`` (the step kernel, until the persistent one is measured), ``"persistent"`` or
-    ``"steps"``; see the module docstring."""
-    global _mode
-    _mode = _check(mode)
+    """``set_options(cuda_recurrence=mode)``: ``"auto"`` (the step kernel), ``"persistent"`` or
+    ``"steps"`` for the process; see the module docstring."""
+    set_options(cuda_recurrence=mode)
 
 
 def get_cuda_recurrence() -> str:
-    return _mode
+    """The ``cuda_recurrence`` setting in effect for this thread."""
+    return get_options().cuda_recurrence
 
 
 def use_cuda_recurrence(mode: str):
-    """Context manager: :func:`set_cuda_recurrence` inside the ``with`` block, restored after."""
-    return backend._temporarily(set_cuda_recurrence, get_cuda_recurrence, mode)
+    """``options(cuda_recurrence=mode)``: the mode for this thread inside the ``with`` block."""
+    return options(cuda_recurrence=mode)
+
+
+_FORMER = {"PERSISTENT_BLOCKS": "persistent_blocks",
+           "PERSISTENT_BATCH_TILE": "persistent_batch_tile",
+           "PERSISTENT_BACKWARD": "persistent_backward"}
+
+
+def __getattr__(name: str):
+    if name in _FORMER:  # the former module attributes: read from the settings now
+        return getattr(get_options(), _FORMER[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def persistent_stats() -> dict:
@@ -135,28 +106,37 @@ def _persistent_modules(ext, backward: bool, blocks: int, batch_tile: int):
     return got
 
 
-def select(ext, variant, highway: bool, proj, w_hh):
-    """The module whose ``forward`` / ``backward`` run a CUDA layer (``dispatch.run_layer``):
-    ``ext`` (the step kernel, graphed or not) unless the mode is ``"persistent"``; then the
-    persistent kernel, or an error that says why it cannot run this call."""
-    if ext is None or _mode != "persistent" or proj.device.type != "cuda":
-        return ext
+def select(plan, variant, highway: bool, proj, w_hh):
+    """The module whose ``forward`` / ``backward`` run a CUDA layer as ``plan`` says
+    (``dispatch.run_layer``): the step kernel (graphed where ``plan.graphs``) or, for
+    ``plan.recurrence == "persistent"``, the persistent kernel, or an error that says why it
+    cannot run this call."""
     raw = backend._C_cuda
+    if plan.recurrence != "persistent":
+        if raw is None:
+            raise RuntimeError(f"the rnn_ablations CUDA kernel is not available: "
+                               f"{backend._CUDA_KERNEL_ERROR}")
+        if not plan.graphs:
+            return raw
+        graphed = backend._graphed_cuda
+        if graphed is None or graphed.ext is not raw:
+            graphed = backend._graphed_cuda = cuda_graphs.GraphedKernel(raw)
+        return graphed
     if raw is None or not hasattr(raw, "persistent_forward"):
         raise RuntimeError(
-            "set_cuda_recurrence('persistent'): this build of rnn_ablations._C_cuda has no "
+            "cuda_recurrence='persistent': this build of rnn_ablations._C_cuda has no "
             "persistent kernel (rebuild it: `python setup.py build_ext --inplace` with a CUDA "
-            "torch and nvcc), or use set_cuda_recurrence('steps')")
-    blocks, tile, bwd = PERSISTENT_BLOCKS, PERSISTENT_BATCH_TILE, bool(PERSISTENT_BACKWARD)
+            "torch and nvcc), or use rnn_ablations.options(cuda_recurrence='steps')")
+    blocks, tile, bwd = plan.persistent
     ok, why = raw.persistent_plan(variant.kernel_spec, highway, proj, w_hh, blocks, tile,
                                   False)[:2]
     if ok and bwd:
         ok, why = raw.persistent_plan(variant.kernel_spec, highway, proj, w_hh, blocks, tile,
                                       True)[:2]
-        why = f"(its backward, PERSISTENT_BACKWARD) {why}"
+        why = f"(its backward, persistent_backward) {why}"
     if not ok:
-        raise ValueError(f"set_cuda_recurrence('persistent'): the persistent CUDA kernel does "
-                         f"not apply to this layer: {why}; use set_cuda_recurrence('auto') or "
-                         "'steps' (the step kernel runs every shape)")
+        raise ValueError(f"cuda_recurrence='persistent': the persistent CUDA kernel does not "
+                         f"apply to this layer: {why}; use rnn_ablations.options("
+                         "cuda_recurrence='auto') or 'steps' (the step kernel runs every shape)")
     plain, graphed = _persistent_modules(raw, bwd, blocks, tile)
-    return graphed if cuda_graphs.get_cuda_graphs() else plain
+    return graphed if plan.graphs else plain

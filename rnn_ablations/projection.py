@@ -1,6 +1,7 @@
 """The input projection of all time steps at once (``F.linear`` over T·B rows), on the faster
 GEMM library: oneDNN for large float32 CPU weights, where it beat MKL on AMD CPUs (see
-``benchmarks/results/schedule_policy.md``), else ``F.linear``."""
+``benchmarks/results/schedule_policy.md``), else ``F.linear``.  The rule is the run plan's
+(:func:`rnn_ablations.plan.onednn_applies`, ``Plan.onednn``)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -8,6 +9,7 @@ from typing import Optional
 import torch
 
 from . import backend
+from .plan import Policy, get_options, onednn_applies
 
 __all__ = ["input_projection", "ONEDNN_MIN_WEIGHT"]
 
@@ -15,7 +17,7 @@ __all__ = ["input_projection", "ONEDNN_MIN_WEIGHT"]
 #: entries: below it MKL was as fast (small GEMMs), above it oneDNN was faster on the AMD
 #: development machine (``benchmarks/results/schedule_policy.md``).  The weight gradient stays on
 #: MKL (no faster on oneDNN, which would need two transposed copies).
-ONEDNN_MIN_WEIGHT = 500_000
+ONEDNN_MIN_WEIGHT = Policy().onednn_min_weight
 _onednn_state = {"ok": None}
 
 
@@ -80,13 +82,19 @@ class _OneDnnLinear(torch.autograd.Function):
 
 
 def _onednn_projection_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (backend.get_backend() != "generic" and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and weight.numel() >= ONEDNN_MIN_WEIGHT
-            and _onednn_usable())
+    """The run plan's oneDNN rule for ``F.linear(x, weight)`` under this thread's settings."""
+    return (weight.dtype == x.dtype
+            and onednn_applies(get_options(), x.device.type, x.dtype, weight.numel(),
+                               backend.autocast_dtype(x.device.type) is not None,
+                               x.device.type == "cpu" and _onednn_usable()))
 
 
-def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for all time steps at once, on the faster GEMM library."""
-    if _onednn_projection_applies(x, weight):
+def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                     onednn: Optional[bool] = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for all time steps at once, on oneDNN where ``onednn``
+    (``Plan.onednn``; ``None``: the plan's rule for these tensors), else ``F.linear``."""
+    if onednn is None:
+        onednn = _onednn_projection_applies(x, weight)
+    if onednn:
         return _OneDnnLinear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)

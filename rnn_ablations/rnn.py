@@ -51,7 +51,8 @@ class AblatedRNN(nn.Module):
             ``lstm_minus_srnn_minus_out``, ``tanh_ran``, ``minus_hidden``).
         input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional:
             as in :class:`torch.nn.LSTM` (``dropout`` is applied to the outputs of every layer
-            but the last, during training).
+            but the last, during training; with one layer it has no effect, and a warning
+            says so, as ``nn.LSTM``'s does).
         recurrent_dropout: variational dropout on ``h_{t-1}`` where it enters the recurrent
             projection: one mask per sequence (per layer and direction), drawn at every forward
             in training mode (Gal & Ghahramani 2016), as AllenNLP 2.10.1's ``AugmentedLstm``
@@ -143,6 +144,11 @@ class AblatedRNN(nn.Module):
         self.forget_bias = forget_bias
         self.batch_first = batch_first
         self.dropout = check_prob("dropout", dropout)
+        if self.dropout > 0 and self.num_layers == 1:
+            # torch.nn.LSTM's warning, on the same condition
+            warnings.warn("dropout option adds dropout after all but last recurrent layer, so "
+                          "non-zero dropout expects num_layers greater than 1, but got "
+                          f"dropout={dropout} and num_layers={num_layers}", stacklevel=2)
         self.recurrent_dropout = check_prob("recurrent_dropout", recurrent_dropout)
         if self.recurrent_dropout > 0 and not self.variant.reads_hidden:
             warnings.warn(f"recurrent_dropout={self.recurrent_dropout} has no effect on "

@@ -25,13 +25,14 @@ each row's length (the same function as the other variants' reversed copies, wit
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from . import backend as _backend
 from . import projection as _projection
-from .backend import autocast_like, get_backend
+from .backend import autocast_like
+from .plan import LayerCall, Plan, cached_plan, get_options, onednn_applies
 from .projection import _dnnl_linear, input_projection
 from .functional import generic_layer, projection_bias, reversal_index
 from .variants import Variant
@@ -51,7 +52,6 @@ def _import(name: str):
 
 _C = _import("_C")
 _C_cuda = _import("_C_cuda")
-_warned = set()
 
 
 def scan_layout(variant: Variant, highway: bool) -> Optional[List[int]]:
@@ -69,36 +69,6 @@ def scan_layout(variant: Variant, highway: bool) -> Optional[List[int]]:
 
     return [offset("i"), offset("f"), offset("o") if variant.output == "o_tanh" else -1,
             offset(variant.content_block), offset("r"), offset("hw"), OUTPUT_CODES[variant.output]]
-
-
-def _scan_kernel(proj: torch.Tensor):
-    """The compiled module with ``scan_forward``/``scan_backward`` for ``proj``, or ``None``."""
-    backend = get_backend()
-    if backend == "generic":
-        return None
-    if proj.device.type == "cpu" and proj.dtype in (torch.float32, torch.float64):
-        ext, where = _C, "CPU"
-    elif proj.device.type == "cuda" and proj.dtype in (torch.float32, torch.float64,
-                                                       torch.float16, torch.bfloat16):
-        ext, where = _C_cuda, "CUDA"
-    else:
-        if backend == "kernel":
-            raise RuntimeError(f"the rnn_ablations scan kernels handle CPU float32/float64 and CUDA "
-                               f"float16/bfloat16/float32/float64, got {proj.device} {proj.dtype}; "
-                               "use the generic backend")
-        return None
-    if ext is not None and hasattr(ext, "scan_forward"):
-        return ext
-    why = ("the compiled extension is not importable" if ext is None else
-           "the compiled extension predates csrc/scan*.c*: rebuild it "
-           "(`pip install --no-build-isolation -e .`)")
-    if backend == "kernel":
-        raise RuntimeError(f"the rnn_ablations {where} scan kernel is not available: {why}")
-    if where not in _warned:
-        warnings.warn(f"rnn_ablations: {where} scan kernel unavailable ({why}); using the slower "
-                      "generic path")
-        _warned.add(where)
-    return None
 
 
 def scan_kernel_available(device: str = "cpu") -> bool:
@@ -184,12 +154,13 @@ def _rows_of(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
 
 
 def _use_onednn(x2d: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
-    """The rule of :func:`rnn_ablations.projection.input_projection` for the directions' weights
-    together: oneDNN for float32 when they hold at least ``ONEDNN_MIN_WEIGHT`` entries."""
-    return (get_backend() != "generic" and x2d.device.type == "cpu" and x2d.dtype == torch.float32
-            and all(w.dtype == torch.float32 for w in weights)
-            and sum(w.numel() for w in weights) >= _projection.ONEDNN_MIN_WEIGHT
-            and _projection._onednn_usable())
+    """The run plan's oneDNN rule (:func:`rnn_ablations.plan.onednn_applies`) for the
+    directions' weights together."""
+    return (all(w.dtype == x2d.dtype for w in weights)
+            and onednn_applies(get_options(), x2d.device.type, x2d.dtype,
+                               sum(w.numel() for w in weights),
+                               _backend.autocast_dtype(x2d.device.type) is not None,
+                               x2d.device.type == "cpu" and _projection._onednn_usable()))
 
 
 def _project(x2d: torch.Tensor, weights: Sequence[torch.Tensor]
@@ -287,31 +258,20 @@ class _FusedScanLayer(torch.autograd.Function):
                 db if need[8] else None, *(dws if dws is not None else [None] * len(weights)))
 
 
-def _autocast_on(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # pragma: no cover - torch < 2.4
-        return device_type == "cuda" and torch.is_autocast_enabled()
-
-
-def _fused_ext(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor]):
-    """The compiled module that runs the whole layer (:class:`_FusedScanLayer`: a kernel with
-    the bias inside the scan, ``scan_abi`` 2), or ``None`` (then the projection is an autograd op
-    and the scan a separate node, or the generic path).  Not under autocast, whose casts the
-    projection inside the node would not see."""
-    if get_backend() == "generic" or _autocast_on(x.device.type):
-        return None
-    if any(t is not None and (t.dtype != x.dtype or t.device != x.device)
-           for t in (bias, *weights)):
-        return None
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        ext = _C
-    elif x.device.type == "cuda" and x.dtype in (torch.float32, torch.float64, torch.float16,
-                                                 torch.bfloat16):
-        ext = _C_cuda
-    else:
-        return None
-    return ext if ext is not None and getattr(ext, "scan_abi", 1) >= 2 else None
+def _scan_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor],
+               hidden: int, layout, needs_grad: bool) -> Plan:
+    """The run plan of this layer (:func:`rnn_ablations.plan.plan_layer`): the generic path, the
+    scan kernel after a projection node, or the whole layer in one node (``fused_scan``)."""
+    device = x.device.type
+    uniform = all(t is None or (t.dtype == x.dtype and t.device == x.device)
+                  for t in (bias, *weights))
+    call = LayerCall(device=device, dtype=x.dtype, steps=x.shape[0], batch=x.shape[1],
+                     hidden=hidden, rec_blocks=0,
+                     proj_weight=sum(w.numel() for w in weights), directions=len(weights),
+                     needs_grad=needs_grad, threads=torch.get_num_threads(),
+                     autocast_dtype=_backend.autocast_dtype(device), uniform=uniform,
+                     scan_layout=layout is not None)
+    return cached_plan(get_options(), call, _backend.kernels())
 
 
 def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
@@ -350,24 +310,25 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
         bias = torch.cat([projection_bias(b, width) for b in biases]) if dirs > 1 \
             else projection_bias(biases[0], width)
     layout = scan_layout(variant, highway)
-    # (an empty batch takes the two-node path, which handles it as nn.LSTM does)
-    fused = _fused_ext(x, weights, bias) if layout is not None and x.numel() > 0 else None
-    if fused is not None:
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                 for t in (x, c0, bias, *weights))
+    plan = _scan_plan(x, weights, bias, c0.shape[-1], layout, needs_grad)
+    _backend.warn_once(plan)
+    ext = {"cpu": _backend._C, "cuda": _backend._C_cuda}.get(plan.path)
+    if plan.fused_scan:
         # the projection, the scan (bias added inside) and the backward in one node
         h0, c0 = h0.contiguous(), c0.contiguous()
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (x, c0, bias, *weights)):
-            return _FusedScanLayer.apply(x, c0, h0, batch_sizes, layout, fused, variant, highway,
+        if needs_grad:
+            return _FusedScanLayer.apply(x, c0, h0, batch_sizes, layout, ext, variant, highway,
                                          bias, *weights)
         with torch.no_grad():  # inference: nothing saved for a backward
             x2d, batch_major = _rows(x)
             proj = _as_time_major(_project(x2d, weights)[0], x.shape[0], x.shape[1], batch_major)
-            out, h_n, c_n, _ = fused.scan_forward(proj, h0, c0, batch_sizes, layout, False, bias)
+            out, h_n, c_n, _ = ext.scan_forward(proj, h0, c0, batch_sizes, layout, False, bias)
         return out, h_n, c_n
     weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
-    proj = input_projection(x, weight, bias)
+    proj = input_projection(x, weight, bias, onednn=plan.onednn)
     h0, c0 = autocast_like(proj, h0, c0)  # the scan in the autocast dtype, as the step kernels
-    ext = _scan_kernel(proj) if layout is not None else None
     if ext is None:
         return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
     proj, h0, c0 = proj.contiguous(), h0.contiguous(), c0.contiguous()

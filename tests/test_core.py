@@ -9,8 +9,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import rnn_ablations as ra
-from rnn_ablations import (AblatedRNN, VARIANTS, get_variant, recurrent_param_count, use_backend,
-                           use_pipeline, weighted_sum)
+from rnn_ablations import AblatedRNN, VARIANTS, get_variant, recurrent_param_count, weighted_sum
 
 MEMORY_VARIANTS = [v for v in VARIANTS if get_variant(v).has_memory]
 #: the three code paths: the pipelined kernel, the plain kernel, the generic PyTorch path
@@ -22,7 +21,7 @@ KERNELS = ["pipelined", "plain"]
 def path(name):
     """Force one code path (``auto`` would pick the pipeline only from 4 steps up)."""
     backend = "generic" if name == "generic" else "kernel"
-    with use_backend(backend), use_pipeline("always" if name == "pipelined" else "never"):
+    with ra.options(backend=backend, cpu_schedule="pipelined" if name == "pipelined" else "plain"):
         yield
 
 
@@ -76,7 +75,7 @@ def test_kernel_isa_follows_the_cpu():
         with ra.use_kernel_isa(isa):
             assert ra.kernel_isa() == isa
             assert _C.packed_gemm() == (isa != "portable")
-    with pytest.raises(ValueError, match="unknown kernel ISA 'sse9'.*avx512, avx2, portable, auto"):
+    with pytest.raises(ValueError, match="kernel_isa must be one of auto, avx512, avx2, portable"):
         ra.set_kernel_isa("sse9")
     for isa in ("avx512", "avx2"):
         if isa not in ISAS:
@@ -255,7 +254,15 @@ def test_kernel_equals_generic(kernel, variant, highway, recurrent_dropout):
 
 
 def test_pipeline_policy():
+    """The CPU schedule the run plan picks for real tensors (the table of every decision is in
+    tests/test_run_plan.py): pipelined from 4 steps while a step's GEMM is small, plain above
+    the measured threshold with 2 threads, and as the cpu_schedule setting forces."""
     from rnn_ablations import dispatch
+
+    def schedule(x, w_ih, w_hh, needs_grad):
+        plan = dispatch.layer_plan([x], [(w_ih, w_hh, None)], needs_grad)
+        return plan.schedule if plan.path == "cpu" else None
+
     big_x, w_big = torch.randn(8, 2, 400), torch.randn(1600, 400)  # >= ONEDNN_MIN_WEIGHT
     small_w, small_hh = torch.randn(12, 3), torch.randn(12, 3)
     # one step's GEMM of B = 32 rows against a (4H, H) weight at H = 650: 54 M multiply-adds
@@ -264,23 +271,23 @@ def test_pipeline_policy():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert dispatch._pipeline_applies(torch.randn(8, 2, 3), small_w, small_hh, needs_grad=False)
-        assert not dispatch._pipeline_applies(torch.randn(3, 2, 3), small_w, small_hh, needs_grad=True)
-        assert not dispatch._pipeline_applies(wide_x, small_w, wide_hh, needs_grad=True)
-        assert dispatch._pipeline_applies(wide_x, small_w, torch.empty(1024, 256), needs_grad=True)
+        assert schedule(torch.randn(8, 2, 3), small_w, small_hh, False) == "pipelined"
+        assert schedule(torch.randn(3, 2, 3), small_w, small_hh, True) == "plain"
+        assert schedule(wide_x, small_w, wide_hh, True) == "plain"
+        assert schedule(wide_x, small_w, torch.empty(1024, 256), True) == "pipelined"
         mid_hh = torch.empty(1536, 384)  # 18.9 M: pipelined to train, plain for inference
-        assert dispatch._pipeline_applies(wide_x, small_w, mid_hh, needs_grad=True)
-        assert not dispatch._pipeline_applies(wide_x, small_w, mid_hh, needs_grad=False)
+        assert schedule(wide_x, small_w, mid_hh, True) == "pipelined"
+        assert schedule(wide_x, small_w, mid_hh, False) == "plain"
         torch.set_num_threads(1)
-        assert dispatch._pipeline_applies(wide_x, small_w, wide_hh, needs_grad=True)
-        assert dispatch._pipeline_applies(big_x, w_big, small_hh, needs_grad=True)
-        assert dispatch._pipeline_applies(big_x, w_big, small_hh, needs_grad=False) != \
-            dispatch._onednn_projection_applies(big_x, w_big)
-        with use_pipeline("never"):
-            assert not dispatch._pipeline_applies(big_x, small_w, small_hh, needs_grad=True)
-        with use_pipeline("always"):
-            assert dispatch._pipeline_applies(torch.randn(1, 2, 3), small_w, small_hh, needs_grad=False)
-            assert dispatch._pipeline_applies(wide_x, small_w, wide_hh, needs_grad=True)
+        assert schedule(wide_x, small_w, wide_hh, True) == "pipelined"
+        assert schedule(big_x, w_big, small_hh, True) == "pipelined"
+        onednn = dispatch._onednn_projection_applies(big_x, w_big)
+        assert schedule(big_x, w_big, small_hh, False) == ("plain" if onednn else "pipelined")
+        with ra.options(cpu_schedule="plain"):
+            assert schedule(big_x, small_w, small_hh, True) == "plain"
+        with ra.options(cpu_schedule="pipelined"):
+            assert schedule(torch.randn(1, 2, 3), small_w, small_hh, False) == "pipelined"
+            assert schedule(wide_x, small_w, wide_hh, True) == "pipelined"
     finally:
         torch.set_num_threads(old)
     with pytest.raises(ValueError, match="always, never"):
@@ -420,12 +427,9 @@ def test_float64_kernel_per_isa_equals_generic(isa, kernel, variant):
 @pytest.mark.parametrize("chunk", [1, 3, 0])
 @pytest.mark.parametrize("variant,highway", [("lstm", False), ("ran", False), ("srnn", True)])
 @pytest.mark.parametrize("input_grad,bias", [(True, True), (False, False)])
-def test_pipeline_schedules_equal_generic(monkeypatch, threads, chunk, variant, highway,
-                                          input_grad, bias):
+def test_pipeline_schedules_equal_generic(threads, chunk, variant, highway, input_grad, bias):
     """Every chunking of the pipeline, its two roles on one or two threads, with and without
     an input gradient (without one, the weight gradients are the pipelined task) and a bias."""
-    from rnn_ablations import dispatch
-    monkeypatch.setattr(dispatch, "PIPELINE_CHUNK", chunk)
     m = AblatedRNN(variant, 5, 6, bidirectional=True, highway=highway, bias=bias)
     x = torch.randn(10, 4, 5, requires_grad=input_grad)
     lengths = torch.tensor([10, 7, 10, 2])
@@ -434,7 +438,7 @@ def test_pipeline_schedules_equal_generic(monkeypatch, threads, chunk, variant, 
     try:
         results = []
         for name in ("pipelined", "generic"):
-            with path(name):
+            with path(name), ra.options(pipeline_chunk=chunk):
                 out, (h, c) = m(x, lengths=lengths)
                 (out.square().sum() + h.sum() + 2 * c.sum()).backward()
             grads = [p.grad.clone() for p in m.parameters()]

@@ -1,0 +1,575 @@
+"""The run plan: the settings that choose how a layer runs (:func:`options`), and the one
+function that turns them into a decision per layer call (:func:`plan_layer`).
+
+Settings
+--------
+* :func:`options` ``(**settings)``: a context manager; inside its ``with`` block the settings
+  apply to the calls made *by this thread* (a :mod:`contextvars` variable: another thread, and a
+  thread started inside the block, sees the process-wide defaults).  Blocks nest; each restores
+  what was in effect before it.
+* :func:`set_options` ``(**settings)``: the process-wide defaults (every thread that is not
+  inside an :func:`options` block that overrides the same setting).
+* :func:`get_options`: the :class:`Options` in effect for this thread.
+* :func:`reset_options`: the process-wide defaults back to the environment's.
+
+Two settings are process-wide whichever form sets them, because what they configure exists once
+per process: ``kernel_isa`` (the compiled CPU kernel holds one vector path; switching it while
+another thread runs a kernel would hand that call two paths) and ``cuda_graphs_max`` (the size of
+the one cache of recorded CUDA graphs).  An :func:`options` block that sets one of them switches
+it for the process and restores it on exit; blocks of different threads that set them should not
+overlap.
+
+``docs/options.md`` has the table of the settings and of the environment variables, which are
+read here, once, at import (:data:`ENVIRONMENT`, :func:`from_environment`).
+
+The decision
+------------
+:func:`plan_layer` is a pure function of the settings (:class:`Options`),
+a description of the call (:class:`LayerCall`: shapes, device, dtype, gradient wanted, threads,
+autocast), what this process has compiled (:class:`Kernels`) and the measured thresholds of the
+CPU schedule policy (:class:`Policy`); it returns a small :class:`Plan`.  It reads no tensor and
+no global, so each decision is unit-tested without running a layer
+(``tests/test_run_plan.py``).  :mod:`rnn_ablations.dispatch` (cells that read h_{t-1}) and
+:mod:`rnn_ablations.scan` (cells that do not) ask it and do what it says.
+
+The decisions, in order:
+
+1. **implementation** (``Plan.path``): ``"generic"`` (torch ops), ``"cpu"`` (the compiled CPU
+   kernel, float32/float64) or ``"cuda"`` (the compiled CUDA kernel, float32/float64/bfloat16/
+   float16).  The dtype that counts is the projection's: under ``torch.autocast`` a float32
+   input projection comes out in the autocast dtype.  An empty input (no step or no row) takes the
+   generic path for a cell that reads h_{t-1} (autograd then gives zero gradients of the right
+   shapes, as for ``nn.LSTM``).  With ``backend="auto"`` a missing kernel falls back to the
+   generic path with a warning (``Plan.warning``, shown once per kind); with
+   ``backend="kernel"`` every fallback is an error that says why.
+2. **CPU schedule** (``Plan.schedule``, ``Plan.concurrent``): see :func:`_cpu_schedule`.
+3. **input projection on oneDNN** (``Plan.onednn``): float32 CPU weights of at least
+   ``Policy.onednn_min_weight`` entries, not under autocast (see :mod:`.projection`).
+4. **CUDA recurrence** (``Plan.recurrence``): ``"steps"`` (the step kernel) or ``"persistent"``
+   (asked for explicitly: ``auto`` keeps the step kernel, see :mod:`.cuda_recurrence`); whether
+   the persistent kernel fits this layer is asked of the compiled kernel when it runs.
+5. **CUDA graphs** (``Plan.graphs``): the setting, on the CUDA kernel only.
+6. **scan** (cells that read no h_{t-1}): ``Plan.fused_scan``: the projection, the scan and the
+   backward in one node (the kernel adds the bias), where the kernel has that interface and no
+   autocast is active and every parameter has the input's dtype and device.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import os
+import threading
+from typing import Dict, Iterator, Mapping, Optional, Tuple
+
+import torch
+
+__all__ = ["Options", "options", "set_options", "get_options", "reset_options",
+           "process_options", "ENVIRONMENT", "from_environment", "BACKENDS", "KERNEL_ISAS",
+           "CPU_SCHEDULES", "CONCURRENT_DIRECTIONS", "CUDA_RECURRENCES",
+           "LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan",
+           "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES"]
+
+
+BACKENDS = ("auto", "kernel", "generic")
+#: ``emulated_avx512`` is a test path (the AVX-512 blocking in AVX2 instructions), never chosen
+#: by ``auto``.
+KERNEL_ISAS = ("auto", "avx512", "avx2", "portable", "emulated_avx512")
+CPU_SCHEDULES = ("auto", "plain", "pipelined")
+CONCURRENT_DIRECTIONS = ("auto", "on", "off")
+CUDA_RECURRENCES = ("auto", "steps", "persistent")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How layers run (see ``docs/options.md`` for each setting's effect).
+
+    backend: ``"auto"`` (a compiled kernel where one applies, else the generic path with a
+        warning once), ``"kernel"`` (a compiled kernel or an error) or ``"generic"`` (the
+        reference path in torch ops).
+    kernel_isa: the CPU kernel's vector path: ``"auto"`` (the best this CPU runs),
+        ``"avx512"``, ``"avx2"``, ``"portable"``, or the test path ``"emulated_avx512"``.
+        Process-wide.
+    cpu_schedule: ``"auto"`` (the measured policy of :func:`rnn_ablations.plan.plan_layer`),
+        ``"plain"`` (the input projection of all steps first, each step's GEMM split over the
+        threads) or ``"pipelined"`` (the recurrence on one thread while another computes the
+        projections of later steps / the input gradient of finished ones).
+    concurrent_directions: ``"auto"``, ``"on"`` or ``"off"``: the two directions of a
+        bidirectional layer run at the same time, one per thread (CPU kernel).
+    pipeline_chunk: steps per chunk of the pipelined schedule; 0 = automatic (about 256 rows
+        per chunk GEMM and at least four chunks).
+    cuda_recurrence: ``"auto"`` (the step kernel), ``"steps"`` or ``"persistent"`` (the whole
+        forward in one cooperative launch; an error where it cannot run).
+    cuda_graphs: replay the CUDA step loop as a recorded CUDA graph (``True``/``False``).
+    cuda_graphs_max: recorded graphs kept at once (least recently used evicted). Process-wide.
+    persistent_blocks: the persistent kernel's grid size; 0 = one block per SM.
+    persistent_batch_tile: batch rows per tile of the persistent kernel; 0 = as many as the
+        shared memory holds.
+    persistent_backward: the backward of a persistent forward runs persistent too (else the
+        step kernel's backward).
+    """
+
+    backend: str = "auto"
+    kernel_isa: str = "auto"
+    cpu_schedule: str = "auto"
+    concurrent_directions: str = "auto"
+    pipeline_chunk: int = 0
+    cuda_recurrence: str = "auto"
+    cuda_graphs: bool = True
+    cuda_graphs_max: int = 32
+    persistent_blocks: int = 0
+    persistent_batch_tile: int = 0
+    persistent_backward: bool = False
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check(f.name, getattr(self, f.name))
+
+    def replace(self, **settings) -> "Options":
+        """A copy with ``settings`` changed (checked)."""
+        _check_names(settings)
+        return dataclasses.replace(self, **settings)
+
+
+_CHOICES = {"backend": BACKENDS, "kernel_isa": KERNEL_ISAS, "cpu_schedule": CPU_SCHEDULES,
+            "concurrent_directions": CONCURRENT_DIRECTIONS, "cuda_recurrence": CUDA_RECURRENCES}
+_FLAGS = ("cuda_graphs", "persistent_backward")
+_COUNTS = ("pipeline_chunk", "cuda_graphs_max", "persistent_blocks", "persistent_batch_tile")
+#: settings that exist once per process (see the module docstring)
+PROCESS_WIDE = ("kernel_isa", "cuda_graphs_max")
+_NAMES = tuple(f.name for f in dataclasses.fields(Options))
+
+
+def _check_names(settings: Mapping) -> None:
+    unknown = [k for k in settings if k not in _NAMES]
+    if unknown:
+        raise TypeError(f"unknown setting {unknown[0]!r}; the settings are {', '.join(_NAMES)}")
+
+
+def _check(name: str, value) -> None:
+    if name in _CHOICES:
+        if not isinstance(value, str) or value not in _CHOICES[name]:
+            raise ValueError(f"{name} must be one of {', '.join(_CHOICES[name])}; got {value!r}")
+    elif name in _FLAGS:
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    elif name in _COUNTS:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0"
+                             f"{' (0 = automatic)' if name != 'cuda_graphs_max' else ''}, "
+                             f"got {value!r}")
+
+
+# --------------------------------------------------------------------------- environment
+#: The environment variables that set the defaults: name -> (setting, kind).  Read once, at
+#: import, by :func:`from_environment`; ``docs/options.md`` lists them with the ones the kernel
+#: loader reads.
+ENVIRONMENT: Dict[str, Tuple[str, str]] = {
+    "RNN_ABLATIONS_BACKEND": ("backend", "choice"),
+    "RNN_ABLATIONS_ISA": ("kernel_isa", "choice"),
+    "RNN_ABLATIONS_CPU_SCHEDULE": ("cpu_schedule", "choice"),
+    "RNN_ABLATIONS_CONCURRENT_DIRECTIONS": ("concurrent_directions", "choice"),
+    "RNN_ABLATIONS_PIPELINE_CHUNK": ("pipeline_chunk", "count"),
+    "RNN_ABLATIONS_CUDA_RECURRENCE": ("cuda_recurrence", "choice"),
+    "RNN_ABLATIONS_CUDA_GRAPHS": ("cuda_graphs", "flag"),
+    "RNN_ABLATIONS_CUDA_GRAPHS_MAX": ("cuda_graphs_max", "count"),
+    "RNN_ABLATIONS_PERSISTENT_BLOCKS": ("persistent_blocks", "count"),
+    "RNN_ABLATIONS_PERSISTENT_BATCH_TILE": ("persistent_batch_tile", "count"),
+    "RNN_ABLATIONS_PERSISTENT_BACKWARD": ("persistent_backward", "flag"),
+}
+#: ``=1`` keeps the compiled kernels from loading (:mod:`rnn_ablations._kernel_loader`) and makes
+#: ``generic`` the default backend.
+DISABLE_KERNEL = "RNN_ABLATIONS_DISABLE_KERNEL"
+_TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def _parse(var: str, name: str, kind: str, raw: str):
+    value = raw.strip().lower()
+    if kind == "choice":
+        if value not in _CHOICES[name]:
+            raise ValueError(f"{var} must be one of {', '.join(_CHOICES[name])}, got {raw!r} "
+                             f"(it sets options' {name}; unset it for the default)")
+        return value
+    if kind == "flag":
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ValueError(f"{var} must be 0 or 1, got {raw!r} (it sets options' {name}; unset it "
+                         "for the default)")
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{var} must be an integer >= 0, got {raw!r} (it sets options' {name}; "
+                         "unset it for the default)")
+    return n
+
+
+def from_environment(environ: Optional[Mapping[str, str]] = None) -> Options:
+    """The defaults set by the environment variables in ``environ`` (``os.environ`` when
+    ``None``); an empty value counts as unset.  Raises ``ValueError`` naming the variable and its
+    allowed values for a bad one."""
+    env = os.environ if environ is None else environ
+    settings = {}
+    for var, (name, kind) in ENVIRONMENT.items():
+        raw = env.get(var, "")
+        if raw.strip():
+            settings[name] = _parse(var, name, kind, raw)
+    if env.get(DISABLE_KERNEL, "").strip() == "1":
+        if settings.get("backend", "generic") != "generic":
+            raise ValueError(f"{DISABLE_KERNEL}=1 keeps the compiled kernels from loading, but "
+                             f"RNN_ABLATIONS_BACKEND={settings['backend']} asks for one; unset one "
+                             "of them")
+        settings["backend"] = "generic"
+    return Options(**settings)
+
+
+# --------------------------------------------------------------------------- state
+_lock = threading.RLock()
+_ENV_DEFAULTS = from_environment()
+_defaults = _ENV_DEFAULTS
+#: this thread's overrides, as a tuple of (name, value) pairs; () = none
+_overrides: "contextvars.ContextVar[Tuple]" = contextvars.ContextVar("rnn_ablations_options",
+                                                                      default=())
+
+
+@functools.lru_cache(maxsize=64)
+def _merged(base: Options, overrides: Tuple) -> Options:
+    return dataclasses.replace(base, **dict(overrides))
+
+
+def get_options() -> Options:
+    """The settings in effect for this thread: the process-wide defaults with this thread's
+    :func:`options` blocks applied."""
+    ov = _overrides.get()
+    return _merged(_defaults, ov) if ov else _defaults
+
+
+def process_options() -> Options:
+    """The process-wide defaults (what a thread outside any :func:`options` block sees)."""
+    return _defaults
+
+
+def _validated(settings: Mapping) -> Dict:
+    _check_names(settings)
+    for name, value in settings.items():
+        _check(name, value)
+    if settings.get("backend") == "kernel":
+        from . import backend  # imported late: backend reads these options
+        backend.require_a_kernel()
+    return dict(settings)
+
+
+def _apply_process_wide(old: Options, new: Options) -> None:
+    """Side effects of a change of the process-wide settings (called under the lock)."""
+    if new.kernel_isa != old.kernel_isa:
+        from . import backend
+        backend.apply_kernel_isa(new.kernel_isa)
+    if not new.cuda_graphs and old.cuda_graphs:
+        from . import cuda_graphs
+        cuda_graphs.clear_graphs()  # off for the process: free the recorded graphs
+
+
+def set_options(**settings) -> Options:
+    """Set the process-wide defaults (see :class:`Options` for the settings; every one is
+    checked before any changes).  Returns the new defaults."""
+    global _defaults
+    checked = _validated(settings)
+    with _lock:
+        new = dataclasses.replace(_defaults, **checked)
+        _apply_process_wide(_defaults, new)
+        _defaults = new
+    return new
+
+
+def reset_options() -> Options:
+    """The process-wide defaults back to those of the environment at import."""
+    global _defaults
+    with _lock:
+        _apply_process_wide(_defaults, _ENV_DEFAULTS)
+        _defaults = _ENV_DEFAULTS
+    return _defaults
+
+
+@contextlib.contextmanager
+def options(**settings) -> Iterator[Options]:
+    """Context manager: ``settings`` apply to this thread's calls inside the ``with`` block
+    (``kernel_isa`` and ``cuda_graphs_max`` to the process's, see the module docstring);
+    yields the :class:`Options` in effect inside.  Every setting is checked on entry::
+
+        with rnn_ablations.options(backend="generic"):
+            out, _ = model(x)
+    """
+    global _defaults
+    checked = _validated(settings)
+    shared = {k: v for k, v in checked.items() if k in PROCESS_WIDE}
+    local = tuple((k, v) for k, v in checked.items() if k not in PROCESS_WIDE)
+    saved = None
+    if shared:
+        with _lock:
+            saved = {k: getattr(_defaults, k) for k in shared}
+            new = dataclasses.replace(_defaults, **shared)
+            _apply_process_wide(_defaults, new)
+            _defaults = new
+    token = _overrides.set(_overrides.get() + local) if local else None
+    try:
+        yield get_options()
+    finally:
+        if token is not None:
+            _overrides.reset(token)
+        if saved is not None:
+            with _lock:
+                new = dataclasses.replace(_defaults, **saved)
+                _apply_process_wide(_defaults, new)
+                _defaults = new
+
+
+# --------------------------------------------------------------------------- the decision
+CPU_DTYPES = (torch.float32, torch.float64)
+CUDA_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCall:
+    """What the plan needs to know of one layer call (no tensors).
+
+    device: ``"cpu"``, ``"cuda"``, ...; dtype: the input's dtype; steps, batch: T and B;
+    hidden: H; rec_blocks: R, the blocks that read h_{t-1} (0 for a cell that reads none: the
+    scan); proj_weight: entries of the input weight (of all directions together for the scan,
+    which projects them in one GEMM); directions: directions submitted together;
+    needs_grad: a gradient is wanted (grad mode on and an input requires it); threads: torch's
+    intra-op threads; autocast_dtype: the autocast dtype on this device, ``None`` outside
+    autocast; uniform: every direction's input and parameters have the same shapes, dtype and
+    device as the first (the concurrent and fused paths need it); scan_layout: the cell has a
+    layout for the scan kernels (cells that read no h_{t-1})."""
+
+    device: str
+    dtype: torch.dtype
+    steps: int
+    batch: int
+    hidden: int
+    rec_blocks: int
+    proj_weight: int
+    directions: int = 1
+    needs_grad: bool = False
+    threads: int = 1
+    autocast_dtype: Optional[torch.dtype] = None
+    uniform: bool = True
+    scan_layout: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """What this process has compiled (``backend.kernels()`` fills it in; tests make their own).
+
+    cpu / cuda: the step kernels; cpu_scan / cuda_scan: the scan kernels; cpu_fused_scan /
+    cuda_fused_scan: the scan with the bias inside (one node with the projection); persistent:
+    the persistent CUDA kernel is in the build; onednn: torch's oneDNN linear works here;
+    isa: the CPU kernel's vector path in use; cpu_error / cuda_error: why a kernel is missing."""
+
+    cpu: bool = False
+    cuda: bool = False
+    cpu_scan: bool = False
+    cuda_scan: bool = False
+    cpu_fused_scan: bool = False
+    cuda_fused_scan: bool = False
+    persistent: bool = False
+    onednn: bool = False
+    isa: Optional[str] = None
+    cpu_error: str = "not built"
+    cuda_error: str = "not built"
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """The measured thresholds of the CPU schedule policy (``benchmarks/results/
+    schedule_policy.md``; re-measure with ``benchmarks/schedules.py`` on a new machine).
+
+    min_steps: the pipelined schedule from this many steps; max_step_macs /
+    max_step_macs_inference: with 2+ threads, the plain schedule (and directions one after the
+    other) from this many multiply-adds per step GEMM (B x R*H x H), training / no gradient;
+    onednn_min_weight: the input projection on oneDNN from this many weight entries."""
+
+    min_steps: int = 4
+    max_step_macs: int = 24_000_000
+    max_step_macs_inference: int = 12_000_000
+    onednn_min_weight: int = 500_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one layer call runs.
+
+    path: ``"generic"``, ``"cpu"`` or ``"cuda"``; reason: why, in words; isa: the CPU kernel's
+    vector path (``path == "cpu"``); schedule: ``"plain"`` or ``"pipelined"`` (CPU step kernel),
+    ``"scan"`` / ``"fused_scan"`` (cells that read no h_{t-1}), ``None`` otherwise; concurrent:
+    the directions run at the same time, one per thread; chunk: steps per chunk of the pipelined
+    schedule (0 = automatic); onednn: the input projection on oneDNN; recurrence: ``"steps"`` or
+    ``"persistent"`` (CUDA step kernel); graphs: CUDA-graph replay; persistent: (blocks,
+    batch_tile, backward) of the persistent kernel; warning: ``(kind, message)`` when the auto
+    backend fell back to the generic path for want of a kernel (the caller warns once per
+    kind)."""
+
+    path: str
+    reason: str
+    isa: Optional[str] = None
+    schedule: Optional[str] = None
+    concurrent: bool = False
+    chunk: int = 0
+    onednn: bool = False
+    recurrence: Optional[str] = None
+    graphs: bool = False
+    persistent: Tuple[int, int, bool] = (0, 0, False)
+    warning: Optional[Tuple[str, str]] = None
+
+    @property
+    def fused_scan(self) -> bool:
+        return self.schedule == "fused_scan"
+
+
+def onednn_applies(settings: Options, device: str, dtype: torch.dtype, weight_entries: int,
+                   autocast: bool, onednn_works: bool, policy: Policy = Policy()) -> bool:
+    """The input projection of all steps on oneDNN: float32 CPU weights of at least
+    ``policy.onednn_min_weight`` entries (where oneDNN beat MKL), not with the generic backend,
+    not under autocast (whose casts ``F.linear`` applies)."""
+    return (settings.backend != "generic" and device == "cpu" and dtype == torch.float32
+            and not autocast and weight_entries >= policy.onednn_min_weight and onednn_works)
+
+
+def _kernel_for(settings: Options, device: str, dtype: torch.dtype, kernels: Kernels,
+                scan: bool):
+    """``(path, reason, warning)``: the compiled kernel for this device and dtype, or the generic
+    path (raises with ``backend="kernel"`` where no kernel runs the call)."""
+    what = "scan kernel" if scan else "kernel"
+    if settings.backend == "generic":
+        return "generic", "backend='generic'", None
+    if device == "cpu" and dtype in CPU_DTYPES:
+        have, error, kind = (kernels.cpu_scan if scan else kernels.cpu), kernels.cpu_error, "CPU"
+    elif device == "cuda" and dtype in CUDA_DTYPES:
+        have, error, kind = (kernels.cuda_scan if scan else kernels.cuda), kernels.cuda_error, "CUDA"
+    else:
+        if settings.backend == "kernel":
+            raise RuntimeError(f"the rnn_ablations {what}s handle CPU float32/float64 and CUDA "
+                               f"float32/float64/bfloat16/float16, got {device} {dtype}; use the "
+                               "generic backend (rnn_ablations.options(backend='generic'))")
+        return "generic", f"no kernel for {device} {dtype}", None
+    if have:
+        return kind.lower(), f"the compiled {kind} {what}", None
+    if settings.backend == "kernel":
+        raise RuntimeError(f"the rnn_ablations {kind} {what} is not available: {error}")
+    message = (f"rnn_ablations: compiled {kind} {what} unavailable ({error}); using the slower "
+               "generic path")
+    return "generic", f"the {kind} {what} is not available", (kind + (" scan" if scan else ""),
+                                                              message)
+
+
+def _step_macs(call: LayerCall) -> int:
+    return call.batch * call.rec_blocks * call.hidden * call.hidden
+
+
+def _cpu_schedule(settings: Options, call: LayerCall, onednn: bool, policy: Policy):
+    """``(schedule, concurrent)`` of the CPU step kernel.
+
+    *Pipelined*: the recurrence runs on one thread while another computes, chunk by chunk, the
+    GEMMs that do not wait for the next step (the input projection of later steps in the
+    forward, the input gradient of finished steps in the backward).  *Plain*: the input
+    projection of all steps first, then each step's GEMM split over the threads.
+
+    ``auto`` takes the pipeline from ``policy.min_steps`` steps, except (a) with 2+ threads
+    when one step's GEMM reaches ``max_step_macs`` (training) or ``max_step_macs_inference``
+    (no gradient): then splitting every GEMM over the threads keeps both cores busy on the
+    critical path; (b) single-threaded inference with a weight large enough for oneDNN's
+    projection.
+
+    *Concurrent directions* (a bidirectional layer): both directions' recurrences at once, one
+    per thread, in one kernel call (one fork/join per layer and pass instead of one per step).
+    ``auto`` takes it with exactly 2 threads; with more, while one step's GEMM is below the
+    threshold above (not measured: the development machines have 2 cores); never with one
+    thread.  Each concurrent direction then runs the one-thread rule: pipelined from
+    ``min_steps`` steps, except inference with a oneDNN-sized weight.  Not under autocast (the
+    projections would be in the autocast dtype, which the step kernels do not run)."""
+    threads = call.threads
+    one_thread_pipeline = (call.steps >= policy.min_steps
+                           and (call.needs_grad or not onednn))
+    limit = policy.max_step_macs if call.needs_grad else policy.max_step_macs_inference
+    small_step = _step_macs(call) < limit
+    concurrent = False
+    if (call.directions >= 2 and settings.concurrent_directions != "off" and call.uniform
+            and call.autocast_dtype is None):
+        if settings.concurrent_directions == "on" or threads == 2:
+            concurrent = True
+        elif threads > 2:
+            concurrent = small_step
+    if settings.cpu_schedule != "auto":
+        return settings.cpu_schedule, concurrent
+    if concurrent:
+        return ("pipelined" if one_thread_pipeline else "plain"), True
+    if call.steps < policy.min_steps:
+        return "plain", False
+    if threads >= 2:
+        return ("pipelined" if small_step else "plain"), False
+    return ("pipelined" if one_thread_pipeline else "plain"), False
+
+
+def plan_layer(settings: Options, call: LayerCall, kernels: Kernels,
+               policy: Policy = Policy()) -> Plan:
+    """How ``call`` runs under ``settings`` with ``kernels`` (see the module docstring).
+    Raises ``RuntimeError`` where ``backend="kernel"`` (or ``cuda_recurrence="persistent"``)
+    asks for a kernel that cannot run the call, saying why."""
+    autocast = call.autocast_dtype is not None
+    # autocast casts float32 (not float64) inputs of F.linear to its dtype
+    proj_dtype = call.autocast_dtype if autocast and call.dtype != torch.float64 else call.dtype
+    empty = call.steps == 0 or call.batch == 0
+    if call.rec_blocks == 0:
+        return _plan_scan(settings, call, kernels, policy, proj_dtype, empty)
+    onednn = onednn_applies(settings, call.device, call.dtype, call.proj_weight, autocast,
+                            kernels.onednn, policy)
+    if empty:
+        return Plan("generic", "empty input: autograd gives the zero gradients")
+    path, reason, warning = _kernel_for(settings, call.device, proj_dtype, kernels, scan=False)
+    if path == "generic":
+        return Plan("generic", reason, onednn=onednn, warning=warning)
+    if path == "cpu":
+        schedule, concurrent = _cpu_schedule(settings, call, onednn, policy)
+        return Plan("cpu", reason, isa=kernels.isa, schedule=schedule, concurrent=concurrent,
+                    chunk=settings.pipeline_chunk, onednn=onednn and schedule == "plain")
+    recurrence = "persistent" if settings.cuda_recurrence == "persistent" else "steps"
+    if recurrence == "persistent" and not kernels.persistent:
+        raise RuntimeError(
+            "cuda_recurrence='persistent': this build of rnn_ablations._C_cuda has no persistent "
+            "kernel (rebuild it: `python setup.py build_ext --inplace` with a CUDA torch and "
+            "nvcc), or use rnn_ablations.options(cuda_recurrence='steps')")
+    return Plan("cuda", reason, recurrence=recurrence, graphs=settings.cuda_graphs,
+                persistent=(settings.persistent_blocks, settings.persistent_batch_tile,
+                            settings.persistent_backward) if recurrence == "persistent"
+                else (0, 0, False))
+
+
+def _plan_scan(settings: Options, call: LayerCall, kernels: Kernels, policy: Policy,
+               proj_dtype: torch.dtype, empty: bool) -> Plan:
+    autocast = call.autocast_dtype is not None
+    onednn = onednn_applies(settings, call.device, call.dtype, call.proj_weight, autocast,
+                            kernels.onednn, policy)
+    if not call.scan_layout:
+        return Plan("generic", "no scan layout for this cell", onednn=onednn)
+    fused_ok = (settings.backend != "generic" and not autocast and not empty and call.uniform
+                and ((call.device == "cpu" and call.dtype in CPU_DTYPES and kernels.cpu_fused_scan)
+                     or (call.device == "cuda" and call.dtype in CUDA_DTYPES
+                         and kernels.cuda_fused_scan)))
+    if fused_ok:
+        return Plan(call.device, f"the compiled {call.device.upper()} scan kernel, one node",
+                    isa=kernels.isa if call.device == "cpu" else None, schedule="fused_scan",
+                    onednn=onednn)
+    path, reason, warning = _kernel_for(settings, call.device, proj_dtype, kernels, scan=True)
+    if path == "generic":
+        return Plan("generic", reason, onednn=onednn, warning=warning)
+    return Plan(path, reason, isa=kernels.isa if path == "cpu" else None, schedule="scan",
+                onednn=onednn)
+
+
+#: :func:`plan_layer` with its plans kept: it is pure and its arguments are frozen dataclasses,
+#: so repeated calls of the same shapes and settings reuse their plan (errors are not kept)
+cached_plan = functools.lru_cache(maxsize=512)(plan_layer)
