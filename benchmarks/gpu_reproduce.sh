@@ -189,9 +189,15 @@ EOF
     for d in "$work"/run/*/; do
         [ -f "$d/run.log" ] && { echo "=== $(basename "$d")/run.log"; grep -v "UserWarning\|warnings.warn" "$d/run.log"; }
     done
-    # ---- the weight pictures of the trained runs, on a PTB test sentence of 15-30 words
+    # ---- the weight pictures of the trained runs, on the first PTB test sentence of 15-30
+    # words (or the longest, cut at 30 words, when none has that length)
     if [ -n "${VISUALIZE:-}" ]; then
-        sentence=$(awk 'NF >= 15 && NF <= 30 { $1 = $1; print; exit }' "$data/ptb.test.txt")
+        sentence=$(python3 - "$data/ptb.test.txt" <<'EOF'
+import sys
+lines = [line.split() for line in open(sys.argv[1])]
+print(" ".join(next((w for w in lines if 15 <= len(w) <= 30), max(lines, key=len)[:30])))
+EOF
+)
         say "visualize on: $sentence"
         for r in $VISUALIZE; do
             if [ ! -f "$work/run/$r/checkpoint.pt" ]; then

@@ -15,7 +15,6 @@ import torch
 
 from rnn_ablations.cli import main
 from rnn_ablations.lm import LanguageModel, SyntheticSpec, get_config, load_checkpoint, synthetic_corpus, train_lm
-from rnn_ablations.lm.ablate import run_ablation
 from rnn_ablations.lm.interrupt import TrainingInterrupted
 
 REPO = Path(__file__).resolve().parents[1]

@@ -44,7 +44,7 @@ def _write_ptb(d: Path, train: str, valid: str = None, test: str = None) -> Path
 
 # ------------------------------------------------------------------------------------- configs
 def test_configs_equal_the_design_table():
-    # ../shared/DESIGN.md §1: layers × H | BPTT | init | lr | clip | epochs | decay after | decay | dropout
+    # Zaremba et al. (2014) via the TF PTB tutorial: layers × H | BPTT | init | lr | clip | epochs | decay after | decay | dropout
     table = {
         "small": (2, 200, 20, 0.1, 1.0, 5, 13, 4, 0.5, 0.0),
         "medium": (2, 650, 35, 0.05, 1.0, 5, 39, 6, 0.8, 0.5),

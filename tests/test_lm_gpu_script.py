@@ -10,29 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from _lm_corpus import write_ptb
 
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def _write_ptb(d: Path, n_train=2000, n_eval=300) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    words = [f"w{i}" for i in range(40)]
-
-    def text(n, shift):
-        toks = [words[(5 * k + shift + k // 11) % 40] for k in range(n)]
-        return "\n".join(" ".join(toks[i:i + 20]) for i in range(0, n, 20)) + "\n"
-    (d / "ptb.train.txt").write_text(text(n_train, 0))
-    (d / "ptb.valid.txt").write_text(text(n_eval, 1))
-    (d / "ptb.test.txt").write_text(text(n_eval, 2))
-    return d
-
 
 def _env(tmp_path, **kw):
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env.update(RNN_ABLATIONS_PTB=str(_write_ptb(tmp_path / "ptb")), DEVICE="cpu", CONFIG="tiny",
+    env.update(RNN_ABLATIONS_PTB=str(write_ptb(tmp_path / "ptb", 2400, 300)), DEVICE="cpu", CONFIG="tiny",
                WORK=str(tmp_path / "work"), OMP_NUM_THREADS="1")
     env.update(kw)
     return env

@@ -8,7 +8,6 @@ step against the eager one, and bit-identical resume with graphs."""
 import json
 import math
 import os
-import random
 import re
 import signal
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _lm_corpus import write_ptb
 from rnn_ablations.lm import SyntheticSpec, get_config, load_checkpoint, synthetic_corpus, train_lm
 from rnn_ablations.lm.graph_step import StaticEvaluator, StaticTrainStep
 from rnn_ablations.lm.model import LanguageModel
@@ -46,28 +46,6 @@ def _cfg(**kw):
 
 def _same_params(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def _write_ptb(d: Path, n_train: int = 4000, n_eval: int = 500, seed: int = 0) -> Path:
-    """A small PTB-format corpus: sentences of a 40-word vocabulary with some structure."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(40)]
-
-    def text(n):
-        out, count = [], 0
-        while count < n:
-            k = rng.randint(3, 12)
-            start = rng.randrange(40)
-            sent = [words[(start + 3 * j + rng.randint(0, 1)) % 40] for j in range(k)]
-            out.append(" ".join(sent))
-            count += k + 1
-        return "\n".join(out) + "\n"
-
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "ptb.train.txt").write_text(text(n_train))
-    (d / "ptb.valid.txt").write_text(text(n_eval))
-    (d / "ptb.test.txt").write_text(text(n_eval))
-    return d
 
 
 # ------------------------------------------------------------------ the static step (CPU)
@@ -203,13 +181,13 @@ def test_tables_mark_diverged_and_incomplete_runs_beside_the_papers(tmp_path):
     assert (tmp_path / "results.png").stat().st_size > 1000
     assert "acl_test_ppl" in (tmp_path / "results.csv").read_text().splitlines()[0]
     assert "diverged" in format_results(results)
-    # the papers' numbers as the issue gives them
+    # the papers' numbers (Levy et al. 2018 and the RAN paper, PTB large)
     assert PAPER_TEST_PPL["large"]["lstm_minus_srnn"]["acl"] == 76.0
     assert PAPER_TEST_PPL["large"]["identity_ran"]["ran"] == 83.2
 
 
 def test_reproduce_rejects_bad_input(tmp_path):
-    d = _write_ptb(tmp_path / "ptb", 400, 100)
+    d = write_ptb(tmp_path / "ptb", 400, 100)
     with pytest.raises(ValueError, match="--config must be one of"):
         reproduce_ptb("synthetic", d, tmp_path / "o")
     with pytest.raises(ValueError, match="needs --data"):
@@ -237,7 +215,7 @@ def test_reproduce_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
     checkpointed (the table then says failed); --resume (the two runs in threads of one process)
     ends with exactly the uninterrupted result."""
     import threading
-    data = _write_ptb(tmp_path / "ptb", 2400, 300)
+    data = write_ptb(tmp_path / "ptb", 2400, 300)
     out = tmp_path / "cut"
     kw = dict(variants=["lstm", "ran"], device="cpu", max_parallel=2, threads=1, epochs=2,
               checkpoint_every=5)
@@ -290,7 +268,7 @@ def test_reproduce_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
 
 def test_a_run_cut_short_is_reported_incomplete_with_its_test_ppl(tmp_path):
     """The process body of a run (in this process), stopped by max_steps as by a deadline."""
-    data = _write_ptb(tmp_path / "ptb", 2000, 300)
+    data = write_ptb(tmp_path / "ptb", 2000, 300)
     spec = {"run": "identity_ran_s0", "variant": "identity_ran", "seed": 0, "config": "tiny",
             "epochs": None, "data": str(data), "out": str(tmp_path / "identity_ran_s0"),
             "device": "cpu", "resume": False, "overwrite": False, "deadline": None,
@@ -307,7 +285,7 @@ def test_a_run_cut_short_is_reported_incomplete_with_its_test_ppl(tmp_path):
 
 
 def test_timing_mode_projects_the_full_run(tmp_path):
-    data = _write_ptb(tmp_path / "ptb", 2000, 300)
+    data = write_ptb(tmp_path / "ptb", 2000, 300)
     t = run_timing("tiny", data, tmp_path / "t", variants=["srnn"], device="cpu", steps=5,
                    threads=1, log=None)
     (r,) = t["rows"]
@@ -373,7 +351,7 @@ def test_time_budget_starts_no_run_it_cannot_fit_and_says_so(tmp_path):
     """One process at a time, three long runs, a 25 s budget: the first run is cut (its epochs
     shown), the other two are not started and are listed as not run; the command keeps the
     budget or states by how much it ran over."""
-    data = _write_ptb(tmp_path / "ptb", 2400, 300)
+    data = write_ptb(tmp_path / "ptb", 2400, 300)
     out = tmp_path / "o"
     t0 = time.time()
     res = reproduce_ptb("tiny", data, out, variants=["lstm", "ran", "srnn"], device="cpu",
@@ -396,7 +374,7 @@ def test_lr_and_seeds_give_one_row_per_run_and_a_summary_per_variant(tmp_path):
     """−GATES at three learning rates and the LSTM over two seeds, at tiny scale: every run is a
     row with its variant, seed and lr; the summary picks the S-RNN's lr by validation
     perplexity and gives the LSTM's mean ± std over its two seeds."""
-    data = _write_ptb(tmp_path / "ptb", 2000, 300)
+    data = write_ptb(tmp_path / "ptb", 2000, 300)
     out = tmp_path / "o"
     res = reproduce_ptb("tiny", data, out, variants=["lstm", "srnn"], seeds=[0, 1],
                         lrs=["srnn=0.25", "srnn=0.1", "srnn=0.05"], device="cpu", threads=1,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import statistics
 from pathlib import Path
@@ -307,7 +306,6 @@ def results_figure(results: Dict):
     xs = list(range(len(summary)))
     fig, ax = plt.subplots(figsize=(max(6.5, 1.6 * len(summary)), 4.8))
     ax.axhline(0, color="#888888", linewidth=1, zorder=1)
-    diffs = [s["test_minus_paper"] for s in summary if s["test_minus_paper"] is not None]
     spreads = [abs(s["test_minus_paper"]) + (s["test_ppl_std"] or 0) + (s["paper_test_ppl_std"] or 0)
                for s in summary if s["test_minus_paper"] is not None]
     lim = max(spreads + [1.0]) * 1.5
