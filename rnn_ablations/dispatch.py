@@ -130,15 +130,15 @@ def _describe(xs, params, needs_grad: bool) -> LayerCall:
     """The plan's view of the directions ``xs`` with ``params[d] = (w_ih, w_hh, bias)``."""
     x = xs[0]
     w_ih, w_hh = params[0][0], params[0][1]
-    device = x.device.type
-    uniform = (all(t.shape == x.shape for t in xs[1:])
-               and all(t is None or (t.device == x.device and t.dtype == x.dtype)
-                       for p in params for t in p))
-    return LayerCall(device=device, dtype=x.dtype, steps=x.shape[0], batch=x.shape[1],
-                     hidden=w_hh.shape[1], rec_blocks=w_hh.shape[0] // max(1, w_hh.shape[1]),
-                     proj_weight=w_ih.numel(), directions=len(xs), needs_grad=needs_grad,
-                     threads=torch.get_num_threads(),
-                     autocast_dtype=backend.autocast_dtype(device), uniform=uniform)
+    device = "cpu" if x.is_cpu else x.device.type
+    # whether the directions may run together (the concurrent kernel takes CPU tensors of one
+    # dtype and shape); one direction runs alone whatever this says
+    uniform = len(xs) == 1 or (all(t.shape == x.shape for t in xs[1:])
+                               and all(t is None or (t.is_cpu and t.dtype is x.dtype)
+                                       for p in params for t in p))
+    return LayerCall(device, x.dtype, x.shape[0], x.shape[1], w_hh.shape[1],
+                     w_hh.shape[0] // max(1, w_hh.shape[1]), w_ih.numel(), len(xs), needs_grad,
+                     torch.get_num_threads(), backend.autocast_dtype(device), uniform)
 
 
 def layer_plan(xs, params, needs_grad: Optional[bool] = None) -> Plan:

@@ -61,7 +61,7 @@ import dataclasses
 import functools
 import os
 import threading
-from typing import Dict, Iterator, Mapping, Optional, Tuple
+from typing import Dict, Iterator, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -79,6 +79,16 @@ KERNEL_ISAS = ("auto", "avx512", "avx2", "portable", "emulated_avx512")
 CPU_SCHEDULES = ("auto", "plain", "pipelined")
 CONCURRENT_DIRECTIONS = ("auto", "on", "off")
 CUDA_RECURRENCES = ("auto", "steps", "persistent")
+
+
+def _keep_hash(obj) -> None:
+    """Hash a frozen settings object once: it is part of the plan cache's key on every layer
+    call."""
+    object.__setattr__(obj, "_hash", hash(dataclasses.astuple(obj)))
+
+
+def _kept_hash(obj) -> int:
+    return obj._hash
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +135,9 @@ class Options:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check(f.name, getattr(self, f.name))
+        _keep_hash(self)
+
+    __hash__ = _kept_hash
 
     def replace(self, **settings) -> "Options":
         """A copy with ``settings`` changed (checked)."""
@@ -332,8 +345,7 @@ CPU_DTYPES = (torch.float32, torch.float64)
 CUDA_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-@dataclasses.dataclass(frozen=True)
-class LayerCall:
+class LayerCall(NamedTuple):
     """What the plan needs to know of one layer call (no tensors).
 
     device: ``"cpu"``, ``"cuda"``, ...; dtype: the input's dtype; steps, batch: T and B;
@@ -382,6 +394,11 @@ class Kernels:
     cpu_error: str = "not built"
     cuda_error: str = "not built"
 
+    def __post_init__(self) -> None:
+        _keep_hash(self)
+
+    __hash__ = _kept_hash
+
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
@@ -397,6 +414,11 @@ class Policy:
     max_step_macs: int = 24_000_000
     max_step_macs_inference: int = 12_000_000
     onednn_min_weight: int = 500_000
+
+    def __post_init__(self) -> None:
+        _keep_hash(self)
+
+    __hash__ = _kept_hash
 
 
 @dataclasses.dataclass(frozen=True)

@@ -645,3 +645,22 @@ def test_large_projection_path_equals_generic():
         m.zero_grad()
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_dropout_with_one_layer_warns_as_nn_lstm(variant):
+    """dropout acts between layers: with one layer it does nothing, and AblatedRNN says so with
+    nn.LSTM's warning, on nn.LSTM's condition (dropout > 0 and num_layers == 1)."""
+    import warnings
+    with pytest.warns(UserWarning, match="non-zero dropout expects num_layers greater than 1") as w:
+        torch.nn.LSTM(3, 4, dropout=0.25)
+    want = str(w[0].message)
+    with pytest.warns(UserWarning) as got:
+        AblatedRNN(variant, 3, 4, dropout=0.25)
+    assert [str(r.message) for r in got] == [want]
+    assert got[0].filename == __file__  # points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AblatedRNN(variant, 3, 4, dropout=0.25, num_layers=2)
+        AblatedRNN(variant, 3, 4, dropout=0.0)
+        torch.nn.LSTM(3, 4, dropout=0.25, num_layers=2)

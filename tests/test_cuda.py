@@ -4,11 +4,11 @@ and against nn.LSTM / nn.RNN (cuDNN); gradcheck on the GPU.
 Half precision (bfloat16, float16, torch.autocast) and CUDA-graph replay of the kernel's step
 loop (rnn_ablations/cuda_graphs.py) are tested here too: the half kernel against the float64
 generic path, graphs on against graphs off, a caller's own capture of a training step.
-The persistent kernels (csrc/persistent_cuda.cu, selected by rnn_ablations/cuda_recurrence.py,
-off by default) are tested at the end (`-k persistent`): every step-kernel variant against the
-float64 generic path in float32/bfloat16/float16, forced grids and batch tiles, the saved tensors
-and the backward against the step kernel's, sequences longer than one launch, graph replay,
-autocast; they had not run on a GPU when written (issue 12).
+The persistent kernels (csrc/persistent_cuda.cu, run by rnn_ablations/cuda_recurrence.py where
+the cuda_recurrence setting asks for them, off by default) are tested at the end
+(`-k persistent`): every step-kernel variant against the float64 generic path in float32/
+bfloat16/float16, forced grids and batch tiles, the saved tensors and the backward against the
+step kernel's, sequences longer than one launch, graph replay, autocast.
 
 These tests skip on machines without a GPU (CI has none), except the switch tests at the top;
 they were run on a lent GPU machine with `bash benchmarks/gpu_check.sh` (see the README's speed
@@ -21,6 +21,7 @@ import copy
 import pytest
 import torch
 
+import rnn_ablations as ra
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, weighted_sum
 from rnn_ablations import cuda_graphs, dispatch
 from rnn_ablations.dispatch import cuda_kernel_available, run_layer
@@ -37,13 +38,12 @@ def test_graph_switch_validates_and_restores():
     assert cuda_graphs.get_cuda_graphs() is old
 
 
-def test_graph_env_flag(monkeypatch):
-    for value, want in (("0", False), ("off", False), ("1", True), ("on", True)):
-        monkeypatch.setenv("RNN_ABLATIONS_CUDA_GRAPHS", value)
-        assert cuda_graphs._env_flag() is want
-    monkeypatch.setenv("RNN_ABLATIONS_CUDA_GRAPHS", "maybe")
+def test_graph_env_flag():
+    from rnn_ablations.plan import from_environment
+    for value, want in (("0", False), ("off", False), ("1", True), ("on", True), ("", True)):
+        assert from_environment({"RNN_ABLATIONS_CUDA_GRAPHS": value}).cuda_graphs is want
     with pytest.raises(ValueError, match="RNN_ABLATIONS_CUDA_GRAPHS must be 0 or 1"):
-        cuda_graphs._env_flag()
+        from_environment({"RNN_ABLATIONS_CUDA_GRAPHS": "maybe"})
 
 
 class _FakeGraphs:
@@ -161,8 +161,9 @@ def test_graph_bookkeeping_with_fake_graphs(monkeypatch):
 def test_kernel_backend_names_the_cuda_half_dtypes():
     if not (dispatch.kernel_available() or cuda_kernel_available()):
         pytest.skip("no compiled kernel")
+    x, w = torch.zeros(3, 2, 4, dtype=torch.bfloat16), torch.zeros(8, 4, dtype=torch.bfloat16)
     with use_backend("kernel"), pytest.raises(RuntimeError, match="bfloat16/float16"):
-        dispatch._plain_kernel(torch.zeros(2, dtype=torch.bfloat16))
+        dispatch.layer_plan([x], [(w, w[:, :2], None)])
 MEMORY_VARIANTS = [v for v in VARIANTS if get_variant(v).has_memory]
 #: the variants the step kernels (run_layer) run; lstm_minus_srnn_minus_hidden runs through the
 #: element-wise scan instead (its half-precision test is in tests/test_minus_hidden.py)
@@ -485,9 +486,8 @@ def test_graph_replay_equals_eager(fresh_graphs, dtype, grad, variant, highway):
 @requires_cuda
 @needs_cuda_kernel
 def test_graph_cache_is_bounded(fresh_graphs, monkeypatch):
-    monkeypatch.setattr(cuda_graphs, "MAX_GRAPHS", 2)
     m = AblatedRNN("ran", 4, 8).cuda()
-    with cuda_graphs.use_cuda_graphs(True):
+    with cuda_graphs.use_cuda_graphs(True), ra.options(cuda_graphs_max=2):
         for T in (3, 4, 5, 6):
             for _ in range(3):
                 with torch.no_grad():
@@ -563,8 +563,8 @@ def test_caller_captures_a_training_step(fresh_graphs, dtype):
 
 
 # --------------------------------------------------------------------------- persistent kernel
-# rnn_ablations/cuda_recurrence.py selects it (off by default); csrc/persistent_cuda.cu.  The
-# policy tests run on the CPU; the kernel tests need a GPU (issue 12).
+# the run plan asks for it (cuda_recurrence="persistent"; off by default), cuda_recurrence.select
+# runs it; csrc/persistent_cuda.cu.  The policy tests run on the CPU; the kernel tests need a GPU.
 from rnn_ablations import cuda_recurrence  # noqa: E402
 from rnn_ablations.cuda_recurrence import use_cuda_recurrence  # noqa: E402
 
@@ -572,7 +572,7 @@ from rnn_ablations.cuda_recurrence import use_cuda_recurrence  # noqa: E402
 def test_cuda_recurrence_switch_validates_and_restores():
     old = cuda_recurrence.get_cuda_recurrence()
     for bad in ("fast", "", None, "Persistent"):
-        with pytest.raises(ValueError, match="auto, persistent, steps"):
+        with pytest.raises(ValueError, match="auto, steps, persistent"):
             cuda_recurrence.set_cuda_recurrence(bad)
     assert cuda_recurrence.get_cuda_recurrence() == old
     with use_cuda_recurrence("persistent"):
@@ -583,23 +583,20 @@ def test_cuda_recurrence_switch_validates_and_restores():
     assert cuda_recurrence.get_cuda_recurrence() == old
 
 
-def test_cuda_recurrence_env(monkeypatch):
-    monkeypatch.delenv("RNN_ABLATIONS_CUDA_RECURRENCE", raising=False)
-    assert cuda_recurrence._env_mode() == "auto"  # untested code is never the default
+def test_cuda_recurrence_env():
+    from rnn_ablations.plan import from_environment
+    assert from_environment({}).cuda_recurrence == "auto"  # untested code is never the default
     for value, want in (("persistent", "persistent"), (" Steps ", "steps"), ("", "auto")):
-        monkeypatch.setenv("RNN_ABLATIONS_CUDA_RECURRENCE", value)
-        assert cuda_recurrence._env_mode() == want
-    monkeypatch.setenv("RNN_ABLATIONS_CUDA_RECURRENCE", "cooperative")
+        assert from_environment({"RNN_ABLATIONS_CUDA_RECURRENCE": value}).cuda_recurrence == want
     with pytest.raises(ValueError, match="RNN_ABLATIONS_CUDA_RECURRENCE must be one of auto, "
-                                         "persistent, steps"):
-        cuda_recurrence._env_mode()
+                                         "steps, persistent"):
+        from_environment({"RNN_ABLATIONS_CUDA_RECURRENCE": "cooperative"})
     for value, want in (("0", 0), ("12", 12), ("", 0)):
-        monkeypatch.setenv("RNN_ABLATIONS_PERSISTENT_BLOCKS", value)
-        assert cuda_recurrence._env_count("RNN_ABLATIONS_PERSISTENT_BLOCKS") == want
+        assert from_environment({"RNN_ABLATIONS_PERSISTENT_BLOCKS": value}).persistent_blocks \
+            == want
     for value in ("-1", "many"):
-        monkeypatch.setenv("RNN_ABLATIONS_PERSISTENT_BLOCKS", value)
         with pytest.raises(ValueError, match="integer >= 0"):
-            cuda_recurrence._env_count("RNN_ABLATIONS_PERSISTENT_BLOCKS")
+            from_environment({"RNN_ABLATIONS_PERSISTENT_BLOCKS": value})
 
 
 class _CudaLike:
@@ -631,51 +628,53 @@ class _FakePersistentExt:
 
 
 def test_cuda_recurrence_selection(monkeypatch):
-    """auto and steps keep the step kernel; persistent asks the plan, runs the persistent
-    forward and the step kernel's backward, or says why it cannot and what to do."""
+    """auto and steps keep the step kernel (graphed as the plan says); persistent asks the
+    kernel's plan, runs the persistent forward and the step kernel's backward, or says why it
+    cannot and what to do."""
     from rnn_ablations import backend
+    from rnn_ablations.plan import Kernels, LayerCall, plan_layer
     v = get_variant("ran")
-    step_kernel = object()
     fake = _FakePersistentExt()
     monkeypatch.setattr(backend, "_C_cuda", fake)
+    kernels = Kernels(cpu=True, cuda=True, persistent=True)
+    call = LayerCall(device="cuda", dtype=torch.float32, steps=3, batch=2, hidden=8,
+                     rec_blocks=2, proj_weight=48)
+
+    def select(**settings):
+        plan = plan_layer(ra.get_options().replace(**settings), call, kernels)
+        return cuda_recurrence.select(plan, v, True, _CudaLike(), None)
+
     for mode in ("auto", "steps"):
-        with use_cuda_recurrence(mode):
-            assert cuda_recurrence.select(step_kernel, v, False, _CudaLike(), None) is step_kernel
+        assert select(cuda_recurrence=mode, cuda_graphs=False) is fake
+        graphed = select(cuda_recurrence=mode, cuda_graphs=True)
+        assert isinstance(graphed, cuda_graphs.GraphedKernel) and graphed.ext is fake
     assert fake.calls == []  # auto = steps: the persistent kernel is not even asked
-    with use_cuda_recurrence("persistent"):
-        # CPU tensors, the generic path (None): unchanged
-        assert cuda_recurrence.select(step_kernel, v, False, torch.zeros(1), None) is step_kernel
-        assert cuda_recurrence.select(None, v, False, _CudaLike(), None) is None
-        monkeypatch.setattr(cuda_recurrence, "PERSISTENT_BLOCKS", 3)
-        with cuda_graphs.use_cuda_graphs(False):
-            ext = cuda_recurrence.select(step_kernel, v, True, _CudaLike(), None)
-        assert isinstance(ext, cuda_recurrence.PersistentKernel)
-        assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, False)
-        before = cuda_recurrence.persistent_stats()["persistent_forward"]
-        assert ext.forward(v.kernel_spec, True, "p", "w", "h", "c", "bs", "m", True) == \
-            "persistent result"
-        assert fake.calls[-1] == ("persistent_forward", v.kernel_spec, True, "p", "w", "h", "c",
-                                  "bs", "m", True, 3, 0)
-        assert cuda_recurrence.persistent_stats()["persistent_forward"] == before + 1
-        assert ext.backward(1, 2, 3) == "step backward"
-        monkeypatch.setattr(cuda_recurrence, "PERSISTENT_BACKWARD", True)
-        with cuda_graphs.use_cuda_graphs(False):
-            ext_b = cuda_recurrence.select(step_kernel, v, True, _CudaLike(), None)
-        assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, True)
-        assert ext_b is not ext and ext_b.backward(1, 2) == "persistent backward"
-        assert fake.calls[-1] == ("persistent_backward", 1, 2, 3, 0)
-        assert ext.backward(1, 2, 3) == "step backward"  # chosen at the forward, kept
-        with cuda_graphs.use_cuda_graphs(True):
-            graphed = cuda_recurrence.select(step_kernel, v, True, _CudaLike(), None)
-        assert isinstance(graphed, cuda_graphs.GraphedKernel)
-        assert graphed.tag.startswith("persistent(backward=True, blocks=3")
-        monkeypatch.setattr(cuda_recurrence, "PERSISTENT_BACKWARD", False)
-        fake.ok, fake.why = False, "the W_hh slice does not fit"
-        with pytest.raises(ValueError, match="does not fit.*'steps'"):
-            cuda_recurrence.select(step_kernel, v, False, _CudaLike(), None)
-        monkeypatch.setattr(backend, "_C_cuda", None)
-        with pytest.raises(RuntimeError, match="no persistent kernel"):
-            cuda_recurrence.select(step_kernel, v, False, _CudaLike(), None)
+    ext = select(cuda_recurrence="persistent", persistent_blocks=3, cuda_graphs=False)
+    assert isinstance(ext, cuda_recurrence.PersistentKernel)
+    assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, False)
+    before = cuda_recurrence.persistent_stats()["persistent_forward"]
+    assert ext.forward(v.kernel_spec, True, "p", "w", "h", "c", "bs", "m", True) == \
+        "persistent result"
+    assert fake.calls[-1] == ("persistent_forward", v.kernel_spec, True, "p", "w", "h", "c",
+                              "bs", "m", True, 3, 0)
+    assert cuda_recurrence.persistent_stats()["persistent_forward"] == before + 1
+    assert ext.backward(1, 2, 3) == "step backward"
+    ext_b = select(cuda_recurrence="persistent", persistent_blocks=3, persistent_backward=True,
+                   cuda_graphs=False)
+    assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, True)
+    assert ext_b is not ext and ext_b.backward(1, 2) == "persistent backward"
+    assert fake.calls[-1] == ("persistent_backward", 1, 2, 3, 0)
+    assert ext.backward(1, 2, 3) == "step backward"  # chosen at the forward, kept
+    graphed = select(cuda_recurrence="persistent", persistent_blocks=3, persistent_backward=True,
+                     cuda_graphs=True)
+    assert isinstance(graphed, cuda_graphs.GraphedKernel)
+    assert graphed.tag.startswith("persistent(backward=True, blocks=3")
+    fake.ok, fake.why = False, "the W_hh slice does not fit"
+    with pytest.raises(ValueError, match="does not fit.*'steps'"):
+        select(cuda_recurrence="persistent")
+    monkeypatch.setattr(backend, "_C_cuda", None)
+    with pytest.raises(RuntimeError, match="no persistent kernel"):
+        select(cuda_recurrence="persistent")
 
 
 def test_graph_keys_separate_kernels(monkeypatch):
@@ -718,22 +717,11 @@ PERSISTENT_DTYPES = [torch.float32] + HALF_DTYPES
 PERSISTENT_CONFIGS = {"auto": (0, 0), "tiles": (5, 4), "one_block": (1, 1)}
 
 
-_PERSISTENT_SETTINGS = ("PERSISTENT_BLOCKS", "PERSISTENT_BATCH_TILE", "PERSISTENT_BACKWARD")
-
-
-@contextlib.contextmanager
 def _persistent(config="auto", graphs=False, backward=False):
     """The persistent forward (and with ``backward`` the persistent backward) forced."""
     blocks, tile = PERSISTENT_CONFIGS[config]
-    old = [getattr(cuda_recurrence, k) for k in _PERSISTENT_SETTINGS]
-    for k, value in zip(_PERSISTENT_SETTINGS, (blocks, tile, backward)):
-        setattr(cuda_recurrence, k, value)
-    try:
-        with use_cuda_recurrence("persistent"), cuda_graphs.use_cuda_graphs(graphs):
-            yield
-    finally:
-        for k, value in zip(_PERSISTENT_SETTINGS, old):
-            setattr(cuda_recurrence, k, value)
+    return ra.options(cuda_recurrence="persistent", cuda_graphs=graphs, persistent_blocks=blocks,
+                      persistent_batch_tile=tile, persistent_backward=backward)
 
 
 def _persistent_ran(fn, backward=False):
@@ -788,7 +776,7 @@ def test_persistent_matches_float64_generic(dtype, variant, highway, use_mask, p
 @pytest.mark.parametrize("highway,use_mask,padded", [(False, False, False), (True, True, True),
                                                      (False, True, True)])
 def test_persistent_backward_matches_float64_generic(dtype, variant, highway, use_mask, padded):
-    """The persistent backward (PERSISTENT_BACKWARD) after the persistent forward."""
+    """The persistent backward (the persistent_backward setting) after the persistent forward."""
     _persistent_case(variant, highway, dtype, use_mask, padded, "auto", backward=True)
 
 
@@ -982,7 +970,7 @@ def test_persistent_forced_where_it_cannot_run():
 @pytest.mark.parametrize("dtype", PERSISTENT_DTYPES, ids=str)
 @pytest.mark.parametrize("variant,hidden", [("ran", 256), ("ran", 650), ("lstm", 650)])
 def test_persistent_applies_to_the_benchmark_shapes(dtype, variant, hidden):
-    """Issue 12's shapes (B = 32) fit: every unit in a block, all blocks resident."""
+    """The benchmark's shapes (B = 32) fit: every unit in a block, all blocks resident."""
     v = get_variant(variant)
     proj = torch.empty(2, 32, v.num_recurrent(False) * hidden + v.num_input_only(False) * hidden,
                        device="cuda", dtype=dtype)
