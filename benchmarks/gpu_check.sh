@@ -13,7 +13,7 @@
 #   tests   tests/test_cuda.py with CUDA graphs on (the default), then the kernel tests again
 #           with RNN_ABLATIONS_CUDA_GRAPHS=0 (both without the persistent kernels' tests, which
 #           the persistent step runs);
-#   persistent  the persistent kernels (csrc/persistent_cuda.cu, off by default): their tests
+#   persistent  the persistent kernels (off by default): their tests
 #           (tests/test_cuda.py -k persistent, graphs off and on inside the tests), then
 #           speed_cuda_persistent.{json,md}: ran and lstm at B=32, T=64, H=256/650, float32 and
 #           bfloat16, each on the step kernel and as "<variant> [persistent]" (persistent
@@ -90,7 +90,8 @@ has_cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev
 
 # the sources a _C_cuda build comes from: a prebuilt module (carried in) is used only when its
 # stamp build/cuda_sources.stamp matches them
-src_hash=$(cat rnn_ablations/csrc/*.cu rnn_ablations/csrc/*.h setup.py 2>/dev/null | sha256sum | cut -c1-16)
+src_hash=$( (find rnn_ablations/csrc -type f \( -name '*.cu' -o -name '*.h' -o -name '*.cpp' \) | LC_ALL=C sort
+             echo setup.py) | xargs cat 2>/dev/null | sha256sum | cut -c1-16)
 if [ "${GPU_CHECK_STAMP_ONLY:-0}" = 1 ]; then
     mkdir -p build && echo "$src_hash" > build/cuda_sources.stamp && echo "stamp $src_hash" && exit 0
 fi

@@ -12,7 +12,7 @@ that the reason a test did not run reads the same everywhere and names the fix:
   or ``$RNN_ABLATIONS_SHARED_DATA``), which the package never needs to run its tests' defaults.
 """
 import contextlib
-import importlib.util
+import importlib.machinery
 import os
 from pathlib import Path
 
@@ -37,12 +37,19 @@ requires_cuda_kernel = pytest.mark.skipif(
     not ra.cuda_kernel_available(),
     reason="the CUDA kernel is not built (it is built by `pip install --no-build-isolation -e .` "
            "where torch is a CUDA build and nvcc is found)")
+
+
+def _installed(name):
+    """Whether a top-level package is on sys.path, without importing it and without running the
+    start-up hook's import finder (``importlib.util.find_spec`` would: the hook acts once, on the
+    first lookup, and a lookup here would leave the real import without it)."""
+    return importlib.machinery.PathFinder.find_spec(name) is not None
+
+
 requires_allennlp = pytest.mark.skipif(
-    importlib.util.find_spec("allennlp") is None,
-    reason="AllenNLP is not installed (bash scripts/setup.sh installs it)")
+    not _installed("allennlp"), reason="AllenNLP is not installed (bash scripts/setup.sh installs it)")
 requires_onmt = pytest.mark.skipif(
-    importlib.util.find_spec("onmt") is None,
-    reason="OpenNMT-py is not installed (bash scripts/setup.sh installs it)")
+    not _installed("onmt"), reason="OpenNMT-py is not installed (bash scripts/setup.sh installs it)")
 
 
 #: the CPU kernel's two schedules, and every code path a CPU call can take (the pipelined and the

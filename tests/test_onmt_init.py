@@ -18,8 +18,9 @@ def _onmt_model(enc_type, seed=3):
     from onmt.bin.train import _get_parser
     from onmt.inputters.inputter import dict_to_vocabs
     from onmt.utils.parse import ArgumentParser
-    import rnn_ablations.integrations.onmt  # noqa: F401  (registers the encoder types)
-    assert onmt.encoders.str2enc
+    from rnn_ablations.integrations import onmt as ours
+    ours.register()  # what the start-up hook does when onmt is imported (idempotent)
+    assert ours.is_registered() and onmt.encoders.str2enc
     config = REPO / "onmt_configs" / f"multi30k_{enc_type}.yaml"
     opt, unknown = _get_parser().parse_known_args(
         ["-config", str(config), "-hidden_size", "16", "-word_vec_size", "8"])

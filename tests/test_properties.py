@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 import rnn_ablations as ra  # noqa: E402
 from rnn_ablations import AblatedRNN, VARIANTS, use_backend, use_pipeline  # noqa: E402
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")]
+from conftest import requires_kernel  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), requires_kernel]
 
 #: the conftest fixtures are per test, not per example (every example seeds its own generator)
 PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, database=None,

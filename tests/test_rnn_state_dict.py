@@ -32,7 +32,7 @@ def test_state_dict_of_another_variant_is_refused():
         assert torch.equal(a, b)
 
 def test_state_dict_without_variant_still_loads():
-    """nn.LSTM / nn.RNN state dicts, and AblatedRNN ones saved before the variant was recorded."""
+    """nn.LSTM / nn.RNN state dicts, and AblatedRNN ones without `variant_state`."""
     ours = AblatedRNN("lstm", 3, 4, num_layers=2)
     ours.load_state_dict(torch.nn.LSTM(3, 4, num_layers=2).state_dict())  # strict
     srnn = AblatedRNN("srnn", 3, 4)

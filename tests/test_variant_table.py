@@ -4,9 +4,7 @@ import pytest
 import torch
 
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant
-from rnn_ablations.dispatch import kernel_available
-
-needs_kernel = pytest.mark.skipif(not kernel_available(), reason="compiled CPU kernel not built")
+from conftest import requires_kernel
 
 
 def _table_view(v, highway):
@@ -18,7 +16,7 @@ def _table_view(v, highway):
     return [role(b) for b in rec], [role(b) for b in inp]
 
 
-@needs_kernel
+@requires_kernel
 @pytest.mark.parametrize("highway", [False, True])
 @pytest.mark.parametrize("name", VARIANTS)
 def test_kernel_view_of_every_variant_matches_the_table(name, highway):
@@ -104,7 +102,7 @@ def test_a_copy_of_a_row_gets_the_same_kernel():
     assert len({v.kernel_spec for v in TOYS}) == len(TOYS)
 
 
-@needs_kernel
+@requires_kernel
 @pytest.mark.parametrize("highway", [False, True])
 @pytest.mark.parametrize("toy", [v.name for v in TOYS])
 def test_toy_variants_run_on_every_path_and_agree(toy_table, toy, highway):
@@ -147,7 +145,7 @@ def test_a_rule_no_kernel_has_is_refused_with_what_to_do():
              has_memory=True, output="o_tanh")
 
 
-@needs_kernel
+@requires_kernel
 def test_contributing_recipe_runs(monkeypatch, capsys):
     """CONTRIBUTING.md's recipe for adding a variant is executed as written (its table entry is
     undone after the test)."""
