@@ -37,6 +37,17 @@ lower-cased references (``tokenize="none"``)::
 
 Results: ``benchmarks/results/nmt_multi30k_full.json`` and ``.md``.  Test 2016 is the number for a
 table; val is printed beside it.
+
+``--full --concurrent`` is the same recipe for one GPU, every type at once (one ``onmt_train``
+process each), resumable over calls (``benchmarks/gpu_nmt.sh`` runs it on a lent machine):
+``--phase timing`` measures ``--timing-steps`` steps of every type at once and projects the full
+schedule; ``--phase train`` trains on from each type's last checkpoint in ``--work`` (at most
+``--max-steps-per-call`` steps, or what ``--budget`` seconds allow, ending on a checkpoint);
+``--phase evaluate`` translates test 2016 with beam 5 and ``-replace_unk`` for the finished runs and
+scores them; ``--phase all`` does the three.  Results: ``benchmarks/results/nmt_multi30k_gpu.json``
+and ``.md`` (``--results``), one row per type: variant, encoder_type, steps, bleu_test2016, beam,
+seconds, status, with the paper's BLEU beside ours.  ``--subset``, ``--steps`` and ``--onmt-opt``
+make a check of the recipe at a tiny scale (labelled as such in the results).
 """
 from __future__ import annotations
 
@@ -132,6 +143,8 @@ def forward(self, tgt, enc_out, src_len=None, step=None, **kwargs):
                  for k, v in attns.items()}
     return dec_outs, attns
 d.RNNDecoderBase.forward = forward
+import rnn_ablations.integrations.onmt as encoders  # registers them also without the start-up hook
+encoders.register()
 from onmt.bin.translate import main
 sys.argv = ['onmt_translate'] + sys.argv[1:]
 main()
@@ -242,6 +255,306 @@ def _full(args, types, work, env, link, multi30k, sacrebleu, save):
     return results, started
 
 
+# ---------------------------------------------------------------------------------------------
+# The paper's recipe for one GPU: every encoder type at once, split over calls when needed.
+#: BLEU of the ACL 2018 paper's Table 4 (Multi30k test 2016), by our encoder type.
+PAPER_BLEU = {"blstm": 35.95, "bsrnn": 12.22, "blstm_minus_srnn": 36.66, "bran": 36.39}
+#: the paper's four encoders first, then the two further ablations
+PAPER_TYPES = ["blstm", "bsrnn", "blstm_minus_srnn", "bran", "bidentity_ran",
+               "blstm_minus_srnn_minus_hidden"]
+CKPT_RE = re.compile(r"^model_step_(\d+)\.pt$")
+
+
+def _onmt_cmd(command: str):
+    """An OpenNMT-py command through ``rnn-ablations``'s wrapper, which registers the encoders
+    itself (a machine where the package is only on PYTHONPATH has no start-up hook)."""
+    return [sys.executable, "-m", "rnn_ablations.cli", command]
+
+
+def _variant_of(enc_type: str) -> str:
+    from rnn_ablations.integrations.onmt import ENCODER_TYPES
+    return ENCODER_TYPES[enc_type][0] if enc_type in ENCODER_TYPES else enc_type
+
+
+def _checkpoints(d: Path):
+    """``{step: path}`` of the checkpoints in ``d``."""
+    found = {}
+    for f in d.glob("model_step_*.pt") if d.is_dir() else []:
+        m = CKPT_RE.match(f.name)
+        if m:
+            found[int(m.group(1))] = f
+    return found
+
+
+def _latest_loadable(d: Path) -> int:
+    """The step of the newest checkpoint in ``d`` that loads (0 when none); a checkpoint cut
+    short by a stopped process is deleted."""
+    import torch
+    found = _checkpoints(d)
+    for step in sorted(found, reverse=True):
+        try:
+            torch.load(found[step], map_location="cpu", weights_only=False)
+            return step
+        except Exception as exc:  # noqa: BLE001 - a truncated file
+            print(f"[nmt] {found[step]} does not load ({type(exc).__name__}); deleted", flush=True)
+            found[step].unlink()
+    return 0
+
+
+def _json_load(path: Path, default):
+    return json.loads(path.read_text()) if path.is_file() else default
+
+
+def _run_at_once(jobs, cwd: Path, env, deadline=None):
+    """Start every ``(name, cmd, log)`` job at once; wait for all (SIGTERM at ``deadline``, a
+    monotonic time).  Returns ``{name: (returncode, seconds, stopped)}``."""
+    running = {}
+    for name, cmd, log in jobs:
+        f = open(log, "a")
+        f.write(f"\n$ {' '.join(map(str, cmd))}\n")
+        f.flush()
+        running[name] = (subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=f,
+                                          stderr=subprocess.STDOUT), f, time.monotonic())
+    done, stopped = {}, set()
+    while running:
+        for name in list(running):
+            proc, f, t0 = running[name]
+            if proc.poll() is not None:
+                f.close()
+                done[name] = (proc.returncode, time.monotonic() - t0, name in stopped)
+                del running[name]
+        if running and deadline is not None and time.monotonic() > deadline and not stopped:
+            for name, (proc, _f, _t0) in running.items():
+                print(f"[nmt] budget reached: stopping {name}", flush=True)
+                proc.terminate()
+                stopped.add(name)
+        if running and stopped and time.monotonic() > deadline + 60:
+            for proc, _f, _t0 in running.values():
+                proc.kill()
+        time.sleep(0.5)
+    return done
+
+
+def _subset(data: Path, work: Path, n: int) -> Path:
+    """The first ``n`` sentence pairs of train and of val and test 2016 (``n // 4``, at least 4),
+    in ``work/data_subset/multi30k``: a check of the recipe on little data."""
+    out = work / "data_subset" / "multi30k"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("train", "val", "test_2016_flickr"):
+        keep = n if name == "train" else max(4, n // 4)
+        for lang in ("en", "de"):
+            src = data / "multi30k" / f"{name}.lc.norm.tok.{lang}"
+            lines = src.read_text(encoding="utf-8").splitlines(keepends=True)[:keep]
+            (out / src.name).write_text("".join(lines), encoding="utf-8")
+    return out.parent
+
+
+def _device_name(gpu: bool) -> str:
+    if gpu:
+        import torch
+        return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    return f"{_cpu_model()} ({os.cpu_count()} CPUs), CPU"
+
+
+def _concurrent(args, types, work, env, multi30k, sacrebleu, argv):
+    """Timing, training and evaluation of every type at once (one process per type); see
+    ``benchmarks/gpu_nmt.sh``.  State lives in ``work`` (checkpoints, logs, progress), so a
+    later call continues where this one stopped."""
+    t_start = time.monotonic()
+    deadline = None if args.budget is None else t_start + args.budget
+    gpu_train = ["-world_size", "1", "-gpu_ranks", "0"] if args.gpu else []
+    gpu_translate = ["-gpu", "0"] if args.gpu else []
+    extra = list(args.onmt_opt)
+    quick = args.steps is not None or args.subset is not None or bool(extra)
+    state_file = work / "recipe_state.json"
+    state = _json_load(state_file, {"timing": {}, "runs": {}})
+    dirs, configs, final = {}, {}, {}
+    for t in types:
+        configs[t] = CONFIGS / f"multi30k_{t}.yaml"
+        dirs[t] = work / Path(_config_value(configs[t], "save_model")).parent
+        dirs[t].mkdir(parents=True, exist_ok=True)
+        final[t] = args.steps or int(_config_value(configs[t], "train_steps"))
+    every = (args.steps if args.save_every is None else args.save_every) if args.steps else \
+        int(_config_value(configs[types[0]], "save_checkpoint_steps"))
+    quick_opts = ["-valid_steps", every, "-save_checkpoint_steps", every] if args.steps else []
+
+    def save():
+        state_file.write_text(json.dumps(state, indent=1) + "\n")
+        _write_concurrent(args, argv, types, state, final, quick, t_start)
+
+    phases = ["timing", "train", "evaluate"] if args.phase == "all" else [args.phase]
+    if args.phase == "all" and all(t in state["timing"] for t in types):
+        phases.remove("timing")      # measured by an earlier call of this work folder
+    if "timing" in phases:
+        jobs = []
+        for t in types:
+            d = work / "timing" / t
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "train.log").write_text("")
+            jobs.append((t, _onmt_cmd("onmt-train") + [
+                "-config", configs[t], "-save_model", d / "model", "-train_steps",
+                args.timing_steps, "-valid_steps", 10 ** 9, "-save_checkpoint_steps", 10 ** 9]
+                + extra + gpu_train, d / "train.log"))
+        print(f"[nmt] timing: {args.timing_steps} steps of {len(types)} types at once", flush=True)
+        for t, (rc, seconds, _) in _run_at_once(jobs, work, env).items():
+            log = (work / "timing" / t / "train.log").read_text()
+            if rc != 0:
+                raise SystemExit(f"error: timing run of {t} failed ({rc}):\n{log[-3000:]}")
+            per100, s0, s1 = time_per_100_steps(log)
+            state["timing"][t] = {"steps": args.timing_steps, "runs_at_once": len(types),
+                                  "sec_per_100_steps": round(per100, 3), "timed_steps": f"{s0}-{s1}",
+                                  "process_seconds": round(seconds, 1),
+                                  "projected_train_s": round(per100 * final[t] / 100.0, 1)}
+        save()
+    if "train" in phases:
+        reserve = args.eval_reserve if "evaluate" in phases else 0
+        jobs = []
+        for t in types:
+            run = state["runs"].setdefault(t, {"train_seconds": 0.0, "calls": 0})
+            step = _latest_loadable(dirs[t])
+            run["steps"] = step
+            if step >= final[t]:
+                continue
+            target = final[t]
+            if args.max_steps_per_call is not None:
+                target = min(target, step + args.max_steps_per_call)
+            timing = state["timing"].get(t)
+            if deadline is not None and timing:
+                per_step = timing["sec_per_100_steps"] / 100.0
+                left = deadline - reserve - time.monotonic() - args.startup_s
+                target = min(target, step + int(left / per_step))
+            if target < final[t]:
+                target = (target // every) * every     # end this call on a checkpoint
+            if target <= step:
+                print(f"[nmt] {t}: no checkpoint interval fits in this call", flush=True)
+                continue
+            cmd = _onmt_cmd("onmt-train") + ["-config", configs[t], "-train_steps", target]
+            if step:
+                cmd += ["-train_from", _checkpoints(dirs[t])[step]]
+            jobs.append((t, cmd + quick_opts + extra + gpu_train, dirs[t] / "train.log"))
+            run["target"] = target
+        if jobs:
+            print(f"[nmt] training {', '.join(j[0] for j in jobs)} at once", flush=True)
+            train_deadline = None if deadline is None else deadline - reserve
+            for t, (rc, seconds, stopped) in _run_at_once(jobs, work, env, train_deadline).items():
+                run = state["runs"][t]
+                run["train_seconds"] = round(run["train_seconds"] + seconds, 1)
+                run["calls"] += 1
+                run["runs_at_once"] = len(jobs)
+                run["steps"] = _latest_loadable(dirs[t])
+                if rc != 0 and not stopped:
+                    run["error"] = (dirs[t] / "train.log").read_text()[-2000:]
+                    print(f"[nmt] {t} failed ({rc}); see {dirs[t] / 'train.log'}", flush=True)
+        save()
+    if "evaluate" in phases:
+        jobs, preds = [], {}
+        for t in types:
+            run = state["runs"].setdefault(t, {"train_seconds": 0.0, "calls": 0})
+            run["steps"] = _latest_loadable(dirs[t])
+            if run["steps"] < final[t] or run.get("bleu_test2016") is not None:
+                continue
+            preds[t] = dirs[t] / "test2016.pred.de"
+            jobs.append((t, _translate_cmd() + [
+                "-model", _checkpoints(dirs[t])[final[t]], "-src",
+                work / "data" / "multi30k" / "test_2016_flickr.lc.norm.tok.en", "-output",
+                preds[t], "-beam_size", 5, "-replace_unk", "-batch_size", 64, "-max_length",
+                100] + gpu_translate, dirs[t] / "translate_test2016.log"))
+        if jobs:
+            print(f"[nmt] translating test 2016 with {', '.join(preds)} at once", flush=True)
+            for t, (rc, seconds, _) in _run_at_once(jobs, work, env, deadline).items():
+                run = state["runs"][t]
+                if rc != 0:
+                    run["error"] = (dirs[t] / "translate_test2016.log").read_text()[-2000:]
+                    continue
+                run["bleu_test2016"] = _bleu(sacrebleu, preds[t],
+                                             multi30k / "test_2016_flickr.lc.norm.tok.de")
+                run["translate_seconds"] = round(seconds, 1)
+        save()
+    print(_write_concurrent(args, argv, types, state, final, quick, t_start))
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 600 else f"{seconds / 60:.0f} min"
+
+
+def _status(run, final_steps):
+    if run.get("bleu_test2016") is not None:
+        return "complete"
+    if run.get("error"):
+        return "failed (see the run's log)"
+    steps = run.get("steps", 0)
+    if steps >= final_steps:
+        return "trained, not evaluated"
+    return f"training: step {steps} of {final_steps}" if steps else "not started"
+
+
+def _write_concurrent(args, argv, types, state, final, quick, t_start) -> str:
+    rows = []
+    for t in types:
+        run = state["runs"].get(t, {})
+        seconds = run.get("train_seconds", 0.0) + run.get("translate_seconds", 0.0)
+        rows.append({
+            "variant": _variant_of(t), "encoder_type": t, "steps": run.get("steps", 0),
+            "bleu_test2016": run.get("bleu_test2016"), "beam": 5,
+            "seconds": round(seconds, 1) if seconds else None,
+            "status": _status(run, final[t]),
+            "paper_bleu_test2016": PAPER_BLEU.get(t),
+            "train_seconds": run.get("train_seconds"), "translate_seconds":
+                run.get("translate_seconds"), "calls": run.get("calls", 0),
+            "runs_at_once": run.get("runs_at_once"),
+        })
+    command = "python benchmarks/nmt_multi30k.py " + " ".join(
+        sys.argv[1:] if argv is None else map(str, argv))
+    if os.environ.get("RNN_ABLATIONS_GPU_NMT"):   # run by benchmarks/gpu_nmt.sh
+        command = f"{os.environ['RNN_ABLATIONS_GPU_NMT']}, which ran {command}"
+    meta = {
+        "scale": ("a CHECK of the recipe (fewer steps, less data or other model options): not a "
+                  "result" if quick else
+                  "the paper's recipe: onmt_configs/multi30k_<type>.yaml trained as written"),
+        "config": "onmt_configs/multi30k_<type>.yaml" + (
+            f" with {' '.join(map(str, args.onmt_opt))}" if args.onmt_opt else "") + (
+            f", {args.steps} steps" if args.steps else "") + (
+            f", first {args.subset} training pairs" if args.subset else ""),
+        "bleu": "test 2016 (test_2016_flickr), beam 5, -replace_unk, final checkpoint; sacreBLEU "
+                "corpus_bleu(tokenize='none') on the tokenised lower-cased reference",
+        "seconds": "wall-clock seconds of the run's onmt_train processes (all calls) plus its "
+                   "translation, with runs_at_once processes sharing the device",
+        "split": "a run stopped at a checkpoint continues in a later call with -train_from (the "
+                 "step, optimiser and learning-rate schedule continue; the data iterator starts "
+                 "from the beginning of the corpus again)",
+        "device": _device_name(args.gpu),
+        "command": command.strip(),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "this_call_wall_s": round(time.monotonic() - t_start, 1),
+    }
+    out = Path(args.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(out) + ".json").write_text(json.dumps(
+        {"meta": meta, "paper_bleu_test2016": PAPER_BLEU, "timing": state["timing"],
+         "results": rows}, indent=2) + "\n")
+    fmt = (lambda v, spec: "–" if v is None else format(v, spec))
+    md = ["| variant | encoder type | steps | BLEU test 2016 (beam 5) | paper | beam | seconds "
+          "| status |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| `{r['variant']}` | `{r['encoder_type']}` | {r['steps']} | "
+                  f"{fmt(r['bleu_test2016'], '.2f')} | {fmt(r['paper_bleu_test2016'], '.2f')} | "
+                  f"{r['beam']} | {fmt(r['seconds'], '.0f')} | {r['status']} |")
+    if any(t in state["timing"] for t in types):
+        md += ["", "Timing (all types at once): "
+               + "; ".join(f"`{t}` {v['sec_per_100_steps']:.1f} s / 100 steps "
+                           f"(steps {v['timed_steps']} of {v['steps']}, {v['runs_at_once']} at "
+                           f"once), {final[t]} steps ≈ {_duration(v['projected_train_s'])}"
+                           for t, v in ((t, state["timing"][t]) for t in types
+                                        if t in state["timing"])) + "."]
+    md += ["", f"Scale: {meta['scale']} ({meta['config']}). BLEU: {meta['bleu']}. Paper: ACL 2018 "
+           f"Table 4. Seconds: {meta['seconds']}. {meta['split'][0].upper()}{meta['split'][1:]}.",
+           f"Device: {meta['device']}. Command: `{meta['command']}`."]
+    text = "\n".join(md) + "\n"
+    Path(str(out) + ".md").write_text(text)
+    return text
+
+
 def _write(args, argv, results, started) -> str:
     """Write ``<out>.json`` and ``<out>.md`` for the rows so far (called after every encoder, so
     an interrupted run keeps what finished); returns the markdown."""
@@ -326,13 +639,55 @@ def main(argv=None) -> int:
                     help="the paper's recipe: train onmt_configs/multi30k_<type>.yaml as written, "
                          "translate test 2016 and val with beam 5 and -replace_unk, sacreBLEU")
     ap.add_argument("--gpu", action="store_true", help="train and translate on GPU 0")
+    g = ap.add_argument_group("every encoder type at once (--full --concurrent; "
+                              "benchmarks/gpu_nmt.sh runs this on a GPU)")
+    g.add_argument("--concurrent", action="store_true",
+                   help="with --full: one onmt_train process per type, all at once, then the "
+                        "test 2016 translations at once; state kept in --work, so a later call "
+                        "continues where this one stopped")
+    g.add_argument("--phase", choices=("all", "timing", "train", "evaluate"), default="all",
+                   help="timing: --timing-steps steps of every type at once, the time per step "
+                        "and the projected time of the full schedule; train: train on from the "
+                        "last checkpoint; evaluate: translate and score the finished runs; all: "
+                        "the three (default)")
+    g.add_argument("--timing-steps", type=int, default=300)
+    g.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="wall-clock seconds for this call: training stops at the last checkpoint "
+                        "that fits (from the timing), or is stopped at the budget, keeping "
+                        "--eval-reserve seconds for the translations")
+    g.add_argument("--eval-reserve", type=float, default=120.0, metavar="SECONDS")
+    g.add_argument("--startup-s", type=float, default=30.0, metavar="SECONDS",
+                   help="start-up time of an onmt_train process, for the budget (default 30)")
+    g.add_argument("--max-steps-per-call", type=int, default=None,
+                   help="train at most this many more steps in this call (ends on a checkpoint)")
+    g.add_argument("--save-every", type=int, default=None,
+                   help="with --steps: checkpoint interval (default: --steps)")
+    g.add_argument("--subset", type=int, default=None, metavar="N",
+                   help="a check of the recipe on the first N training pairs (N/4 of val and "
+                        "test 2016)")
+    g.add_argument("--onmt-opt", nargs=argparse.REMAINDER, default=[],
+                   help="the rest of the command line is passed to every onmt_train (a check "
+                        "of the recipe with another model size, e.g. -hidden_size 16)")
+    g.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "nmt_multi30k_gpu"),
+                   help="results prefix of --concurrent (default: %(default)s)")
     args = ap.parse_args(argv)
+    if args.concurrent and not args.full:
+        ap.error("--concurrent runs the paper's recipe: give --full too")
+    for name in ("timing_steps", "max_steps_per_call", "save_every", "subset", "steps"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.budget is not None and args.budget <= 0:
+        ap.error(f"--budget must be positive, got {args.budget}")
     if args.steps is None and not args.full:
         args.steps = 250
     if args.out is None:
         args.out = REPO / "benchmarks" / "results" / ("nmt_multi30k_full" if args.full
                                                       else "nmt_multi30k_cpu_smoke")
 
+    args.work = args.work.resolve()   # the OpenNMT-py processes run inside it
+    if args.subset is not None:
+        args.data = _subset(args.data, args.work, args.subset)
     multi30k = args.data / "multi30k"
     needed = ["train.lc.norm.tok.en", "train.lc.norm.tok.de", "val.lc.norm.tok.en",
               "val.lc.norm.tok.de"]
@@ -345,7 +700,10 @@ def main(argv=None) -> int:
     if not args.full and args.steps < 2 * args.report_every:
         raise SystemExit("error: --steps must be at least twice --report-every")
     types = [t.strip() for t in args.types.split(",") if t.strip()]
-    import onmt.encoders  # the start-up hook registers our encoder types
+    import onmt.encoders
+
+    import rnn_ablations.integrations.onmt as ours
+    ours.register()  # also where the start-up hook is not installed (the package on PYTHONPATH)
     unknown = [t for t in types if t not in onmt.encoders.str2enc]
     if unknown:
         raise SystemExit(f"error: unknown encoder types {unknown}; valid: "
@@ -368,12 +726,14 @@ def main(argv=None) -> int:
         link.unlink()
     link.symlink_to(args.data.resolve())
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
-               PYTHONWARNINGS="ignore")
+               PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
     vocab_en, vocab_de = work / "run/multi30k/vocab.en", work / "run/multi30k/vocab.de"
     if not (vocab_en.exists() and vocab_de.exists()):
         (work / "logs").mkdir(exist_ok=True)
-        _run([_bin("onmt_build_vocab"), "-config", CONFIG, "-n_sample", "-1", "-overwrite"],
+        build_vocab = _onmt_cmd("onmt-build-vocab") if args.concurrent else [_bin("onmt_build_vocab")]
+        _run(build_vocab + ["-config", CONFIG, "-n_sample", "-1", "-overwrite"],
              work, env, work / "logs" / "build_vocab.log")
     for vocab in (vocab_en, vocab_de):  # the empty token of the double-spaced line
         lines = vocab.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -381,6 +741,8 @@ def main(argv=None) -> int:
         if len(kept) != len(lines):
             vocab.write_text("".join(kept), encoding="utf-8")
 
+    if args.concurrent:
+        return _concurrent(args, types, work, env, multi30k, sacrebleu, argv)
     if args.full:
         results, started = _full(args, types, work, env, link, multi30k, sacrebleu,
                                  lambda rows, t0: _write(args, argv, rows, t0))

@@ -5,6 +5,7 @@ search indexes it batch-first, so the plain ``onmt_translate -beam_size 5 -repla
 every RNN-decoder model (OpenNMT's own ``brnn`` included); the benchmark's wrapper fixes that.
 Trained for 2 steps on the tiny fixture corpus, with OpenNMT's ``brnn`` and our ``bran``."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -68,3 +69,56 @@ def test_beam_5_with_replace_unk(trained, enc_type):
     fixed = d / f"{enc_type}.fixed.txt"
     _run(nmt_multi30k._translate_cmd() + args + [fixed], d)
     assert len(fixed.read_text().splitlines()) == n
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/gpu_nmt.sh: every encoder type at once, split over calls, at a tiny scale on the CPU
+from conftest import SHARED_DATA, requires_shared_data  # noqa: E402
+
+from rnn_ablations.integrations.onmt import encoder_type_for  # noqa: E402
+from rnn_ablations.variants import VARIANTS  # noqa: E402
+
+TINY = ("--subset 120 --steps 4 --save-every 2 --timing-steps 2 --max-steps-per-call 2 "
+        "--onmt-opt -layers 1 -hidden_size 8 -word_vec_size 4 -batch_size 16 "
+        "-valid_batch_size 16 -bucket_size 64 -num_workers 0 -report_every 1")
+
+
+@requires_shared_data("multi30k", "test_2016_flickr.lc.norm.tok.de")
+def test_gpu_script_end_to_end_on_the_cpu(tmp_path):
+    """Two calls of the device script on the CPU, two encoder types of the table at once: the
+    first measures the time per step and trains to the middle checkpoint, the second continues
+    both runs from it (-train_from), translates test 2016 with beam 5 and scores it."""
+    types = [encoder_type_for(v) for v in VARIANTS[:2]]
+    work, results = tmp_path / "work", tmp_path / "nmt_gpu"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               DEVICE="cpu", DATA=str(SHARED_DATA), WORK=str(work), RESULTS=str(results),
+               TYPES=" ".join(types), PYTHON=sys.executable, EXTRA=TINY)
+    outputs = []
+    for _call in range(2):
+        proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_nmt.sh"), "run", "600"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        outputs.append(json.loads(Path(str(results) + ".json").read_text()))
+    first, second = outputs
+    assert [r["encoder_type"] for r in first["results"]] == types
+    assert all(r["steps"] == 2 and r["status"] == "training: step 2 of 4" and
+               r["bleu_test2016"] is None for r in first["results"])
+    assert set(first["timing"]) == set(types)
+    assert all(v["sec_per_100_steps"] > 0 and v["runs_at_once"] == 2
+               for v in first["timing"].values())
+    for row, enc_type in zip(second["results"], types):
+        assert row["status"] == "complete" and row["steps"] == 4 and row["beam"] == 5
+        assert 0.0 <= row["bleu_test2016"] <= 100.0
+        assert row["seconds"] > 0 and row["calls"] == 2 and row["runs_at_once"] == 2
+        assert row["paper_bleu_test2016"] == nmt_multi30k.PAPER_BLEU.get(enc_type)
+        log = (work / "run" / "multi30k" / enc_type / "train.log").read_text()
+        assert "Loading checkpoint from" in log and "model_step_2.pt" in log
+        pred = (work / "run" / "multi30k" / enc_type / "test2016.pred.de").read_text()
+        assert len(pred.splitlines()) == 30                     # the subset's test sentences
+    meta = second["meta"]
+    assert meta["scale"].startswith("a CHECK") and "CPU" in meta["device"]
+    assert meta["command"].startswith("bash benchmarks/gpu_nmt.sh run 600")
+    md = Path(str(results) + ".md").read_text()
+    assert "| variant | encoder type | steps | BLEU test 2016 (beam 5) | paper | beam | seconds " \
+           "| status |" in md
+    assert nmt_multi30k.PAPER_TYPES[:4] == ["blstm", "bsrnn", "blstm_minus_srnn", "bran"]
