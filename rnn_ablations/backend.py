@@ -87,7 +87,7 @@ def kernels() -> Kernels:
     got = _kernels_cache.get(key)
     if got is None:
         from .projection import _onednn_usable
-        scan_why = ("the compiled extension predates the scan kernels: rebuild it "
+        scan_why = ("the compiled extension has no scan kernels: rebuild it "
                     "(`pip install --no-build-isolation -e .`)")
         got = Kernels(
             cpu=_C is not None, cuda=_C_cuda is not None,

@@ -88,7 +88,7 @@ def use_cuda_graphs(enabled: bool):
 
 
 def __getattr__(name: str):
-    if name == "MAX_GRAPHS":  # the former module constant: the process-wide setting now
+    if name == "MAX_GRAPHS":  # read as the process-wide cuda_graphs_max setting
         return process_options().cuda_graphs_max
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

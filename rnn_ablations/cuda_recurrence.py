@@ -58,7 +58,7 @@ _FORMER = {"PERSISTENT_BLOCKS": "persistent_blocks",
 
 
 def __getattr__(name: str):
-    if name in _FORMER:  # the former module attributes: read from the settings now
+    if name in _FORMER:  # read as the persistent_* settings
         return getattr(get_options(), _FORMER[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

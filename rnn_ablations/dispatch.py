@@ -12,11 +12,10 @@ together (:func:`run_directions`) the way the run plan says.
 * here: the measured thresholds of the CPU schedule policy (:class:`rnn_ablations.plan.Policy`),
   the description of a call for the plan, and the calls of the kernels the plan chose.
 
-The public names of those modules are re-exported here (``rnn_ablations.dispatch`` is where
-callers have always found them); ``set_pipeline`` / ``use_pipeline`` / ``get_pipeline`` and
-``set_concurrent_directions`` / ``use_...`` / ``get_...`` are short forms of
-:func:`rnn_ablations.set_options` / :func:`rnn_ablations.options` for one setting, in the
-vocabulary they have always had (``"always"`` / ``"never"``).
+The public names of those modules are re-exported here; ``set_pipeline`` / ``use_pipeline`` /
+``get_pipeline`` and ``set_concurrent_directions`` / ``use_...`` / ``get_...`` are short forms of
+:func:`rnn_ablations.set_options` / :func:`rnn_ablations.options` for one setting, in their own
+words (``"always"`` / ``"never"``, see ``docs/options.md``).
 """
 from __future__ import annotations
 
@@ -68,7 +67,7 @@ def _policy_of(*values) -> Policy:
     return Policy(*values)
 
 
-# the former vocabulary of the schedule switches, for the short forms below
+# the short forms' words for the schedule settings
 _PIPELINE_WORDS = {"auto": "auto", "always": "pipelined", "never": "plain"}
 _DIRECTION_WORDS = {"auto": "auto", "always": "on", "never": "off"}
 
@@ -85,43 +84,43 @@ def _back(table, value: str) -> str:
 
 
 def set_pipeline(mode: str) -> None:
-    """``set_options(cpu_schedule=...)`` in the former words: ``"auto"``, ``"always"``
+    """``set_options(cpu_schedule=...)`` in the short form's words: ``"auto"``, ``"always"``
     (pipelined) or ``"never"`` (plain)."""
     set_options(cpu_schedule=_word(_PIPELINE_WORDS, "cpu_schedule", mode, "pipeline"))
 
 
 def get_pipeline() -> str:
-    """The ``cpu_schedule`` setting of this thread in the former words."""
+    """The ``cpu_schedule`` setting of this thread in the short form's words."""
     return _back(_PIPELINE_WORDS, get_options().cpu_schedule)
 
 
 def use_pipeline(mode: str):
-    """``options(cpu_schedule=...)`` in the former words (``"auto"``, ``"always"``,
+    """``options(cpu_schedule=...)`` in the short form's words (``"auto"``, ``"always"``,
     ``"never"``): for this thread inside the ``with`` block."""
     return options(cpu_schedule=_word(_PIPELINE_WORDS, "cpu_schedule", mode, "pipeline"))
 
 
 def set_concurrent_directions(mode: str) -> None:
-    """``set_options(concurrent_directions=...)`` in the former words: ``"auto"``,
+    """``set_options(concurrent_directions=...)`` in the short form's words: ``"auto"``,
     ``"always"`` (on) or ``"never"`` (off)."""
     set_options(concurrent_directions=_word(_DIRECTION_WORDS, "concurrent_directions", mode,
                                             "concurrent-directions"))
 
 
 def get_concurrent_directions() -> str:
-    """The ``concurrent_directions`` setting of this thread in the former words."""
+    """The ``concurrent_directions`` setting of this thread in the short form's words."""
     return _back(_DIRECTION_WORDS, get_options().concurrent_directions)
 
 
 def use_concurrent_directions(mode: str):
-    """``options(concurrent_directions=...)`` in the former words, for this thread inside the
+    """``options(concurrent_directions=...)`` in the short form's words, for this thread inside the
     ``with`` block."""
     return options(concurrent_directions=_word(_DIRECTION_WORDS, "concurrent_directions", mode,
                                                "concurrent-directions"))
 
 
 def __getattr__(name: str):
-    if name == "PIPELINE_CHUNK":  # the former module constant: the pipeline_chunk setting now
+    if name == "PIPELINE_CHUNK":  # read as the pipeline_chunk setting
         return get_options().pipeline_chunk
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

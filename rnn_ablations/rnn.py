@@ -93,7 +93,7 @@ class AblatedRNN(nn.Module):
     * buffer ``variant_state`` (int64 ``[Variant.code, highway]``): the ``state_dict`` records
       the variant, and loading one saved from another variant (``ran`` into ``identity_ran``,
       whose shapes match) or highway setting raises an error naming both.  A ``state_dict``
-      without it (``nn.LSTM``, ``nn.RNN``) loads as before.
+      without it (``nn.LSTM``, ``nn.RNN``) loads, its shapes being the check.
 
     Initialisation (:meth:`reset_parameters`): ``torch.nn.LSTM``'s rule for *every* variant:
     every weight and every bias ``U(−1/√H, 1/√H)`` (gate, content, S-RNN and highway blocks
@@ -237,8 +237,8 @@ class AblatedRNN(nn.Module):
     def _check_variant_state(self, state_dict, prefix, local_metadata, strict, missing_keys,
                              unexpected_keys, error_msgs):
         """Refuse a state_dict saved from another variant (or highway setting); a state_dict
-        without ``variant_state`` (``nn.LSTM``, ``nn.RNN``, AblatedRNN before it was recorded)
-        loads as before, its shapes being the only check."""
+        without ``variant_state`` (``nn.LSTM``, ``nn.RNN``, or one saved without it)
+        loads, its shapes being the only check."""
         key = prefix + "variant_state"
         if key not in state_dict:
             state_dict[key] = self.variant_state.detach().clone()
@@ -530,8 +530,9 @@ class AblatedRNN(nn.Module):
                 outputs.append(out)
                 h_finals.extend(h_n.unbind(0))
                 c_finals.extend(c_n.unbind(0))
-            # The directions are submitted together (dispatch.run_directions: concurrently on
-            # the CPU kernel with 2+ threads); the masks are drawn in direction order as before.
+            # The directions are submitted together (dispatch.run_directions: concurrently where
+            # the run plan says so); the masks are drawn in direction order, so the numbers do
+            # not depend on the schedule.
             dirs = range(self.num_directions if self.variant.reads_hidden else 0)
             inputs, params, masks = [], [], []
             for direction in dirs:
