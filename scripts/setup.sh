@@ -27,7 +27,7 @@ $PIP install -q $C -r requirements/allennlp.txt
 $PIP install -q --no-deps -r requirements/onmt-nodeps.txt
 $PIP install -q $C -r requirements/onmt.txt
 # The kernel is compiled now against the installed torch: no build isolation (a plain
-# `pip install .` would compile it on first use instead; README, Install).
+# `pip install .` would compile it on first use instead; docs/install.md).
 $PIP install -q --no-build-isolation --no-deps -e .
 .venv/bin/python -c "
 import rnn_ablations
