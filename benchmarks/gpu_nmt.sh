@@ -47,7 +47,7 @@ say() { echo "[gpu_nmt +$(( $(date +%s) - t_start ))s] $*"; }
 
 if [ "$mode" = wheels ]; then
     # here (a machine with pip and the network), for the lent machine's Python 3.12
-    echo /.whl/ >> .git/info/exclude
+    grep -qx /.whl/ .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
     mkdir -p .whl
     $python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
