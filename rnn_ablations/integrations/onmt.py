@@ -46,6 +46,12 @@ model only (never after ``-train_from``) and only on our encoder types (``brnn``
   rule, every weight and bias ``U(±1/√H)``, for every variant); the embeddings and the bridge
   keep OpenNMT's init.
 
+Without OpenNMT-py this module still imports (AllenNLP's ``--include-package rnn_ablations``
+imports every submodule); constructing an encoder, :func:`register` and the option checks then
+raise an ``ImportError`` naming the pip command that installs OpenNMT-py (:func:`require_onmt`).
+OpenNMT-py's checkpoint loader is made to fill a missing ``variant_state`` from the checkpoint's
+``-encoder_type`` and to refuse a wrong one (:func:`prepare_checkpoint`).
+
 :func:`register` also makes ``argparse.Namespace`` a torch safe global (OpenNMT-py 3.5.1
 checkpoints contain one and torch ≥ 2.6 loads ``weights_only``), and checks the model options
 early: an unknown ``-encoder_type`` lists the valid ones, and with our encoders the encoder and
