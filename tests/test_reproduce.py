@@ -286,10 +286,10 @@ def test_a_run_cut_short_is_reported_incomplete_with_its_test_ppl(tmp_path):
 
 def test_timing_mode_projects_the_full_run(tmp_path):
     data = write_ptb(tmp_path / "ptb", 2000, 300)
-    t = run_timing("tiny", data, tmp_path / "t", variants=["srnn"], device="cpu", steps=5,
-                   threads=1, log=None)
+    t = run_timing("tiny", data, tmp_path / "t", variants=["srnn"], lrs=["srnn=0.1"],
+                   device="cpu", steps=5, threads=1, log=None)
     (r,) = t["rows"]
-    assert r["run"] == "srnn_s0" and r["steps"] == 5 and r["step_mode"] == "eager"
+    assert r["run"] == "srnn_lr0.1_s0" and r["steps"] == 5 and r["step_mode"] == "eager"
     assert r["steps_per_s"] > 0 and r["epoch_size"] == 24 and r["total_steps"] == 48
     assert r["projected_s"] > r["total_steps"] / r["steps_per_s"]
     assert t["projected_wall_s"] == r["projected_s"]

@@ -314,6 +314,7 @@ def _cmd_reproduce(args) -> int:
         if args.resume or args.overwrite or args.time_budget is not None:
             raise ValueError("--timing measures only: drop --resume/--overwrite/--time-budget")
         run_timing(args.config, data, args.out, variants=args.variants, seeds=args.seeds,
+                   lrs=args.lr,
                    device=args.device, max_parallel=args.max_parallel,
                    cuda_graph=args.cuda_graph, steps=args.timing, epochs=args.epochs,
                    threads=args.threads, paper_lr=not args.same_lr,
@@ -423,7 +424,8 @@ def add_subparser(subparsers) -> None:
     pt = rp_sub.add_parser(
         "ptb", help="PTB language model, config medium or large (tiny/small for a quick look)",
         description="Train every variant (default: lstm srnn lstm_minus_srnn ran identity_ran) "
-                    "for every seed with the papers' settings, one process per run, "
+                    "for every seed (and every --lr given for it) with the papers' settings, "
+                    "one process per run, "
                     "concurrently on one device (on CUDA each step is replayed from a CUDA "
                     "graph); evaluate valid and test perplexity; write results.json, "
                     "results.md, results.csv and results.png into --out with the papers' "
@@ -434,7 +436,7 @@ def add_subparser(subparsers) -> None:
                     "  rnn-ablations reproduce ptb --config medium --data data/ptb --out ptb_medium",
         formatter_class=fmt)
     pt.add_argument("--config", default="medium", choices=("tiny", "small", "medium", "large"),
-                    help="hyper-parameter set (default medium, ACL 2018 Table 1)")
+                    help="hyper-parameter set (default medium, the papers' PTB table)")
     pt.add_argument("--data", default=None, metavar="DIR",
                     help="PTB directory with ptb.train.txt, ptb.valid.txt, ptb.test.txt "
                          "(default: $RNN_ABLATIONS_PTB)")
@@ -459,8 +461,12 @@ def add_subparser(subparsers) -> None:
     pt.add_argument("--resume", action="store_true", help="continue the runs in --out")
     pt.add_argument("--overwrite", action="store_true", help="discard the runs in --out")
     pt.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
-                    help="stop training so that everything ends within SECONDS; a cut run is "
-                         "reported with the epochs it did, marked incomplete (--resume continues)")
+                    help="stop training so that everything ends within SECONDS (a reserve of "
+                         "min(30 s, 10%%) is kept for the final evaluations); a cut run is "
+                         "reported with the epochs it did, marked incomplete; a run that cannot "
+                         "start with at least that reserve of training time left is not started "
+                         "and listed as not run (--resume continues both); an overrun is stated "
+                         "in the results")
     pt.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
                     help="replay the training step as a CUDA graph: auto (on CUDA, falling back "
                          "to eager with a warning if capture fails), on (fail if it cannot; on "

@@ -15,18 +15,20 @@ from typing import Dict, Optional
 from .configs import get_config
 from .data import find_split_files
 from .distributed import resolve_device
-from .reproduce import check_args, check_per_process, group_runs, run_children, run_name
+from .reproduce import (check_args, check_per_process, group_runs, parse_lrs, plan_runs,
+                        run_children, run_name)
 from .reproduce_child import device_name
 
 __all__ = ["run_timing"]
 
 
-def run_timing(config: str, data, out, *, variants=None, seeds=None, device=None,
+def run_timing(config: str, data, out, *, variants=None, seeds=None, lrs=None, device=None,
                max_parallel=None, cuda_graph: str = "auto", steps: int = 300,
                epochs: Optional[int] = None, threads: Optional[int] = None,
                paper_lr: bool = True, runs_per_process: int = 1, log=print) -> Dict:
     """Time ``steps`` steps of every run at once; print steps/s and the projected wall time of
-    the full schedule; write ``OUT/timing.{json,md}``."""
+    the full schedule; write ``OUT/timing.{json,md}``.  ``lrs``: as for
+    :func:`~rnn_ablations.lm.reproduce.reproduce_ptb`."""
     t0 = time.time()
     say = log or (lambda s: None)
     names, seeds = check_args(config, variants, seeds, max_parallel, None, cuda_graph)
@@ -40,24 +42,25 @@ def run_timing(config: str, data, out, *, variants=None, seeds=None, device=None
     dev = str(resolve_device(device))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = [(v, s) for v in names for s in seeds]
+    runs = plan_runs(names, seeds, parse_lrs(lrs))
     n_procs = -(-len(runs) // runs_per_process)
     parallel = max_parallel or n_procs
     if parallel < n_procs:
         raise ValueError(f"--timing runs every run at once ({n_procs} process(es)); "
                          f"--max-parallel {parallel} is smaller")
     nthreads = threads or max(1, (os.cpu_count() or 1) // len(runs))
-    run_dirs = [str(out / "timing" / run_name(v, s)) for v, s in runs]
+    run_dirs = [str(out / "timing" / run_name(v, s, lr)) for v, lr, s in runs]
     for d in run_dirs:
         Path(d).mkdir(parents=True, exist_ok=True)
         for f in ("ready", "timing.json"):
             if (Path(d) / f).exists():
                 (Path(d) / f).unlink()
-    specs = [{"run": run_name(v, s), "variant": v, "seed": s, "config": cfg.name,
+    specs = [{"run": run_name(v, s, lr), "variant": v, "seed": s, "learning_rate": lr,
+              "config": cfg.name,
               "epochs": epochs, "data": str(Path(data).resolve()), "out": d, "device": dev,
               "cuda_graph": cuda_graph, "threads": nthreads, "steps": steps,
               "all_runs": run_dirs, "t_start": time.time(), "timing": True, "paper_lr": paper_lr}
-             for (v, s), d in zip(runs, run_dirs)]
+             for (v, lr, s), d in zip(runs, run_dirs)]
     procs = group_runs(specs, runs_per_process, out / "timing" / "logs")
     say(f"timing: config {cfg.name}, {len(runs)} run(s) at once on {dev} in {len(procs)} "
         f"process(es), {steps} steps each")
