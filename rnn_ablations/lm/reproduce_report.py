@@ -334,6 +334,8 @@ def results_figure(results: Dict):
             label += f"\n{_fmt_epochs(s)} epochs"
         if s["learning_rate"] is not None:
             label += f"\nlr {s['learning_rate']:g}"
+            if LR_LOWERED_NOTE in s["note"]:
+                label += " (lowered; not in the papers)"
         ax.annotate(label, (x, d), xytext=(10, 0), textcoords="offset points", ha="left",
                     va="center", fontsize=7)
     ax.set_ylim(-lim, lim)
