@@ -30,6 +30,7 @@ import logging
 import math
 from typing import Optional
 
+from ..variants import get_variant
 from .core import WeightMap
 
 __all__ = ["plot_heatmap", "plot_arrows", "plot_weight_map", "heatmap_matrix", "HEATMAP_CMAP",
@@ -57,8 +58,6 @@ _NORM = r"$\Vert w_j^t \Vert_2$"
 
 
 def _content_note(wm: WeightMap) -> str:
-    from ..variants import get_variant
-
     if get_variant(wm.variant).context_independent_content:
         return r"content $\tilde c_j = W_{cx} x_j$ depends on word $j$ only"
     return r"content $\tilde c_j = \tanh(W_c [x_j; h_{j-1}] + b_c)$ (the LSTM's S-RNN state)"
