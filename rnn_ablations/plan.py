@@ -55,13 +55,13 @@ The decisions, in order:
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import functools
 import os
 import threading
-from typing import Dict, Iterator, Mapping, NamedTuple, Optional, Tuple
+import warnings
+from typing import Dict, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -307,30 +307,43 @@ def reset_options() -> Options:
     return _defaults
 
 
-@contextlib.contextmanager
-def options(**settings) -> Iterator[Options]:
+class options:
     """Context manager: ``settings`` apply to this thread's calls inside the ``with`` block
-    (``kernel_isa`` and ``cuda_graphs_max`` to the process's, see the module docstring);
-    yields the :class:`Options` in effect inside.  Every setting is checked on entry::
+    (``kernel_isa`` and ``cuda_graphs_max`` to the process's, see the module docstring); the
+    ``with`` statement gives the :class:`Options` in effect inside.  Every setting is checked
+    when ``options(...)`` is called::
 
         with rnn_ablations.options(backend="generic"):
             out, _ = model(x)
-    """
-    global _defaults
-    checked = _validated(settings)
-    shared = {k: v for k, v in checked.items() if k in PROCESS_WIDE}
-    local = tuple((k, v) for k, v in checked.items() if k not in PROCESS_WIDE)
-    saved = None
-    if shared:
-        with _lock:
-            saved = {k: getattr(_defaults, k) for k in shared}
-            new = dataclasses.replace(_defaults, **shared)
-            _apply_process_wide(_defaults, new)
-            _defaults = new
-    token = _overrides.set(_overrides.get() + local) if local else None
-    try:
-        yield get_options()
-    finally:
+
+    Called without a ``with`` it changes nothing, and says so with a warning that names
+    :func:`set_options`, the process-wide form."""
+
+    def __init__(self, **settings) -> None:
+        checked = _validated(settings)
+        self._shared = {k: v for k, v in checked.items() if k in PROCESS_WIDE}
+        self._local = tuple((k, v) for k, v in checked.items() if k not in PROCESS_WIDE)
+        self._stack = []
+        self._settings = settings
+        self._entered = False  # set last: a refused call (above) has nothing to warn about
+
+    def __enter__(self) -> Options:
+        global _defaults
+        self._entered = True
+        saved = None
+        if self._shared:
+            with _lock:
+                saved = {k: getattr(_defaults, k) for k in self._shared}
+                new = dataclasses.replace(_defaults, **self._shared)
+                _apply_process_wide(_defaults, new)
+                _defaults = new
+        token = _overrides.set(_overrides.get() + self._local) if self._local else None
+        self._stack.append((token, saved))
+        return get_options()
+
+    def __exit__(self, *exc) -> None:
+        global _defaults
+        token, saved = self._stack.pop()
         if token is not None:
             _overrides.reset(token)
         if saved is not None:
@@ -338,6 +351,14 @@ def options(**settings) -> Iterator[Options]:
                 new = dataclasses.replace(_defaults, **saved)
                 _apply_process_wide(_defaults, new)
                 _defaults = new
+
+    def __del__(self) -> None:
+        if not getattr(self, "_entered", True):
+            args = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
+            warnings.warn(f"rnn_ablations.options({args}) was called outside a `with` "
+                          "statement and changed nothing: use `with rnn_ablations.options(...):` "
+                          f"for a block, or rnn_ablations.set_options({args}) for the process",
+                          stacklevel=2)
 
 
 # --------------------------------------------------------------------------- the decision

@@ -229,3 +229,16 @@ def test_short_forms_validate_in_their_own_words():
         ra.set_cuda_recurrence("fast")
     with pytest.raises(ValueError, match="backend must be one of"):
         ra.use_backend("fast").__enter__()
+
+
+def test_options_outside_a_with_statement_warns_and_changes_nothing():
+    start = ra.get_options()
+    with pytest.warns(UserWarning, match=r"options\(backend='generic'\) was called outside a "
+                                         r"`with` statement and changed nothing.*"
+                                         r"set_options\(backend='generic'\)"):
+        ra.options(backend="generic")
+    assert ra.get_options() == start
+    block = ra.options(cpu_schedule="plain")  # kept and entered later: no warning
+    with block as inside, block as again:  # one object, entered twice (nested)
+        assert inside.cpu_schedule == again.cpu_schedule == "plain"
+    assert ra.get_options() == start
