@@ -353,10 +353,8 @@ def test_time_budget_starts_no_run_it_cannot_fit_and_says_so(tmp_path):
     budget or states by how much it ran over."""
     data = write_ptb(tmp_path / "ptb", 2400, 300)
     out = tmp_path / "o"
-    t0 = time.time()
     res = reproduce_ptb("tiny", data, out, variants=["lstm", "ran", "srnn"], device="cpu",
                         max_parallel=1, threads=1, epochs=500, time_budget=25, log=None)
-    wall = time.time() - t0
     status = [r["status"] for r in res["rows"]]
     assert status == ["incomplete", "not run", "not run"]
     cut = res["rows"][0]
@@ -365,7 +363,8 @@ def test_time_budget_starts_no_run_it_cannot_fit_and_says_so(tmp_path):
     assert not (out / "ran_s0" / "checkpoint.pt").exists()
     md = (out / "results.md").read_text()
     assert "| not run | not run |" in md and " of 500" in md and "not run: they could not start" in md
-    assert (res["over_budget_s"] is None) == (wall <= 25 + 1)
+    # the overrun (start-up and final evaluations on a loaded machine) is stated, never hidden
+    assert (res["over_budget_s"] is None) == (res["wall_seconds"] <= 25)
     if res["over_budget_s"]:
         assert "longer than its time budget" in md
 

@@ -304,12 +304,12 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
     codes = run_children(procs, parallel, nthreads, say, start_by=start_by)
     rows = [row_of(out, spec, codes.get(spec["run"]),
                    not_run=spec["run"] in codes and codes[spec["run"]] is None) for spec in specs]
-    wall = time.time() - t0
+    wall = round(time.time() - t0, 1)
     results = {
         "device": device_name(dev), "config": cfg.name, "epochs_planned": cfg.epochs,
         "data": str(data), "max_parallel": min(parallel * runs_per_process, len(planned)),
         "processes": len(procs), "runs_per_process": runs_per_process, "runs": len(planned),
-        "time_budget_s": time_budget, "wall_seconds": round(wall, 1),
+        "time_budget_s": time_budget, "wall_seconds": wall,
         "over_budget_s": (round(wall - time_budget, 1)
                           if time_budget is not None and wall > time_budget else None),
         "cuda_graph": cuda_graph, "rows": rows,
