@@ -28,7 +28,8 @@
 # "--subset 200 --steps 4 --onmt-opt -hidden_size 16").
 #
 # OpenNMT-py is not installed on the lent machines and nothing can be fetched there.  Prepare its
-# wheels here once (they travel in .whl, about 25 MB; carry .whl and .data):
+# wheels here once (OpenNMT-py, ConfigArgParse, pyonmttok, rapidfuzz, pyahocorasick; they travel
+# in .whl: carry .whl and .data, and keep the carried tree under the 64 MiB a call takes):
 #   bash benchmarks/gpu_nmt.sh wheels
 # spaCy and fastText, which OpenNMT-py 3.5.1 imports only for its terminology and clean
 # transforms (not used by these configs), are too large to carry: when they are missing, the
