@@ -44,17 +44,15 @@ if _have_torch and os.environ.get("RNN_ABLATIONS_NO_CUDA", "0") != "1":
 if _cpu_kernel or _cuda_kernel:
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _build = _load_build_module()
     if _cpu_kernel:
-        ext_modules.append(_load_build_module().cpu_extension(
-            relative_to=os.path.dirname(os.path.abspath(__file__))))
+        ext_modules.append(_build.cpu_extension(relative_to=_here))
     if _cuda_kernel:
         ext_modules.append(CUDAExtension(
             "rnn_ablations._C_cuda",
-            ["rnn_ablations/csrc/ablated_rnn_cuda.cu", "rnn_ablations/csrc/scan_cuda.cu",
-             "rnn_ablations/csrc/persistent_cuda.cu"],
-            depends=["rnn_ablations/csrc/common.h", "rnn_ablations/csrc/kernel_spec.h",
-                     "rnn_ablations/csrc/elementwise.h", "rnn_ablations/csrc/step_forward_cuda.h",
-                     "rnn_ablations/csrc/step_backward_cuda.h"],
+            [os.path.relpath(p, _here) for p in _build.cuda_sources()],
+            depends=[os.path.relpath(p, _here) for p in _build.cuda_headers()],
             extra_compile_args={"cxx": ["-O3", "-g0"], "nvcc": ["-O3"]},
             extra_link_args=["-Wl,--strip-debug"],
             libraries=["cublas"],

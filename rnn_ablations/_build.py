@@ -9,9 +9,14 @@
 
 This module imports nothing from ``rnn_ablations`` (running it must not import the package,
 whose import would try to load the kernel being built).  The flags carry no ``-march``/``-mavx2``:
-the vector code is compiled per instruction set (``csrc/vec_portable.cpp``, ``vec_avx2.cpp``,
+the vector code is compiled per instruction set (``csrc/cpu/vec_portable.cpp``, ``vec_avx2.cpp``,
 ``vec_avx512.cpp``, each with GCC target pragmas) and chosen at run time
-(``csrc/vec_kernels.cpp``), so one build runs on every x86-64 CPU.
+(``csrc/cpu/vec_kernels.cpp``), so one build runs on every x86-64 CPU.
+
+The sources (``csrc/``): ``common/`` what the CPU and CUDA kernels share (the kernel spec, the
+element-wise maths, the layer tensors' checks), ``cpu/`` the CPU kernel, ``cuda/`` the CUDA
+kernels, and ``bindings.cpp`` the CPU module's Python bindings.  The files include each other by
+relative path, so no include directory is configured.
 """
 from __future__ import annotations
 
@@ -26,13 +31,27 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(HERE, "csrc")
 
 
+def _files(folders, pattern: str) -> List[str]:
+    return sorted(p for folder in folders for p in glob.glob(os.path.join(CSRC, folder, pattern)))
+
+
 def cpu_sources() -> List[str]:
-    """The kernel's C++ files (every ``csrc/*.cpp``), sorted."""
-    return sorted(glob.glob(os.path.join(CSRC, "*.cpp")))
+    """The CPU kernel's C++ files (``csrc/*.cpp``, ``csrc/common/*.cpp``, ``csrc/cpu/*.cpp``),
+    sorted."""
+    return _files(("", "common", "cpu"), "*.cpp")
 
 
 def cpu_headers() -> List[str]:
-    return sorted(glob.glob(os.path.join(CSRC, "*.h")))
+    return _files(("", "common", "cpu"), "*.h")
+
+
+def cuda_sources() -> List[str]:
+    """The CUDA kernels' files (``csrc/cuda/*.cu``), sorted."""
+    return _files(("cuda",), "*.cu")
+
+
+def cuda_headers() -> List[str]:
+    return _files(("common", "cuda"), "*.h")
 
 
 def cpu_compile_args() -> List[str]:
@@ -83,7 +102,7 @@ def fingerprint() -> Dict[str, str]:
 
     h = hashlib.sha256()
     for path in cpu_sources() + cpu_headers() + [os.path.abspath(__file__)]:
-        h.update(os.path.basename(path).encode())
+        h.update(os.path.relpath(path, HERE).encode())
         with open(path, "rb") as f:
             h.update(f.read())
     h.update(" ".join(cpu_compile_args() + cpu_link_args()).encode())

@@ -1,10 +1,10 @@
 """Which CUDA recurrence runs a layer's forward: the step kernel or the persistent kernel.
 
-* ``"steps"``: the step kernel (``csrc/ablated_rnn_cuda.cu``): per step one cuBLAS GEMM and one
+* ``"steps"``: the step kernel (``csrc/cuda/step_kernel.cu``): per step one cuBLAS GEMM and one
   fused element-wise kernel, the step loop replayed as a CUDA graph (:mod:`.cuda_graphs`).
-* ``"persistent"``: the persistent kernel (``csrc/persistent_cuda.cu``): the whole forward in one
-  cooperative launch, each thread block keeping its slice of W_hh in shared memory and the grid
-  synchronising once per step.  Its saved tensors are the step kernel's, so the backward is the
+* ``"persistent"``: the persistent kernel (``csrc/cuda/persistent_kernel.cu``): the whole forward
+  in one cooperative launch, each thread block keeping its slice of W_hh in shared memory and the
+  grid synchronising once per step.  Its saved tensors are the step kernel's, so the backward is the
   step kernel's hand-written one, or, with the ``persistent_backward`` setting, its recurrence in
   one persistent launch too (the W_hh columns of each block's units on chip).  It applies to
   float32, bfloat16 and float16 where the slices fit on chip (``_C_cuda.persistent_plan`` says

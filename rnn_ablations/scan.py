@@ -4,9 +4,9 @@ LSTM − S-RNN − HIDDEN): one input projection for all steps, then an element-
 Its only recurrence is ``c_t = f_t∘c_{t-1} + i_t∘c̃_t`` with gates that read ``x_t`` only, so
 there is no per-step matrix product: :func:`run_scan_layer` computes the projections of every
 step with one GEMM per direction and hands them to a fused element-wise kernel, ``scan_forward``
-/ ``scan_backward`` (``csrc/scan.cpp`` with its AVX2 + FMA rows ``csrc/scan_vec.cpp`` in the CPU
-extension ``_C``, ``csrc/scan_cuda.cu`` in the CUDA extension ``_C_cuda``), with a hand-written
-backward.  The kernels receive the block layout derived from the variant table
+/ ``scan_backward`` (``csrc/cpu/scan.cpp`` with its AVX2 + FMA rows
+``csrc/cpu/scan_rows_avx2.cpp`` in the CPU extension ``_C``, ``csrc/cuda/scan_kernel.cu`` in the
+CUDA extension ``_C_cuda``), with a hand-written backward.  The kernels receive the block layout derived from the variant table
 (:func:`scan_layout`), not a variant id.
 
 The whole layer is one autograd node (:class:`_FusedScanLayer`): the kernels add the bias

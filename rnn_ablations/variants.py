@@ -33,8 +33,8 @@ layout of the pre-activations from :class:`Variant`:
 The element-wise rules are fields too: ``content_block`` and ``content_activation`` (c̃_t),
 ``has_memory`` (gates ``i``, ``f`` and c_t = i∘c̃ + f∘c_{t-1}), ``output`` (h_t from c_t, or
 h_t = c̃_t without memory).  The compiled step kernels receive them as
-:attr:`Variant.kernel_spec`, an integer of orthogonal fields (``csrc/kernel_spec.h``), never a
-variant id; ``Variant.code`` is only the stable number saved in state dicts.  Adding a variant
+:attr:`Variant.kernel_spec`, an integer of orthogonal fields (``csrc/common/kernel_spec.h``),
+never a variant id; ``Variant.code`` is only the stable number saved in state dicts.  Adding a variant
 is a new row here (``CONTRIBUTING.md``).
 
 A variant with no recurrent block (``reads_hidden`` False) has no ``weight_hh`` and no per-step
@@ -61,7 +61,7 @@ CODE_LSTM, CODE_SRNN, CODE_MINUS_SRNN, CODE_RAN, CODE_IDENTITY_RAN, CODE_MINUS_H
 #: Output rules (``Variant.output``): how h_t follows from the step.
 OUTPUT_RULES = ("o_tanh", "tanh", "identity", "content")
 
-# The step kernels' spec (csrc/kernel_spec.h, decode_kernel_spec): one int64 of orthogonal fields.
+# The step kernels' spec (csrc/common/kernel_spec.h, decode_kernel_spec): one int64 of orthogonal fields.
 _SPEC_OUTPUT = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
 _SPEC_CONTENT_INPUT_ONLY = 1 << 2
 _SPEC_CONTENT_TANH = 1 << 3
@@ -150,7 +150,7 @@ class Variant:
         return self._kernel_spec  # type: ignore[attr-defined]
 
     def _derive_kernel_spec(self) -> int:
-        """The step kernels' view of the variant (``csrc/kernel_spec.h``): one integer of
+        """The step kernels' view of the variant (``csrc/common/kernel_spec.h``): one integer of
         orthogonal fields (output rule, content source and activation, memory, whether the gates
         read h_{t-1}), passed to every kernel entry point instead of a variant id.
 

@@ -4,7 +4,7 @@ and against nn.LSTM / nn.RNN (cuDNN); gradcheck on the GPU.
 Half precision (bfloat16, float16, torch.autocast) and CUDA-graph replay of the kernel's step
 loop (rnn_ablations/cuda_graphs.py) are tested here too: the half kernel against the float64
 generic path, graphs on against graphs off, a caller's own capture of a training step.
-The persistent kernels (csrc/persistent_cuda.cu, run by rnn_ablations/cuda_recurrence.py where
+The persistent kernels (csrc/cuda/persistent_kernel.cu, run by rnn_ablations/cuda_recurrence.py where
 the cuda_recurrence setting asks for them, off by default) are tested at the end
 (`-k persistent`): every step-kernel variant against the float64 generic path in float32/
 bfloat16/float16, forced grids and batch tiles, the saved tensors and the backward against the
@@ -564,7 +564,7 @@ def test_caller_captures_a_training_step(fresh_graphs, dtype):
 
 # --------------------------------------------------------------------------- persistent kernel
 # the run plan asks for it (cuda_recurrence="persistent"; off by default), cuda_recurrence.select
-# runs it; csrc/persistent_cuda.cu.  The policy tests run on the CPU; the kernel tests need a GPU.
+# runs it; csrc/cuda/persistent_kernel.cu.  The policy tests run on the CPU; the kernel tests need a GPU.
 from rnn_ablations import cuda_recurrence  # noqa: E402
 from rnn_ablations.cuda_recurrence import use_cuda_recurrence  # noqa: E402
 
@@ -741,7 +741,7 @@ def _persistent_ran(fn, backward=False):
 @needs_cuda_kernel
 def test_persistent_kernel_is_built():
     assert hasattr(dispatch._C_cuda, "persistent_forward"), \
-        "rnn_ablations._C_cuda was built without csrc/persistent_cuda.cu: rebuild it"
+        "rnn_ablations._C_cuda was built without csrc/cuda/persistent_kernel.cu: rebuild it"
 
 
 def _persistent_case(variant, highway, dtype, use_mask, padded, config, backward=False):

@@ -11,7 +11,7 @@ from conftest import requires_kernel
 
 pytestmark = requires_kernel
 
-RAN = get_variant("ran").kernel_spec  # the step kernels' spec of a variant (csrc/kernel_spec.h)
+RAN = get_variant("ran").kernel_spec  # the step kernels' spec of a variant (csrc/common/kernel_spec.h)
 
 def _plain_args(name, highway, T, B, H, dtype=torch.float64):
     v = get_variant(name)

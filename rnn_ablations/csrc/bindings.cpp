@@ -1,17 +1,18 @@
 // Python bindings of the CPU extension rnn_ablations._C: the step kernels' entry points
-// (cpu_entry_points.h), the element-wise scan (scan.cpp), the kernel-spec decoder the table test
-// reads, and the choice of vector path (vec_kernels.h).
+// (cpu/entry_points.h), the element-wise scan (cpu/scan.cpp), the kernel-spec decoder the table
+// test reads (common/kernel_spec.h), and the choice of vector path (cpu/vec_kernels.h).  The CUDA
+// extension rnn_ablations._C_cuda binds its functions in cuda/step_kernel.cu.
 //
 // Every entry point that computes releases the GIL for the whole call (py::call_guard): the
 // kernels never run Python, and their worker threads inherit only grad and inference mode
-// (thread_modes.h), so no Python-level mode or hook a caller installs can block them.
+// (cpu/thread_modes.h), so no Python-level mode or hook a caller installs can block them.
 
 #include <torch/extension.h>
 
-#include "common.h"
-#include "cpu_entry_points.h"
-#include "kernel_spec.h"
-#include "vec_kernels.h"
+#include "common/layer_tensors.h"
+#include "cpu/entry_points.h"
+#include "common/kernel_spec.h"
+#include "cpu/vec_kernels.h"
 
 namespace rnn_ablations {
 namespace {
@@ -60,7 +61,7 @@ at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& w, bool transpos
 }  // namespace rnn_ablations
 
 
-// The element-wise scan (scan.cpp), for the cells that read no h_{t-1}.
+// The element-wise scan (cpu/scan.cpp), for the cells that read no h_{t-1}.
 static void register_scan(pybind11::module_& m) {
   using namespace rnn_ablations;
   m.def("scan_forward", &scan_forward, py::call_guard<py::gil_scoped_release>(),

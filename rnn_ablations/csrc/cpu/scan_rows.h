@@ -1,5 +1,5 @@
-// The element-wise scan's rows (csrc/scan.cpp), shared by its portable loops and by the AVX2 +
-// FMA copy in csrc/scan_vec.cpp, chosen at run time with the rest of the kernel's vector code
+// The element-wise scan's rows (scan.cpp), shared by its portable loops and by the AVX2 + FMA
+// copy in scan_rows_avx2.cpp, chosen at run time with the rest of the kernel's vector code
 // (rnn_ablations::isa_name(), RNN_ABLATIONS_ISA; see vec_kernels.h).
 #pragma once
 

@@ -1,11 +1,11 @@
-// The CPU kernel's entry points (bound in bindings.cpp): one recurrent layer in one direction of
-// every variant with a step kernel, driven by its kernel spec (kernel_spec.h).
+// The CPU kernel's entry points (bound in ../bindings.cpp): one recurrent layer in one direction
+// of every variant with a step kernel, driven by its kernel spec (common/kernel_spec.h).
 //   plain (layer_plain.cpp): from the input projections of all steps, computed by the caller;
 //   pipelined (layer_pipelined.cpp): from the layer input, with the input projection (forward)
 //     and the input / weight gradients (backward) computed on the second core (pipeline.h);
-//   directions (layer_pair.cpp): the plain entry points of a bidirectional layer's directions
+//   directions (layer_directions.cpp): the plain entry points of a bidirectional layer's directions
 //     at once, one direction per thread.
-// Tensor names: see common.h.
+// Tensor names: see common/layer_tensors.h.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,7 +38,7 @@ std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor gr
                                        at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
                                        at::Tensor rec_mask, bool need_dx, bool need_dw,
                                        bool need_bias, int64_t chunk);
-// Both directions of a bidirectional layer, concurrently (layer_pair.cpp): rnn_forward /
+// Both directions of a bidirectional layer, concurrently (layer_directions.cpp): rnn_forward /
 // rnn_backward of direction d on the d-th entry of every list, one direction per thread.
 // Returns one result list per direction, as rnn_forward / rnn_backward return it.
 std::vector<std::vector<at::Tensor>> rnn_forward_directions(

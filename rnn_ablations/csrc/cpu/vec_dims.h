@@ -1,5 +1,6 @@
 // The sizes of one layer call as the vector code reads them (vec_kernels.h, vec_impl.h): plain
-// data, no torch headers (the per-instruction-set files include only this and kernel_spec.h).
+// data, no torch headers (the per-instruction-set files include only this and
+// common/kernel_spec.h).
 #pragma once
 
 #include <cstdint>

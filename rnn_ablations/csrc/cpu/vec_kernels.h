@@ -1,9 +1,10 @@
 // The vector code of the CPU kernel: the element-wise pass of every variant and the packed
 // per-step GEMM, compiled for several instruction sets in one build and chosen at run time.
 //
-// vec_kernels.cpp compiles vec_impl.h once for the build's baseline (portable x86-64 / any other
-// CPU) and, with GCC on x86-64, once with AVX2 + FMA and once with AVX-512F enabled for those
-// functions only (`#pragma GCC target`), so one .so (and one wheel) runs on every x86-64 CPU and
+// vec_impl.h is compiled once for the build's baseline (vec_portable.cpp: portable x86-64 / any
+// other CPU) and, with GCC on x86-64, once with AVX2 + FMA (vec_avx2.cpp) and once with AVX-512F
+// (vec_avx512.cpp) enabled for those functions only (`#pragma GCC target`); vec_kernels.cpp
+// chooses among them, so one .so (and one wheel) runs on every x86-64 CPU and
 // never executes an instruction the CPU lacks.  The running CPU picks (cpuid,
 // `__builtin_cpu_supports`, which also checks that the OS saves the registers), not the build
 // machine; RNN_ABLATIONS_ISA=avx512|avx2|portable forces a path (an error when this CPU or this
@@ -16,7 +17,7 @@
 
 #include <ATen/ATen.h>
 
-#include "kernel_spec.h"
+#include "../common/kernel_spec.h"
 #include "vec_dims.h"
 
 #include <cstdint>
@@ -38,7 +39,7 @@ void set_isa(const std::string& name);
 // is not listed).
 std::vector<std::string> supported_isas();
 // Whether the path in use executes AVX2 + FMA code (avx2, avx512, emulated_avx512): the scan's
-// hand-vectorised AVX2 rows (scan_vec.h) follow it.
+// hand-vectorised AVX2 rows (scan_rows.h, scan_rows_avx2.cpp) follow it.
 bool isa_runs_avx2();
 
 // ---- packed per-step GEMM (float32) -------------------------------------------------------

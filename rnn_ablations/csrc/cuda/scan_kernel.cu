@@ -1,6 +1,6 @@
 // Element-wise scan (CUDA) of a gated memory whose gates read x_t only: the recurrence of
 // LSTM - S-RNN - HIDDEN.  The same function, layout and entry points as the CPU scan in
-// scan.cpp (read its header for the layout); the reference is rnn_ablations/functional.py.
+// cpu/scan.cpp (read its header for the layout); the reference is rnn_ablations/functional.py.
 //
 // Nothing reads h_{t-1}, so every (direction d, row b, unit j) is an independent linear
 // recurrence in c: one thread per (d, b, j) loops over its row's steps (one launch for the whole
@@ -19,7 +19,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "common.h"
+#include "../common/layer_tensors.h"
 
 namespace {
 
@@ -423,11 +423,11 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
 
 }  // namespace
 
-// Called from the module init in ablated_rnn_cuda.cu.
+// Called from the module init in step_kernel.cu.
 void register_scan(pybind11::module_& m) {
   m.def("scan_forward", &scan_forward, py::call_guard<py::gil_scoped_release>(),
         "element-wise scan of a gated memory whose gates read x_t only (forward, CUDA); see "
-        "scan.cpp for the layout",
+        "csrc/cpu/scan.cpp for the layout",
         py::arg("proj"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"), py::arg("layout"),
         py::arg("save"), py::arg("bias") = py::none());
   m.def("scan_backward", &scan_backward, py::call_guard<py::gil_scoped_release>(),

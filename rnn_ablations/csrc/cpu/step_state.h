@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "common.h"
+#include "../common/layer_tensors.h"
 #include "vec_kernels.h"
 
 namespace rnn_ablations {
@@ -40,7 +40,7 @@ inline int64_t grain_rows(int64_t rows, int64_t hidden) {
 // ---------------------------------------------------------------------------------------------
 // One step of the recurrence, shared by the plain and the pipelined entry points.
 struct StepState {
-  KernelSpec ks;  // the variant's element-wise rules and block layout (kernel_spec.h)
+  KernelSpec ks;  // the variant's element-wise rules and block layout (common/kernel_spec.h)
   Dims d;
   const int64_t* bs;
   bool has_mask;
@@ -130,8 +130,7 @@ struct StepState {
   // hidden units: `split_units`, more than one thread and not already inside a parallel region
   // (the concurrent directions run each direction on one thread), and at least 8 panels per
   // block.  With fewer, the unit chunks are unbalanced and each block's partial last panel costs
-  // a larger share of padding (H = 100 on AVX2: 5 panels for 4.2 panels' worth of columns);
-  // there the product was measured slower than the whole product split by panels.
+  // a larger share of padding, so the whole product split by panels is used.
   void pack(bool backward, bool split_units = false) {
     // RNN_ABLATIONS_PACKED_GEMM=0 takes ATen's GEMM instead (for A/B timing and the tests).
     const char* env = std::getenv("RNN_ABLATIONS_PACKED_GEMM");

@@ -1,11 +1,11 @@
 // The forward of ONE element (row b, unit j) of one step, for every kernel spec, as the CUDA
-// kernels run it: the step kernel (ablated_rnn_cuda.cu, forward_kernel: one thread per element
-// after the step's GEMM) and the persistent kernel (persistent_cuda.cu: the whole recurrence in
-// one launch).  Written once so that both compute the same function; the per-element maths of
-// the cell and the highway mix are elementwise.h's (shared with the CPU kernel).
+// kernels run it: the step kernel (step_kernel.cu, forward_kernel: one thread per element after
+// the step's GEMM) and the persistent kernel (persistent_kernel.cu: the whole recurrence in one
+// launch).  Written once so that both compute the same function; the per-element maths of the
+// cell and the highway mix are common/elementwise.h's (shared with the CPU kernel).
 //
-// Include inside the including file's namespace, after kernel_spec.h (KernelSpec, OutputRule)
-// and elementwise.h (cell_update, highway_mix), as elementwise.h is.
+// Include inside the including file's namespace, after common/kernel_spec.h (KernelSpec,
+// OutputRule) and common/elementwise.h (cell_update, highway_mix), as elementwise.h is.
 #pragma once
 
 template <typename T> __device__ __forceinline__ T sigm(T x) { return T(1) / (T(1) + exp(-x)); }

@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "common.h"
-#include "cpu_entry_points.h"
+#include "../common/layer_tensors.h"
+#include "entry_points.h"
 #include "pipeline.h"
 #include "step_state.h"
 
@@ -149,9 +149,8 @@ std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor gr
   // and the weight gradients are two GEMMs over all steps on both threads afterwards; otherwise
   // the weight gradients are pipelined, each role accumulating into its own buffers.
   std::vector<int> task_types;  // 0: dx, 1: d_w_ih, 2: d_w_hh
-  // (Pipelining the weight gradients too when the input gradient is needed was measured slower:
-  // 0.74 vs 0.80x nn.LSTM for lstm at H = 650, and the per-role accumulators make the sum order
-  // depend on timing.)
+  // (The weight gradients are not pipelined as well when the input gradient is needed: that
+  // schedule is slower, and per-role accumulators would make the sum order depend on timing.)
   const bool pipe_dw = need_dw && !need_dx;
   if (need_dx) task_types.push_back(0);
   if (pipe_dw) { task_types.push_back(1); task_types.push_back(2); }

@@ -1,11 +1,13 @@
-// The element-wise maths of one step that the CPU kernel (vec_impl.h) and the CUDA kernel
-// (ablated_rnn_cuda.cu) share: the cell update, the highway mix and the backward of every output
-// rule, per element, written once.  The activations themselves (sigmoid, tanh) stay per family:
-// the CPU has its own vectorised transcendentals, CUDA uses the device's.
+// The element-wise maths of one step that the CPU kernel (cpu/vec_impl.h) and the CUDA kernels
+// (cuda/forward_element.h, cuda/backward_element.h) share: the cell update, the highway mix and
+// the backward of every output rule, per element, written once.  The activations themselves
+// (sigmoid, tanh) stay per family: the CPU has its own vectorised transcendentals, CUDA uses the
+// device's.
 //
-// No include guard on purpose: vec_kernels.cpp includes vec_impl.h (and so this file) once per
-// instruction set, inside a namespace of its own, so that each copy is compiled for its target;
-// the CUDA file includes it once.  It needs kernel_spec.h (OutputRule) included before.
+// No include guard on purpose: cpu/vec_portable.cpp, cpu/vec_avx2.cpp and cpu/vec_avx512.cpp
+// include cpu/vec_impl.h (and so this file) inside a namespace of their own, so that each copy is
+// compiled for its instruction set; each CUDA file includes it once.  It needs kernel_spec.h
+// (OutputRule) included before.
 //
 // Notation: i, f, o gate activations; content = c~_t; c_prev = c_{t-1}; tc = tanh(c_t); gh =
 // dL/dh_t; r, hw the highway gate and projection; h_pre = h_t before the highway mix.

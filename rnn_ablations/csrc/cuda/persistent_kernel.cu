@@ -2,7 +2,7 @@
 // step-kernel variant in ONE cooperative launch that keeps W_hh on chip and loops over the time
 // steps (Diamos et al. 2016, "Persistent RNNs"; cuDNN's persistent algorithms), and the
 // recurrence of its BACKWARD pass the same way.  Same functions, arguments and results as
-// cuda_forward / cuda_backward in ablated_rnn_cuda.cu (the step kernel: one cuBLAS GEMM and one
+// cuda_forward / cuda_backward in step_kernel.cu (the step kernel: one cuBLAS GEMM and one
 // element-wise kernel per step, 2+ launches per step); the saved tensors (gates, cs, hin) are laid
 // out as that kernel saves them, so either backward consumes either forward's.  Status: compiled,
 // NOT yet run on a GPU; off by default (rnn_ablations/cuda_recurrence.py selects the forward only
@@ -21,7 +21,7 @@
 //      GEMM-accumulation order differs from cuBLAS', so results agree to rounding), then a
 //      butterfly reduction over the warp;
 //   3. one thread per (row, unit) adds the input projection and runs forward_element
-//      (step_forward_cuda.h, the step kernel's own per-element code) and writes h_t, c_t, the
+//      (forward_element.h, the step kernel's own per-element code) and writes h_t, c_t, the
 //      saved activations and, on a row's last step, its final states h_n / c_n.
 // Then the grid synchronises once, and the next step reads h_t.  The backward
 // (persistent_backward_kernel) mirrors it with the W_hh COLUMNS of the block's units: see there.
@@ -67,16 +67,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "common.h"
+#include "../common/layer_tensors.h"
 
 namespace {
 
 using namespace rnn_ablations;  // KernelSpec, input checks
 namespace cg = cooperative_groups;
 
-#include "elementwise.h"         // cell_update, highway_mix (shared with the CPU kernel)
-#include "step_forward_cuda.h"   // forward_element (shared with the step kernel)
-#include "step_backward_cuda.h"  // backward_element (shared with the step kernel)
+#include "../common/elementwise.h"  // cell_update, highway_mix (shared with the CPU kernel)
+#include "forward_element.h"   // forward_element (shared with the step kernel)
+#include "backward_element.h"  // backward_element (shared with the step kernel)
 
 constexpr int kThreads = 512;  // threads per block (16 warps)
 constexpr int kWarps = kThreads / 32;
@@ -477,7 +477,7 @@ std::tuple<bool, std::string, int64_t, int64_t, int64_t, int64_t> persistent_pla
   return {p.ok, p.why, p.blocks, p.units, p.batch_tile, static_cast<int64_t>(p.smem)};
 }
 
-// As cuda_forward (ablated_rnn_cuda.cu): {out (T,B,H), h_n, c_n, gates, cs, hin}.  gates (the
+// As cuda_forward (step_kernel.cu): {out (T,B,H), h_n, c_n, gates, cs, hin}.  gates (the
 // activations, acc_t) is returned only with keep_hin (the training call, whose backward reads
 // it), else empty; cs is acc_t; hin (acc_t) with highway and keep_hin, else empty.
 std::vector<at::Tensor> persistent_forward(int64_t spec, bool highway, at::Tensor proj,
@@ -545,7 +545,7 @@ std::vector<at::Tensor> persistent_forward(int64_t spec, bool highway, at::Tenso
   return {out, h_n, c_n, gates, cs, hin};
 }
 
-// As cuda_backward (ablated_rnn_cuda.cu): {d_proj, d_w_hh, d_h0, d_c0} from what the forward
+// As cuda_backward (step_kernel.cu): {d_proj, d_w_hh, d_h0, d_c0} from what the forward
 // (either kernel, with keep_hin) saved, the recurrence in one persistent launch per kChunkSteps
 // steps; the weight gradient is one GEMM after it, as there.
 std::vector<at::Tensor> persistent_backward(int64_t spec, bool highway, at::Tensor grad_out,

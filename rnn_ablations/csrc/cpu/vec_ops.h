@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernel_spec.h"
+#include "../common/kernel_spec.h"
 #include "vec_dims.h"
 
 namespace rnn_ablations {

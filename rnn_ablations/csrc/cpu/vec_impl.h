@@ -1,8 +1,8 @@
 // The element-wise pass and the packed step-GEMM micro-kernel, written once and compiled once
-// per instruction set by vec_kernels.cpp, which includes this file inside a namespace per path
-// (no include guard on purpose; it includes nothing itself: vec_kernels.cpp includes the
-// standard headers first, so that no standard-library template is instantiated under a target
-// pragma).  RNN_ABLATIONS_VEC_KIND says which copy this is: 0 portable (the step GEMM is ATen's),
+// per instruction set by vec_portable.cpp, vec_avx2.cpp and vec_avx512.cpp, each of which
+// includes this file inside a namespace of its own (no include guard on purpose; it includes
+// only common/elementwise.h: the including file includes the standard headers first, so that no
+// standard-library template is instantiated under a target pragma).  RNN_ABLATIONS_VEC_KIND says which copy this is: 0 portable (the step GEMM is ATen's),
 // 1 AVX2 + FMA, 2 AVX-512F, 3 the AVX-512 blocking emulated with AVX2 (test only); 1-3 get the
 // register-blocked micro-kernel of the step GEMM.
 //
@@ -64,7 +64,7 @@ void tanh_to(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = tanh_<T>(src[j]);
 }
 
-#include "elementwise.h"  // the per-element maths shared with the CUDA kernel
+#include "../common/elementwise.h"  // the per-element maths shared with the CUDA kernel
 
 // Activations of the recurrent blocks of one row, in place, for the hidden units [u0, u0 + U) of
 // every block: sigmoid for every gate, the content's own activation (tanh or none) for a
@@ -252,9 +252,7 @@ void pointwise_backward(const KernelSpec& ks, const Dims& d, const T* gates, con
 // padded; see pack_b), and every step streams the panels through a kMr x kPanel
 // register-blocked micro-kernel: per k, kNv vector loads of the panel row, one broadcast of A per
 // row and kMr * kNv FMAs into accumulators that stay in registers.
-//   AVX2 + FMA (16 ymm registers): 4 x 24 = 4 rows x 3 vectors of 8, 12 accumulators.  For the
-//     LSTM at H = 650 this made the forward recurrence 1.17x (1 thread) and 1.45x (2 threads)
-//     faster than MKL's sgemm on the same data (README, "How it is fast").
+//   AVX2 + FMA (16 ymm registers): 4 x 24 = 4 rows x 3 vectors of 8, 12 accumulators.
 //   AVX-512F (32 zmm registers): 8 x 32 = 8 rows x 2 vectors of 16, 16 accumulators (2 loads +
 //     8 broadcasts per 16 FMAs); 32-column panels waste less of the last panel than 48 would at
 //     the experiments' N = 100..2600.

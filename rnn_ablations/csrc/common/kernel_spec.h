@@ -5,8 +5,8 @@
 // says what to do.  Host code only (TORCH_CHECK); the struct itself is plain data and is passed by
 // value to the CUDA kernels.
 //
-// Layout of the code (keep in step with _encode_kernel_spec in rnn_ablations/variants.py; the
-// test tests/test_variant_table.py compares both sides for every variant):
+// Layout of the code (keep in step with Variant._derive_kernel_spec in rnn_ablations/variants.py;
+// the test tests/test_variant_table.py compares both sides for every variant):
 //   bits 0-1  output rule   0 h_t = c~_t (no memory: the S-RNN), 1 o_t*tanh(c_t), 2 tanh(c_t),
 //                           3 c_t
 //   bit  2    content source   0: a recurrent block (reads h_{t-1}: the LSTM's g), 1: an

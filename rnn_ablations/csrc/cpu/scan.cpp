@@ -28,7 +28,7 @@
 // (at::parallel_for), each runs its steps in order with a loop over the H units; its running c
 // stays in its c_n row (L1-resident).  The backward recomputes the activations from proj
 // (cheaper than storing them: the pass is memory-bound) and reads the saved memories c_t.
-// float32 rows run the AVX2 + FMA copy in scan_vec.cpp when the kernel's vector path executes
+// float32 rows run the AVX2 + FMA copy in scan_rows_avx2.cpp when the kernel's vector path executes
 // AVX2 (avx2 or avx512: rnn_ablations::isa_runs_avx2(); RNN_ABLATIONS_ISA=portable not); the
 // loops here are the portable path (any CPU, and float64).
 
@@ -42,8 +42,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "common.h"
-#include "scan_vec.h"
+#include "../common/layer_tensors.h"
+#include "scan_rows.h"
 #include "vec_kernels.h"
 
 namespace {
@@ -133,7 +133,7 @@ int64_t grain_rows(const ScanDims& n) {
 
 // The portable rows (any CPU, float32 and float64): the loops over the H units are written for
 // the compiler's vectoriser in the build's baseline instruction set.  Tasks k in [k0, k1):
-// direction k / B, row k % B.  See scan_vec.h for the arguments.
+// direction k / B, row k % B.  See scan_rows.h for the arguments.
 template <typename T, int64_t OUT, bool HW, bool SAVE>
 void forward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
   const int64_t H = a.H;
@@ -348,7 +348,7 @@ void dispatch_rule(const Layout& L, bool highway, F&& f) {
   else with_hw(std::integral_constant<int64_t, kIdentity>());
 }
 
-// Whether float32 rows run the AVX2 + FMA copy (scan_vec.cpp): the kernel's vector path is one
+// Whether float32 rows run the AVX2 + FMA copy (scan_rows_avx2.cpp): the kernel's vector path is one
 // that executes AVX2 (avx2, and avx512, whose CPUs all have AVX2: the scan is bound by memory,
 // not by the vector width).
 bool use_avx2_rows() {

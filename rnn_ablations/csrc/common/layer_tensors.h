@@ -1,5 +1,7 @@
-// Shared by the CPU (ablated_rnn.cpp) and CUDA (ablated_rnn_cuda.cu) kernels: the input checks,
-// the final states and h_{t-1}.  The variant arrives as a kernel spec (kernel_spec.h).
+// The tensors of one layer call, shared by the CPU (cpu/layer_plain.cpp, cpu/layer_pipelined.cpp,
+// cpu/scan.cpp) and CUDA (cuda/step_kernel.cu, cuda/persistent_kernel.cu, cuda/scan_kernel.cu)
+// kernels: their names, the input checks, the final states and h_{t-1}.  The variant arrives as a
+// kernel spec (kernel_spec.h).
 //
 // Names used by every kernel file (one layer, one direction; T steps, B rows, H units, R
 // recurrent and X input-only blocks of H rows, see kernel_spec.h):

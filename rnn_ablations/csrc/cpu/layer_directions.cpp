@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu_entry_points.h"
+#include "entry_points.h"
 #include "thread_modes.h"
 
 namespace rnn_ablations {

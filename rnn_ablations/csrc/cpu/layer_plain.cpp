@@ -10,8 +10,8 @@
 
 #include <vector>
 
-#include "common.h"
-#include "cpu_entry_points.h"
+#include "../common/layer_tensors.h"
+#include "entry_points.h"
 #include "step_state.h"
 
 namespace rnn_ablations {
@@ -20,10 +20,9 @@ using cpu::LayerSizes;
 using cpu::StepState;
 
 // Weight gradient dW (M x K) = g^T (M x rows) * in (rows x K), for g (rows x M) and in (rows x K)
-// with unit column stride.  For a large, contiguous g with M >= 4K (the LSTM's 4H x H blocks at
-// H = 650) MKL ran the transposed product in^T g 1.15-1.2x faster on the development machine
-// (AMD EPYC, 2 threads), so it is computed that way and transposed once; for the other shapes
-// measured (narrower blocks, strided g, H = 256) the direct product was as fast or faster.
+// with unit column stride.  For a large, contiguous g with M >= 4K (e.g. the LSTM's 4H x H
+// blocks) MKL runs the transposed product in^T g faster, so it is computed that way and
+// transposed once; for narrower blocks, a strided g or small sizes the direct product is used.
 at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in) {
   const int64_t M = g.size(1), K = in.size(1);
   const bool transposed = g.is_contiguous() && M >= 4 * K && M * K >= (int64_t{1} << 20);

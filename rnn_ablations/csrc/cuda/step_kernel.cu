@@ -1,6 +1,6 @@
-// CUDA kernel for one recurrent layer in one direction of every variant in
+// The CUDA step kernel: one recurrent layer in one direction of every variant in
 // rnn_ablations/variants.py; the same function, layout and entry-point signatures as the plain
-// CPU kernel in ablated_rnn.cpp (rnn_forward / rnn_backward), which the generic path
+// CPU entry points in cpu/layer_plain.cpp (rnn_forward / rnn_backward), which the generic path
 // (rnn_ablations/functional.py) defines and the tests compare against.
 //
 // Per step: one cuBLAS GEMM of the active rows against h_{t-1}, then ONE fused element-wise
@@ -35,15 +35,15 @@
 
 #include <vector>
 
-#include "common.h"
+#include "../common/layer_tensors.h"
 
 namespace {
 
 using namespace rnn_ablations;  // KernelSpec, input checks, final_states, previous_hidden
 
-#include "elementwise.h"  // the per-element maths shared with the CPU kernel (vec_impl.h)
-#include "step_forward_cuda.h"   // sigm, forward_element (shared with persistent_cuda.cu)
-#include "step_backward_cuda.h"  // backward_element (shared with persistent_cuda.cu)
+#include "../common/elementwise.h"  // the per-element maths shared with the CPU (cpu/vec_impl.h)
+#include "forward_element.h"   // sigm, forward_element (shared with persistent_kernel.cu)
+#include "backward_element.h"  // backward_element (shared with persistent_kernel.cu)
 
 // Forward of element (b, j) of one step; gates (acc_t) hold the pre-activations of the R
 // recurrent blocks on entry and their activations on exit (the backward reads them).  The
@@ -168,7 +168,8 @@ std::vector<at::Tensor> cuda_forward(int64_t spec, bool highway, at::Tensor proj
   at::Tensor hin = (highway && keep_hin) ? at::empty({T, B, H}, acc_opts) : at::Tensor();
   at::Tensor hp_buf = has_mask ? at::empty({B, H}, proj.options()) : at::Tensor();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  // Raw pointers of the step loop (suffix _p): the tensors of the same name (common.h).
+  // Raw pointers of the step loop (suffix _p): the tensors of the same name
+  // (common/layer_tensors.h).
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, proj.scalar_type(),
                                   "rnn_ablations_cuda_forward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -286,8 +287,8 @@ std::vector<at::Tensor> cuda_backward(int64_t spec, bool highway, at::Tensor gra
   return {dproj, dw, dh.to(proj.scalar_type()), dc.to(proj.scalar_type())};
 }
 
-void register_scan(pybind11::module_& m);  // scan_cuda.cu: the element-wise scan (no step GEMM)
-void register_persistent(pybind11::module_& m);  // persistent_cuda.cu: one-launch forward
+void register_scan(pybind11::module_& m);  // scan_kernel.cu: the element-wise scan (no step GEMM)
+void register_persistent(pybind11::module_& m);  // persistent_kernel.cu: one-launch forward
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rnn_ablations CUDA recurrence (forward and hand-written backward)";

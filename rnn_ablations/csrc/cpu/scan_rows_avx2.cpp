@@ -1,4 +1,4 @@
-// AVX2 + FMA rows of the element-wise scan (float32), chosen at run time by csrc/scan.cpp when
+// AVX2 + FMA rows of the element-wise scan (float32), chosen at run time by scan.cpp when
 // the kernel's vector path executes AVX2 (avx2, avx512: isa_runs_avx2(); RNN_ABLATIONS_ISA=portable
 // forces the portable loops of scan.cpp).  Only the functions below are compiled for AVX2 + FMA
 // (`#pragma GCC target`), after every header is included, so the module never executes an AVX2
@@ -8,7 +8,7 @@
 // H mod 8 units use masked loads and stores.  exp is the same Cephes polynomial as the portable
 // scan_exp (relative error about 2e-7), sigmoid(x) = 1 / (1 + exp(-x)), tanh(x) =
 // sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}), so both paths agree to float32 rounding.
-#include "scan_vec.h"
+#include "scan_rows.h"
 
 #include <algorithm>
 #include <cstdint>
