@@ -8,8 +8,8 @@
 # speed table that an AVX2-only machine cannot run.  Pinned to two logical CPUs on different
 # physical cores (2 threads, as the speed tables), so that it can run beside other work on a larger
 # machine; CPUS=0,1 picks them by hand.  Steps, logs in OUT_DIR:
-#   env    cpu_env.txt: lscpu's model and the AVX-512 flags, the CPUs used, torch, the kernel's
-#          vector paths (rnn_ablations.supported_kernel_isas()) and the one in use;
+#   env    cpu_env.txt: the CPUs used and the machine (rnn_ablations.commands.machine: the CPU
+#          model and vector flags, torch, the kernel's vector paths and the one in use);
 #   tests  cpu_isa_tests.log: every test of tests/test_core.py that runs a vector path against the
 #          float64 generic path or checks the path choice (-k "isa or packed"), each path the
 #          CPU supports (avx512, avx2, the AVX-512 blocking emulated with AVX2, portable);
@@ -51,18 +51,17 @@ t0=$(date +%s)
 failed=0
 
 {
-    lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\))" \
-        || grep -m1 "model name" /proc/cpuinfo
-    echo "AVX-512 flags: $(grep -m1 -o -w 'avx512[a-z0-9_]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
     echo "pinned to CPUs $cpus"
     "${pin[@]}" "$py" - <<'EOF'
-import sys, torch, rnn_ablations as ra
-print("python", sys.version.split()[0], "torch", torch.__version__,
-      "CPU capability", torch.backends.cpu.get_cpu_capability())
+import json, sys, torch, rnn_ablations as ra
+from rnn_ablations.commands.machine import machine_info
+torch.set_num_threads(2)
+info = machine_info()
+print(info["machine"])
+print(json.dumps(info, indent=1))
 if not ra.kernel_available():
     print("the CPU kernel rnn_ablations._C is NOT importable: build it first (pip install -e .)")
     sys.exit(3)
-print("kernel vector paths", ra.supported_kernel_isas(), "in use", ra.kernel_isa())
 EOF
 } 2>&1 | tee "$out/cpu_env.txt"
 [ $? -eq 0 ] || exit 3
