@@ -16,6 +16,7 @@ are short forms of :func:`rnn_ablations.set_options` / :func:`rnn_ablations.opti
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 import warnings
@@ -23,8 +24,8 @@ from typing import Optional
 
 import torch
 
-from . import _kernel_loader, cuda_graphs
-from .plan import Kernels, get_options, options, process_options, set_options
+from . import _kernel_loader, cuda_graphs, ops
+from .plan import Kernels, LayerCall, cached_plan, get_options, options, process_options, set_options
 
 __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "get_backend",
            "use_backend", "kernel_isa", "supported_kernel_isas", "set_kernel_isa",
@@ -32,6 +33,9 @@ __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "get_back
 
 # The CPU kernel: built at install time, or compiled on first use and cached (_kernel_loader).
 _C, _KERNEL_ERROR, _KERNEL_SOURCE = _kernel_loader.load_cpu_kernel()
+if _C is not None:
+    # its computing entry points as registered operators, with the module's calling convention
+    _C = ops.CpuKernel(_C)
 
 try:  # pragma: no cover - built only with a CUDA build of torch and nvcc (see setup.py)
     _C_cuda = importlib.import_module(__package__ + "._C_cuda")
@@ -197,3 +201,40 @@ def autocast_like(proj: torch.Tensor, *tensors: Optional[torch.Tensor]):
     if proj.device.type != "cuda" or autocast_dtype("cuda") is None:
         return tensors
     return tuple(None if t is None else t.to(proj.dtype) for t in tensors)
+
+
+@torch.compiler.assume_constant_result
+def num_threads() -> int:
+    """torch's intra-op thread count, for the plan.  Under ``torch.compile`` / ``torch.export``
+    it is read once, when the graph is traced: it chooses a schedule (every schedule computes
+    the same numbers), not a result."""
+    return torch.get_num_threads()
+
+
+@torch.compiler.assume_constant_result
+def call_options():
+    """The settings a layer call runs under: this thread's (:func:`rnn_ablations.get_options`),
+    except under ``torch.jit.trace`` and ONNX export, where every layer takes the generic path
+    (a loop of standard operators, which those exporters record; the kernels' operators have no
+    ONNX form).  Under ``torch.compile`` / ``torch.export`` they are read when the graph is
+    traced."""
+    opts = get_options()
+    if opts.backend != "generic" and (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()):
+        return dataclasses.replace(opts, backend="generic")
+    return opts
+
+
+@torch.compiler.assume_constant_result
+def plan_call(fields, policy=None):
+    """The plan of one layer call (:func:`rnn_ablations.plan.plan_layer`) under
+    :func:`call_options` and what this process has compiled; ``policy`` is the function that
+    gives the CPU schedule policy (:class:`rnn_ablations.plan.Policy`), if any.  Under ``torch.compile`` /
+    ``torch.export`` it is made once, when the graph is traced, and the graph holds the operators
+    it chose (the settings are read at tracing time, as the tensors' shapes are).  ``fields``: the
+    :class:`~rnn_ablations.plan.LayerCall`'s fields as a plain tuple (what a traced graph can
+    pass to a function it treats as constant)."""
+    call = LayerCall(*fields)
+    if policy is None:
+        return cached_plan(call_options(), call, kernels())
+    return cached_plan(call_options(), call, kernels(), policy())
+

@@ -137,7 +137,7 @@ def _describe(xs, params, needs_grad: bool) -> LayerCall:
                                        for p in params for t in p))
     return LayerCall(device, x.dtype, x.shape[0], x.shape[1], w_hh.shape[1],
                      w_hh.shape[0] // max(1, w_hh.shape[1]), w_ih.numel(), len(xs), needs_grad,
-                     torch.get_num_threads(), backend.autocast_dtype(device), uniform)
+                     backend.num_threads(), backend.autocast_dtype(device), uniform)
 
 
 def layer_plan(xs, params, needs_grad: Optional[bool] = None) -> Plan:
@@ -146,8 +146,7 @@ def layer_plan(xs, params, needs_grad: Optional[bool] = None) -> Plan:
     input requires a gradient."""
     if needs_grad is None:
         needs_grad = any(_needs_grad(x, *p) for x, p in zip(xs, params))
-    return cached_plan(get_options(), _describe(xs, params, needs_grad), backend.kernels(),
-                        _policy())
+    return backend.plan_call(tuple(_describe(xs, params, needs_grad)), _policy)
 
 
 def run_layer(variant: Variant, highway: bool, x: torch.Tensor, w_ih: torch.Tensor,

@@ -83,6 +83,9 @@ class _KernelLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, proj, w_hh, h0, c0, x, w_ih, pbias, variant, highway, batch_sizes,
                 rec_mask, ext):
+        # the kernel writes the gates into proj (a scratch tensor): the autograd-free alias is
+        # what it writes and what is saved (proj may be the view a custom Function returned)
+        proj = proj.detach()
         mask_ = _or_empty(rec_mask, proj)
         out, h_n, c_n, gates, cs, hin = _plain_forward(ext, variant.kernel_spec, highway, proj, w_hh,
                                                        h0, c0, batch_sizes, mask_, True)
@@ -168,7 +171,8 @@ class _KernelDirections(torch.autograd.Function):
     @staticmethod
     def forward(ctx, variant, highway, batch_sizes, *flat):
         k = len(_DIRECTION_ARGS)
-        groups = [flat[i:i + k] for i in range(0, len(flat), k)]
+        groups = [(g[0].detach(),) + tuple(g[1:])  # proj: as in _KernelLayer.forward
+                  for g in (flat[i:i + k] for i in range(0, len(flat), k))]
         masks = [_or_empty(g[7], g[0]) for g in groups]
         results = backend._C.forward_directions(
             variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],

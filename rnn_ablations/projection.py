@@ -22,8 +22,12 @@ _onednn_state = {"ok": None}
 
 
 def _onednn_usable() -> bool:
+    """Whether oneDNN's linear runs here (probed once, on tiny tensors; the probe is never
+    recorded by ``torch.jit.trace``, which may be what makes the first layer call)."""
     if _onednn_state["ok"] is None:
         ok = False
+        tracing = torch._C._get_tracing_state()
+        torch._C._set_tracing_state(None)
         try:
             if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
                 a = torch.ones(2, 3)
@@ -31,6 +35,8 @@ def _onednn_usable() -> bool:
                 ok = bool(torch.allclose(y, torch.full((2, 4), 3.0)))
         except Exception:  # pragma: no cover - builds without oneDNN
             ok = False
+        finally:
+            torch._C._set_tracing_state(tracing)
         _onednn_state["ok"] = ok
     return _onednn_state["ok"]
 
@@ -84,7 +90,7 @@ class _OneDnnLinear(torch.autograd.Function):
 def _onednn_projection_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The run plan's oneDNN rule for ``F.linear(x, weight)`` under this thread's settings."""
     return (weight.dtype == x.dtype
-            and onednn_applies(get_options(), x.device.type, x.dtype, weight.numel(),
+            and onednn_applies(backend.call_options(), x.device.type, x.dtype, weight.numel(),
                                backend.autocast_dtype(x.device.type) is not None,
                                x.device.type == "cpu" and _onednn_usable()))
 

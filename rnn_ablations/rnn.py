@@ -317,8 +317,9 @@ class AblatedRNN(nn.Module):
 
     @property
     def _flat_weights_names(self) -> List[str]:
-        """All parameter names, flat, in ``nn.LSTM``'s order."""
-        return [n for names in self._all_weights for n in names]
+        """All parameter names, flat, in ``nn.LSTM``'s order (a variant without ``weight_hh`` or
+        a bias has no name for it)."""
+        return [n for names in self._all_weights for n in names if n is not None]
 
     @property
     def _flat_weights(self) -> List[torch.Tensor]:
@@ -327,7 +328,7 @@ class AblatedRNN(nn.Module):
     @property
     def all_weights(self) -> List[List[nn.Parameter]]:
         """The parameters per layer and direction (``nn.LSTM.all_weights``)."""
-        return [[getattr(self, n) for n in names] for names in self._all_weights]
+        return [[getattr(self, n) for n in names if n is not None] for names in self._all_weights]
 
     def extra_repr(self) -> str:
         s = f"{self.variant.name!r}, {self.input_size}, {self.hidden_size}"

@@ -157,7 +157,7 @@ def _use_onednn(x2d: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
     """The run plan's oneDNN rule (:func:`rnn_ablations.plan.onednn_applies`) for the
     directions' weights together."""
     return (all(w.dtype == x2d.dtype for w in weights)
-            and onednn_applies(get_options(), x2d.device.type, x2d.dtype,
+            and onednn_applies(_backend.call_options(), x2d.device.type, x2d.dtype,
                                sum(w.numel() for w in weights),
                                _backend.autocast_dtype(x2d.device.type) is not None,
                                x2d.device.type == "cpu" and _projection._onednn_usable()))
@@ -174,6 +174,8 @@ def _project(x2d: torch.Tensor, weights: Sequence[torch.Tensor]
         return _dnnl_linear(x2d, weight, None), (weight if len(weights) > 1 else None)
     if len(weights) == 1:
         return torch.mm(x2d, weights[0].t()), None
+    if torch.compiler.is_compiling():  # a traced graph takes no out= views: one GEMM instead
+        return torch.mm(x2d, torch.cat(list(weights)).t()), None
     width = weights[0].shape[0]
     proj = x2d.new_empty(x2d.shape[0], width * len(weights))
     for d, w in enumerate(weights):
@@ -249,8 +251,8 @@ class _FusedScanLayer(torch.autograd.Function):
                                 ctx.batch_major)
         if any(need[9:]):
             x2d, _ = _rows(x)
-            if x2d.device.type == "cpu" and _C is not None and hasattr(_C, "weight_grad"):
-                dw = _C.weight_grad(g2d, x2d)
+            if x2d.device.type == "cpu" and _backend._C is not None:
+                dw = _backend._C.weight_grad(g2d, x2d)
             else:
                 dw = g2d.t().mm(x2d)
             dws = dw.split(weights[0].shape[0])
@@ -268,10 +270,10 @@ def _scan_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[
     call = LayerCall(device=device, dtype=x.dtype, steps=x.shape[0], batch=x.shape[1],
                      hidden=hidden, rec_blocks=0,
                      proj_weight=sum(w.numel() for w in weights), directions=len(weights),
-                     needs_grad=needs_grad, threads=torch.get_num_threads(),
+                     needs_grad=needs_grad, threads=_backend.num_threads(),
                      autocast_dtype=_backend.autocast_dtype(device), uniform=uniform,
                      scan_layout=layout is not None)
-    return cached_plan(get_options(), call, _backend.kernels())
+    return _backend.plan_call(tuple(call))
 
 
 def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
@@ -314,8 +316,8 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
                                                  for t in (x, c0, bias, *weights))
     plan = _scan_plan(x, weights, bias, c0.shape[-1], layout, needs_grad)
     _backend.warn_once(plan)
-    ext = {"cpu": _backend._C, "cuda": _backend._C_cuda}.get(plan.path)
-    if plan.fused_scan:
+    ext = _backend._C if plan.path == "cpu" else _backend._C_cuda if plan.path == "cuda" else None
+    if plan.schedule == "fused_scan":
         # the projection, the scan (bias added inside) and the backward in one node
         h0, c0 = h0.contiguous(), c0.contiguous()
         if needs_grad:

@@ -1,0 +1,403 @@
+"""The compiled CPU kernel's entry points as PyTorch operators (namespace ``rnn_ablations``).
+
+Each entry of ``rnn_ablations._C`` that computes is registered with :mod:`torch.library` as an
+operator with a schema, a fake (meta) kernel that gives the shapes of its results without
+running it, and the CPU implementation.  Through the dispatcher the kernels are then ordinary
+operators to PyTorch: ``torch.compile(fullgraph=True)`` and ``torch.export`` trace them (with
+their fake kernels), a ``TorchDispatchMode`` or ``FlopCounterMode`` sees them, and
+``torch.library.opcheck`` checks them.  Their gradients stay where they were written: the
+autograd Functions of :mod:`rnn_ablations.kernel_autograd` call the forward and backward
+operators (so saved-tensor hooks see what they save).
+
+The interface, once (one layer; T steps, B rows, H units, R recurrent and X input-only blocks of
+H rows of the variant's kernel spec, ``csrc/kernel_spec.h``; every tensor float32 or float64 on
+the CPU unless said):
+
+=======================  ==========================================================================
+operator                 arguments → results
+=======================  ==========================================================================
+``plain_forward``        spec, highway, proj (T,B,(R+X)·H) input projections, w_hh (R·H,H),
+                         h0 (B,H), c0 (B,H), batch_sizes (T) int64 non-increasing, rec_mask (B,H)
+                         or empty, train → out (T,B,H), h_n (B,H), c_n (B,H), gates (T,B,R·H)
+                         activations, cs (T,B,H) memories (empty unless train), hin (T,B,H)
+                         output before the highway mix (empty unless train and highway)
+``plain_forward_``       the same, writing the gate activations into proj's recurrent blocks
+                         (proj is mutated; ``gates`` is not returned: it is
+                         ``proj[..., :R·H]``) → out, h_n, c_n, cs, hin
+``plain_backward``       spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
+                         batch_sizes, rec_mask → d_proj (T,B,(R+X)·H), d_w_hh, d_h0, d_c0
+``pipelined_forward``    spec, highway, x (T,B,D), w_ih ((R+X)·H,D), bias (R·H) or empty, w_hh,
+                         h0, c0, batch_sizes, rec_mask, train, chunk (steps per chunk, 0 = auto)
+                         → out, h_n, c_n, gates, cs, hin, xo (T,B,X·H) input-only projections
+                         (empty when X = 0)
+``pipelined_backward``   spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh,
+                         h0, c0, batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk →
+                         dx (empty unless need_dx), d_w_ih, d_bias (empty unless need_bias),
+                         d_w_hh (both empty unless need_dw), d_h0, d_c0
+``pair_forward_``        ``plain_forward_`` of the two directions of a bidirectional layer at once
+                         (one per thread): proj_0 and proj_1 (both mutated), the other tensors
+                         as lists of two → the five results of each direction, flat
+``directions_backward``  ``plain_backward`` of the directions at once, on the d-th entry of each
+                         list → the four results of every direction, flat
+``pipelined_directions_forward`` / ``pipelined_directions_backward``: ``pipelined_forward`` /
+                         ``pipelined_backward`` likewise (seven / six results per direction, flat)
+``scan_forward``         proj (T,B,D·G·H) of a cell that reads no h_{t-1}, h0 (D,B,H), c0 (D,B,H),
+                         batch_sizes, layout (block offsets, see :mod:`rnn_ablations.scan`), save,
+                         bias (D·G·H) or None → out (T,B,D·H), h_n (D,B,H), c_n (D,B,H),
+                         cs (T,B,D·H) (empty unless save); time- or batch-major like proj
+``scan_backward``        g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout, bias, bias_grad →
+                         d_proj, d_c0, d_bias (empty unless bias_grad)
+``weight_grad``          g (rows,M), x (rows,K) → gᵀx (M,K)
+=======================  ==========================================================================
+
+:class:`CpuKernel` puts the operators behind ``_C``'s own calling convention, so the code that
+calls the kernel (``backend._C``) is the same whether an entry is an operator or not.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["CpuKernel", "OPERATORS", "register"]
+
+#: The operators' names (``torch.ops.rnn_ablations.<name>``).
+OPERATORS = ("plain_forward", "plain_forward_", "plain_backward", "pipelined_forward",
+             "pipelined_backward", "pair_forward_", "directions_backward",
+             "pipelined_directions_forward", "pipelined_directions_backward", "scan_forward",
+             "scan_backward", "weight_grad")
+
+_registered = None  # the raw module the operators were registered for
+
+
+def _empty(like: Tensor) -> Tensor:
+    return like.new_empty(0)
+
+
+def _sizes(proj_or_x: Tensor, w_hh: Tensor) -> Tuple[int, int, int, int]:
+    """T, B, H and R of a step-kernel call."""
+    T, B = proj_or_x.shape[0], proj_or_x.shape[1]
+    H = w_hh.shape[1]
+    return T, B, H, w_hh.shape[0] // H
+
+
+def _forward_shapes(proj_or_x, w_hh, h0, highway, train):
+    """The fake results (out, h_n, c_n, gates, cs, hin) of a forward."""
+    T, B, H, R = _sizes(proj_or_x, w_hh)
+    like = h0
+    return (like.new_empty(T, B, H), like.new_empty(B, H), like.new_empty(B, H),
+            like.new_empty(T, B, R * H),
+            like.new_empty(T, B, H) if train else _empty(like),
+            like.new_empty(T, B, H) if train and highway else _empty(like))
+
+
+_HAS_MEMORY = {}
+
+
+def _memory(cs: Tensor, spec: int, highway: bool) -> Tensor:
+    """A forward's ``cs``.  A cell without memory (the S-RNN) gets a (T, B, H) ``cs`` that no
+    step writes; it is zeroed here, so that every result of an operator is a function of its
+    inputs (what ``opcheck`` and ``torch.compile`` assume)."""
+    key = (spec, highway)
+    if key not in _HAS_MEMORY:
+        _HAS_MEMORY[key] = bool(_registered.describe_kernel_spec(spec, highway)["memory"])
+    if cs.numel() and not _HAS_MEMORY[key]:
+        cs.zero_()
+    return cs
+
+
+def register(raw) -> None:
+    """Register the operators for the compiled module ``raw`` (``rnn_ablations._C``); once per
+    process (the operators stay bound to the first module)."""
+    global _registered
+    if _registered is not None:
+        return
+    _registered = raw
+    lib = "rnn_ablations::"
+
+    # -- the plain kernel ------------------------------------------------------------------
+    @torch.library.custom_op(lib + "plain_forward", mutates_args=(), device_types="cpu")
+    def plain_forward(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
+                      c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
+                      train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        out, h_n, c_n, gates, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0,
+                                                    batch_sizes, rec_mask, train, False)
+        return out, h_n, c_n, gates, _memory(cs, spec, highway), hin
+
+    @plain_forward.register_fake
+    def _(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
+        return _forward_shapes(proj, w_hh, h0, highway, train)
+
+    @torch.library.custom_op(lib + "plain_forward_", mutates_args=("proj",), device_types="cpu")
+    def plain_forward_(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
+                       c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
+                       train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        out, h_n, c_n, _, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
+                                                rec_mask, train, True)
+        return out, h_n, c_n, _memory(cs, spec, highway), hin
+
+    @plain_forward_.register_fake
+    def _(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
+        out, h_n, c_n, _, cs, hin = _forward_shapes(proj, w_hh, h0, highway, train)
+        return out, h_n, c_n, cs, hin
+
+    @torch.library.custom_op(lib + "plain_backward", mutates_args=(), device_types="cpu")
+    def plain_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
+                       gates: Tensor, cs: Tensor, hin: Tensor, out: Tensor, proj: Tensor,
+                       w_hh: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
+                       rec_mask: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return tuple(raw.backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj,
+                                  w_hh, h0, c0, batch_sizes, rec_mask))
+
+    @plain_backward.register_fake
+    def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
+          batch_sizes, rec_mask):
+        return (proj.new_empty(proj.shape), w_hh.new_empty(w_hh.shape), h0.new_empty(h0.shape),
+                c0.new_empty(c0.shape))
+
+    # -- the pipelined kernel --------------------------------------------------------------
+    def _pipelined_fake(x, w_ih, w_hh, h0, highway, train):
+        T, B, H, R = _sizes(x, w_hh)
+        X = w_ih.shape[0] // H - R
+        return _forward_shapes(x, w_hh, h0, highway, train) + (
+            h0.new_empty(T, B, X * H) if X > 0 else _empty(h0),)
+
+    @torch.library.custom_op(lib + "pipelined_forward", mutates_args=(), device_types="cpu")
+    def pipelined_forward(spec: int, highway: bool, x: Tensor, w_ih: Tensor, bias: Tensor,
+                          w_hh: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
+                          rec_mask: Tensor, train: bool, chunk: int
+                          ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        r = raw.fused_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask,
+                              train, chunk)
+        r[4] = _memory(r[4], spec, highway)
+        return tuple(r)
+
+    @pipelined_forward.register_fake
+    def _(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask, train, chunk):
+        return _pipelined_fake(x, w_ih, w_hh, h0, highway, train)
+
+    def _pipelined_grads_fake(x, w_ih, w_hh, h0, c0, need_dx, need_dw, need_bias):
+        H = w_hh.shape[1]
+        R = w_hh.shape[0] // H
+        return (x.new_empty(x.shape) if need_dx else _empty(x),
+                w_ih.new_empty(w_ih.shape) if need_dw else _empty(x),
+                x.new_empty(R * H) if need_bias else _empty(x),
+                w_hh.new_empty(w_hh.shape) if need_dw else _empty(x),
+                h0.new_empty(h0.shape), c0.new_empty(c0.shape))
+
+    @torch.library.custom_op(lib + "pipelined_backward", mutates_args=(), device_types="cpu")
+    def pipelined_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
+                           gates: Tensor, cs: Tensor, hin: Tensor, xo: Tensor, out: Tensor,
+                           x: Tensor, w_ih: Tensor, w_hh: Tensor, h0: Tensor, c0: Tensor,
+                           batch_sizes: Tensor, rec_mask: Tensor, need_dx: bool, need_dw: bool,
+                           need_bias: bool, chunk: int
+                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        return tuple(raw.fused_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo,
+                                        out, x, w_ih, w_hh, h0, c0, batch_sizes, rec_mask,
+                                        need_dx, need_dw, need_bias, chunk))
+
+    @pipelined_backward.register_fake
+    def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0,
+          batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk):
+        return _pipelined_grads_fake(x, w_ih, w_hh, h0, c0, need_dx, need_dw, need_bias)
+
+    # -- the directions of a bidirectional layer at once ------------------------------------
+    @torch.library.custom_op(lib + "pair_forward_", mutates_args=("proj_0", "proj_1"),
+                             device_types="cpu")
+    def pair_forward_(spec: int, highway: bool, proj_0: Tensor, proj_1: Tensor,
+                      w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor],
+                      batch_sizes: Tensor, rec_mask: List[Tensor], train: bool
+                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                 Tensor, Tensor, Tensor, Tensor, Tensor]:
+        # (a fixed tuple: functionalization does not take a list result from a mutating operator)
+        results = raw.forward_directions(spec, highway, [proj_0, proj_1], w_hh, h0, c0,
+                                         batch_sizes, rec_mask, train, True)
+        return tuple(t for out, h_n, c_n, _, cs, hin in results
+                     for t in (out, h_n, c_n, _memory(cs, spec, highway), hin))
+
+    @pair_forward_.register_fake
+    def _(spec, highway, proj_0, proj_1, w_hh, h0, c0, batch_sizes, rec_mask, train):
+        flat = []
+        for p, w, h in zip((proj_0, proj_1), w_hh, h0):
+            out, h_n, c_n, _, cs, hin = _forward_shapes(p, w, h, highway, train)
+            flat += [out, h_n, c_n, cs, hin]
+        return tuple(flat)
+
+    @torch.library.custom_op(lib + "directions_backward", mutates_args=(), device_types="cpu")
+    def directions_backward(spec: int, highway: bool, g_out: List[Tensor], g_hn: List[Tensor],
+                            g_cn: List[Tensor], gates: List[Tensor], cs: List[Tensor],
+                            hin: List[Tensor], out: List[Tensor], proj: List[Tensor],
+                            w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor],
+                            batch_sizes: Tensor, rec_mask: List[Tensor]) -> List[Tensor]:
+        results = raw.backward_directions(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out,
+                                          proj, w_hh, h0, c0, batch_sizes, rec_mask)
+        return [t for r in results for t in r]
+
+    @directions_backward.register_fake
+    def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
+          batch_sizes, rec_mask):
+        return [t.new_empty(t.shape) for p, w, h, c in zip(proj, w_hh, h0, c0)
+                for t in (p, w, h, c)]
+
+    @torch.library.custom_op(lib + "pipelined_directions_forward", mutates_args=(),
+                             device_types="cpu")
+    def pipelined_directions_forward(spec: int, highway: bool, x: List[Tensor],
+                                     w_ih: List[Tensor], bias: List[Tensor], w_hh: List[Tensor],
+                                     h0: List[Tensor], c0: List[Tensor], batch_sizes: Tensor,
+                                     rec_mask: List[Tensor], train: bool,
+                                     chunk: int) -> List[Tensor]:
+        results = raw.fused_forward_directions(spec, highway, x, w_ih, bias, w_hh, h0, c0,
+                                               batch_sizes, rec_mask, train, chunk)
+        for r in results:
+            r[4] = _memory(r[4], spec, highway)
+        return [t for r in results for t in r]
+
+    @pipelined_directions_forward.register_fake
+    def _(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask, train, chunk):
+        return [t for a, wi, w, h in zip(x, w_ih, w_hh, h0)
+                for t in _pipelined_fake(a, wi, w, h, highway, train)]
+
+    @torch.library.custom_op(lib + "pipelined_directions_backward", mutates_args=(),
+                             device_types="cpu")
+    def pipelined_directions_backward(
+            spec: int, highway: bool, g_out: List[Tensor], g_hn: List[Tensor],
+            g_cn: List[Tensor], gates: List[Tensor], cs: List[Tensor], hin: List[Tensor],
+            xo: List[Tensor], out: List[Tensor], x: List[Tensor], w_ih: List[Tensor],
+            w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor], batch_sizes: Tensor,
+            rec_mask: List[Tensor], need_dx: bool, need_dw: bool, need_bias: bool,
+            chunk: int) -> List[Tensor]:
+        results = raw.fused_backward_directions(spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
+                                                xo, out, x, w_ih, w_hh, h0, c0, batch_sizes,
+                                                rec_mask, need_dx, need_dw, need_bias, chunk)
+        return [t for r in results for t in r]
+
+    @pipelined_directions_backward.register_fake
+    def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0,
+          batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk):
+        return [t for a, wi, w, h, c in zip(x, w_ih, w_hh, h0, c0)
+                for t in _pipelined_grads_fake(a, wi, w, h, c, need_dx, need_dw, need_bias)]
+
+    # -- the element-wise scan -------------------------------------------------------------
+    def _like_layout(proj: Tensor, width: int) -> Tensor:
+        T, B = proj.shape[0], proj.shape[1]
+        if not proj.is_contiguous() and proj.transpose(0, 1).is_contiguous():
+            return proj.new_empty(B, T, width).transpose(0, 1)
+        return proj.new_empty(T, B, width)
+
+    @torch.library.custom_op(lib + "scan_forward", mutates_args=(), device_types="cpu")
+    def scan_forward(proj: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
+                     layout: List[int], save: bool,
+                     bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return tuple(raw.scan_forward(proj, h0, c0, batch_sizes, layout, save, bias))
+
+    @scan_forward.register_fake
+    def _(proj, h0, c0, batch_sizes, layout, save, bias=None):
+        D, _, H = c0.shape
+        return (_like_layout(proj, D * H), c0.new_empty(c0.shape), c0.new_empty(c0.shape),
+                _like_layout(proj, D * H) if save else _empty(proj))
+
+    @torch.library.custom_op(lib + "scan_backward", mutates_args=(), device_types="cpu")
+    def scan_backward(g_out: Tensor, g_hn: Tensor, g_cn: Tensor, proj: Tensor, c0: Tensor,
+                      cs: Tensor, batch_sizes: Tensor, layout: List[int],
+                      bias: Optional[Tensor] = None,
+                      bias_grad: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+        return tuple(raw.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout,
+                                       bias, bias_grad))
+
+    @scan_backward.register_fake
+    def _(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout, bias=None, bias_grad=False):
+        return (_like_layout(proj, proj.shape[2]), g_cn.new_empty(g_cn.shape),
+                proj.new_empty(proj.shape[2]) if bias_grad else _empty(proj))
+
+    # -- the weight gradient ---------------------------------------------------------------
+    @torch.library.custom_op(lib + "weight_grad", mutates_args=(), device_types="cpu")
+    def weight_grad(g: Tensor, x: Tensor) -> Tensor:
+        return raw.weight_grad(g, x)
+
+    @weight_grad.register_fake
+    def _(g, x):
+        return g.new_empty(g.shape[1], x.shape[1])
+
+
+class CpuKernel:
+    """``rnn_ablations._C`` with its computing entry points routed through the operators
+    (same names, same arguments, same results); everything else (``kernel_isa``,
+    ``set_kernel_isa``, …) is the module's own."""
+
+    def __init__(self, raw):
+        register(raw)
+        self.raw = raw
+        self._ops = torch.ops.rnn_ablations
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+    def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
+                in_place=False):
+        if in_place:
+            # proj is a scratch tensor the caller hands over (it may be the view an autograd
+            # Function returned, which autograd would not let a declared mutation touch)
+            proj = proj.detach()
+            out, h_n, c_n, cs, hin = self._ops.plain_forward_(spec, highway, proj, w_hh, h0, c0,
+                                                              batch_sizes, rec_mask, keep_hin)
+            return [out, h_n, c_n, proj.narrow(2, 0, w_hh.shape[0]), cs, hin]
+        return list(self._ops.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
+                                            rec_mask, keep_hin))
+
+    def backward(self, *args):
+        return list(self._ops.plain_backward(*args))
+
+    def fused_forward(self, *args):
+        return list(self._ops.pipelined_forward(*args))
+
+    def fused_backward(self, *args):
+        return list(self._ops.pipelined_backward(*args))
+
+    def forward_directions(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
+                           keep_hin, in_place=False):
+        if len(proj) != 2:
+            raise ValueError(f"forward_directions runs the two directions of a bidirectional "
+                             f"layer; got {len(proj)} (run forward once per direction instead)")
+        # the operator writes the gates into proj: copies, or the caller's scratch tensors
+        proj = [p.clone() if not in_place else p.detach() for p in proj]
+        flat = self._ops.pair_forward_(spec, highway, proj[0], proj[1], list(w_hh), list(h0),
+                                       list(c0), batch_sizes, list(rec_mask), keep_hin)
+        return [[flat[5 * d], flat[5 * d + 1], flat[5 * d + 2],
+                 p.narrow(2, 0, w.shape[0]), flat[5 * d + 3], flat[5 * d + 4]]
+                for d, (p, w) in enumerate(zip(proj, w_hh))]
+
+    def backward_directions(self, spec, highway, *lists):
+        *tensor_lists, batch_sizes, rec_mask = lists
+        flat = self._ops.directions_backward(spec, highway, *[list(t) for t in tensor_lists],
+                                             batch_sizes, list(rec_mask))
+        return _per_direction(flat, 4)
+
+    def fused_forward_directions(self, spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes,
+                                 rec_mask, keep_hin, chunk):
+        flat = self._ops.pipelined_directions_forward(
+            spec, highway, list(x), list(w_ih), list(bias), list(w_hh), list(h0), list(c0),
+            batch_sizes, list(rec_mask), keep_hin, chunk)
+        return _per_direction(flat, 7)
+
+    def fused_backward_directions(self, spec, highway, *args):
+        lists, (batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk) = args[:13], args[13:]
+        flat = self._ops.pipelined_directions_backward(
+            spec, highway, *[list(t) for t in lists], batch_sizes, list(rec_mask), need_dx,
+            need_dw, need_bias, chunk)
+        return _per_direction(flat, 6)
+
+    def scan_forward(self, proj, h0, c0, batch_sizes, layout, save, bias=None):
+        return list(self._ops.scan_forward(proj, h0, c0, batch_sizes, list(layout), save, bias))
+
+    def scan_backward(self, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout, bias=None,
+                      bias_grad=False):
+        return list(self._ops.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
+                                            list(layout), bias, bias_grad))
+
+    def weight_grad(self, g, x):
+        return self._ops.weight_grad(g, x)
+
+
+def _per_direction(flat: Sequence[Tensor], k: int) -> List[List[Tensor]]:
+    return [list(flat[i:i + k]) for i in range(0, len(flat), k)]
