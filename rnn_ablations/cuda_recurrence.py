@@ -10,8 +10,8 @@
   float32, bfloat16 and float16 where the slices fit on chip (``_C_cuda.persistent_plan`` says
   why not otherwise); forcing it where it does not apply raises ``ValueError`` naming the reason.
 * ``"auto"`` (the default): the step kernel.  Measured on an H100 (batch 32, 64 steps, hidden
-  256 and 650, ``benchmarks/results/speed_cuda_persistent.md`` and
-  ``speed_cuda_persistent_bwd.md``), the persistent forward was faster in some rows (float32
+  256 and 650, ``benchmarks/results/speed_cuda_h100_persistent.md`` and
+  ``speed_cuda_h100_persistent_backward.md``), the persistent forward was faster in some rows (float32
   inference, ran at hidden 256: 0.85 against 1.15 ms) and slower in others (bfloat16 at hidden
   650, lstm: inference 1.37 against 1.04 ms, training 2.49 against 2.22 ms); ``auto`` keeps the
   step kernel, which is never far behind.

@@ -18,7 +18,7 @@ def _result(variant, valid, test, acc=None, wps=1000.0, vocab=53):
             "vocab_size": vocab}
 
 
-# the README's embedded run: the gated cells within 0.03 of each other, -GATES 1.2 above
+# the embedded run of docs/reproduction.md: the gated cells within 0.03 of each other, -GATES 1.2 above
 EMBEDDED = [_result("lstm", 3.24, 3.21, 0.914), _result("srnn", 4.40, 4.37, 0.030),
             _result("lstm_minus_srnn", 3.22, 3.20, 0.923), _result("ran", 3.21, 3.18, 0.946),
             _result("identity_ran", 3.23, 3.22, 0.903)]
