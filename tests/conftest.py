@@ -86,3 +86,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@contextlib.contextmanager
+def threads(n):
+    """torch's intra-op thread count set to ``n`` inside the block."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+

@@ -15,7 +15,7 @@ from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, use_pi
 from rnn_ablations import dispatch
 from rnn_ablations.dispatch import use_concurrent_directions
 
-from conftest import requires_kernel
+from conftest import requires_kernel, threads
 
 pytestmark = requires_kernel
 
@@ -33,16 +33,6 @@ def test_every_variant_runs_a_step_kernel_or_the_scan():
         v = get_variant(name)
         assert v.has_step_kernel == v.reads_hidden, name
         assert (name in STEP_VARIANTS) == v.reads_hidden, name
-
-
-@contextlib.contextmanager
-def threads(n):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 @contextlib.contextmanager

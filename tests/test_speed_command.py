@@ -1,7 +1,6 @@
 """``rnn-ablations speed`` (``rnn_ablations/commands/speed.py``, ``benchmarks/speed.py``) at tiny
 settings: the rows it times, the machine it records, its argument checks, and the files a run cut
 off in the middle keeps.  The numbers are not checked (a timing needs a quiet machine)."""
-import contextlib
 import json
 
 import pytest
@@ -11,17 +10,7 @@ import rnn_ablations as ra
 from rnn_ablations.cli import main
 from rnn_ablations.commands import speed
 
-from conftest import requires_kernel
-
-
-@contextlib.contextmanager
-def threads(n):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+from conftest import requires_kernel, threads
 
 
 def test_speed_command_experiments_tiny(tmp_path, capsys):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import statistics
 import time
@@ -74,6 +75,40 @@ SEQUENTIAL_SUFFIX = " [sequential directions]"
 #: the persistent kernel does not apply to gets no persistent row (the reason is printed).
 RECURRENCES = ("auto", "steps", "persistent", "both")
 PERSISTENT_SUFFIX = " [persistent]"
+#: On CUDA, the baseline a performance-minded user would also time: nn.LSTM replayed from CUDA
+#: graphs (training: ``torch.cuda.make_graphed_callables``, forward and backward; inference: the
+#: no-grad forward captured with ``torch.cuda.graph``), as our kernel's step loops are.  Rows
+#: then carry ``ratio_vs_nn_lstm_graphed`` beside ``ratio_vs_nn_lstm`` (eager cuDNN).
+GRAPHED_LSTM = "nn.LSTM [CUDA graph]"
+
+
+class _GraphedLSTM(torch.nn.Module):
+    """A copy of ``lstm`` whose training call (forward + backward) and no-grad forward replay
+    CUDA graphs captured for input ``x`` (same shape, dtype and ``requires_grad`` at every
+    call)."""
+
+    def __init__(self, lstm: torch.nn.LSTM, x: torch.Tensor):
+        super().__init__()
+        self.train_module = torch.cuda.make_graphed_callables(copy.deepcopy(lstm), (x,))
+        self.static_x = x.detach().clone()
+        infer = copy.deepcopy(lstm)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(3):  # warm-up outside the capture (cuDNN picks its algorithms)
+                infer(self.static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(self.graph):
+            self.static_out = infer(self.static_x)
+        self.infer_module = infer
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            return self.train_module(x)
+        self.static_x.copy_(x)
+        self.graph.replay()
+        return self.static_out
 
 
 def _dtype_setup(name: str, device: str):
@@ -103,6 +138,8 @@ def measure(hidden_sizes: Sequence[int] = (256, 650), batch: int = 32, seq_len: 
     kernel vector paths (:func:`rnn_ablations.kernel_isa`); with several, every variant is timed
     once per path in the same rounds, as ``"<variant> [<isa>]"`` (each row records its
     ``kernel_isa``).
+    On CUDA (not under autocast) every shape also times :data:`GRAPHED_LSTM`, nn.LSTM replayed
+    from CUDA graphs, and every row carries ``ratio_vs_nn_lstm_graphed`` too.
     ``clock="cpu"`` times with the process's CPU time instead of the wall clock: with one thread
     (``torch.set_num_threads(1)``) that is the work done, whatever else loads the machine.
     """
@@ -189,6 +226,13 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
             except ValueError as exc:
                 print(f"# {k}, hidden {hidden}, {dtype_name}: no persistent row ({exc})")
                 del models[k]
+    if device != "cpu" and not dtype_name.startswith("autocast-"):
+        try:
+            models[GRAPHED_LSTM] = _GraphedLSTM(models["nn.LSTM"], x)
+            policy[GRAPHED_LSTM], rec[GRAPHED_LSTM], isa_of[GRAPHED_LSTM] = "auto", "steps", None
+        except RuntimeError as exc:  # a capture failure costs its rows, not the table
+            print(f"# {label or hidden}, {dtype_name}: nn.LSTM could not be captured in a CUDA "
+                  f"graph ({exc}); no {GRAPHED_LSTM} rows")
     times = {(k, mode): [] for k in models for mode in ("train", "inference")}
     # CUDA: each shape starts with no recorded graphs.  The graph cache is bounded (32 graphs,
     # and after 32 evictions a shape is recorded only on its 8th call), so graphs left by the
@@ -232,6 +276,8 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
     rows = []
     for mode in ("train", "inference"):
         base = statistics.median(times[("nn.LSTM", mode)])
+        graphed = (statistics.median(times[(GRAPHED_LSTM, mode)]) if GRAPHED_LSTM in models
+                   else None)
         for k in models:
             med = statistics.median(times[(k, mode)])
             spread = (min(times[(k, mode)]), max(times[(k, mode)]))
@@ -239,14 +285,16 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                    "mode": mode, "dtype": dtype_name, "median_ms": round(med * 1e3, 3),
                    "min_ms": round(spread[0] * 1e3, 3), "max_ms": round(spread[1] * 1e3, 3),
                    "ratio_vs_nn_lstm": round(base / med, 3), "repeats": repeats,
-                   "directions": ("-" if k == "nn.LSTM" or not bidirectional else
+                   "directions": ("-" if k in ("nn.LSTM", GRAPHED_LSTM) or not bidirectional else
                                   "sequential" if policy[k] == "never" else "auto"),
-                   "recurrence": ("-" if k == "nn.LSTM" or device == "cpu" else
+                   "recurrence": ("-" if k in ("nn.LSTM", GRAPHED_LSTM) or device == "cpu" else
                                   "persistent forward and backward" if rec[k] == "persistent"
                                   and cuda_recurrence.PERSISTENT_BACKWARD else rec[k]),
                    "kernel_isa": ("-" if k == "nn.LSTM" or device != "cpu" else
                                   isa_of.get(k) or kernel_isa())}
-            if device != "cpu" and k != "nn.LSTM":  # kernel calls in the timed rounds
+            if graphed is not None:
+                row["ratio_vs_nn_lstm_graphed"] = round(graphed / med, 3)
+            if device != "cpu" and k not in ("nn.LSTM", GRAPHED_LSTM):  # kernel calls, timed rounds
                 row["cuda_graph_calls"] = graph_calls[(k, mode)]
             if label is not None:
                 row.update(shape=label, layers=layers, input_size=d_in,
@@ -258,8 +306,10 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
 def format_table(rows: List[Dict]) -> str:
     experiments = any("shape" in r for r in rows)
     head = "| shape (layers, d_in, H, bi, B, T) " if experiments else "| hidden "
+    graphed = any("ratio_vs_nn_lstm_graphed" in r for r in rows)
+    extra = " train ratio, graphed cuDNN | inference ratio, graphed cuDNN |" if graphed else ""
     lines = [head + "| dtype | model | train (fwd+bwd) ms | train ratio | inference ms | "
-             "inference ratio |", "|---|---|---|---|---|---|---|"]
+             "inference ratio |" + extra, "|---|---|---|---|---|---|---|" + "---|---|" * graphed]
     by = {}
     for r in rows:
         if experiments:
@@ -272,7 +322,10 @@ def format_table(rows: List[Dict]) -> str:
         tr, inf = d["train"], d["inference"]
         lines.append(f"| {where} | {dtype} | {model} | {tr['median_ms']:.2f} | "
                      f"{tr['ratio_vs_nn_lstm']:.2f}× | {inf['median_ms']:.2f} | "
-                     f"{inf['ratio_vs_nn_lstm']:.2f}× |")
+                     f"{inf['ratio_vs_nn_lstm']:.2f}× |"
+                     + (f" {tr.get('ratio_vs_nn_lstm_graphed', float('nan')):.2f}× | "
+                        f"{inf.get('ratio_vs_nn_lstm_graphed', float('nan')):.2f}× |"
+                        if graphed else ""))
     return "\n".join(lines)
 
 
