@@ -68,30 +68,10 @@ def _run(checkout: Path, args: dict) -> dict:
     return result
 
 
-def main(argv=None) -> int:
-    sys.path.insert(0, str(REPO))
-    from rnn_ablations.commands.machine import cpu_info, describe
-    from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
-    shapes = {s[0]: s[1:] for s in EXPERIMENT_SHAPES}
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--other", type=Path, required=True, help="the other checkout's root")
-    p.add_argument("--shape", required=True, help=f"one of: {', '.join(shapes)}")
-    p.add_argument("--variant", default="lstm")
-    p.add_argument("--mode", choices=["train", "inference"], default="train")
-    p.add_argument("--processes", type=int, default=3, help="processes per checkout")
-    p.add_argument("--rounds", type=int, default=11)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
-    a = p.parse_args(argv)
-    if a.shape not in shapes:
-        p.error(f"unknown shape {a.shape!r}; choose one of: {', '.join(shapes)}")
-    if not (a.other / "rnn_ablations" / "__init__.py").is_file():
-        p.error(f"--other {a.other}: no rnn_ablations package there (give a checkout's root)")
-    if a.processes < 1 or a.rounds < 1 or a.warmup < 0 or a.threads < 1:
-        p.error("--processes, --rounds and --threads must be >= 1, --warmup >= 0")
-    child = {"shape": list(shapes[a.shape]), "variant": a.variant, "mode": a.mode,
-             "rounds": a.rounds, "warmup": a.warmup, "threads": a.threads}
-    print(f"# machine: {describe(dict(cpu_info(), threads=a.threads))}", flush=True)
+def _compare(a, shape_name, shape, variant, mode) -> dict:
+    """One (shape, variant, mode): ``a.processes`` processes per checkout, alternating."""
+    child = {"shape": list(shape), "variant": variant, "mode": mode, "rounds": a.rounds,
+             "warmup": a.warmup, "threads": a.threads}
     ratios = {"this": [], "other": []}
     for i in range(a.processes):
         order = (("this", REPO), ("other", a.other)) if i % 2 == 0 else \
@@ -99,13 +79,63 @@ def main(argv=None) -> int:
         for name, checkout in order:
             r = _run(checkout, child)
             ratios[name].append(r["ratio"])
-            print(f"{name:5s} ({checkout}): {a.variant} {a.mode} {r['ours_ms']:.1f} ms, nn.LSTM "
+            print(f"{name:5s} ({checkout}): {variant} {mode} {r['ours_ms']:.1f} ms, nn.LSTM "
                   f"{r['nn_lstm_ms']:.1f} ms, ratio {r['ratio']:.2f}", flush=True)
-    print(f"# {a.shape} {a.variant} {a.mode}, {a.threads} threads: ratio to nn.LSTM, median of "
-          f"{a.processes} processes: this {statistics.median(ratios['this']):.2f} "
-          f"({min(ratios['this']):.2f}-{max(ratios['this']):.2f}), other "
-          f"{statistics.median(ratios['other']):.2f} "
-          f"({min(ratios['other']):.2f}-{max(ratios['other']):.2f})")
+    this, other = (statistics.median(ratios[k]) for k in ("this", "other"))
+    print(f"# {shape_name} {variant} {mode}, {a.threads} threads: ratio to nn.LSTM, median of "
+          f"{a.processes} processes: this {this:.2f} "
+          f"({min(ratios['this']):.2f}-{max(ratios['this']):.2f}), other {other:.2f} "
+          f"({min(ratios['other']):.2f}-{max(ratios['other']):.2f})", flush=True)
+    return {"shape": shape_name, "variant": variant, "mode": mode, "this": ratios["this"],
+            "other": ratios["other"], "this_median": round(this, 3),
+            "other_median": round(other, 3), "this_over_other": round(this / other, 3)}
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(REPO))
+    from rnn_ablations.commands.machine import cpu_info, describe
+    from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
+    shapes = {s[0]: s[1:] for s in EXPERIMENT_SHAPES}
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--other", type=Path, required=True, help="the other checkout's root")
+    p.add_argument("--shape", required=True, nargs="+",
+                   help=f"one or more of: {', '.join(shapes)}; or all")
+    p.add_argument("--variant", default=["lstm"], nargs="+")
+    p.add_argument("--mode", choices=["train", "inference", "both"], default="train")
+    p.add_argument("--processes", type=int, default=3, help="processes per checkout")
+    p.add_argument("--rounds", type=int, default=11)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, help="also write the rows to OUT.json and a table to "
+                   "OUT.md (e.g. benchmarks/results/NAME)")
+    a = p.parse_args(argv)
+    names = list(shapes) if a.shape == ["all"] else a.shape
+    unknown = [s for s in names if s not in shapes]
+    if unknown:
+        p.error(f"unknown shape(s) {unknown}; choose from: {', '.join(shapes)}, or all")
+    if not (a.other / "rnn_ablations" / "__init__.py").is_file():
+        p.error(f"--other {a.other}: no rnn_ablations package there (give a checkout's root)")
+    if a.processes < 1 or a.rounds < 1 or a.warmup < 0 or a.threads < 1:
+        p.error("--processes, --rounds and --threads must be >= 1, --warmup >= 0")
+    machine = describe(dict(cpu_info(), threads=a.threads))
+    print(f"# machine: {machine}", flush=True)
+    modes = ["train", "inference"] if a.mode == "both" else [a.mode]
+    rows = [_compare(a, name, shapes[name], variant, mode)
+            for name in names for variant in a.variant for mode in modes]
+    if a.out is not None:
+        command = "python benchmarks/ab_checkouts.py " + " ".join(
+            f"'{x}'" if " " in x else x for x in (argv if argv is not None else sys.argv[1:]))
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.with_suffix(".json").write_text(json.dumps(
+            {"machine": machine, "command": command, "other": str(a.other), "rows": rows},
+            indent=1) + "\n")
+        lines = [f"# A/B of two checkouts: ratio to nn.LSTM in each process, median of "
+                 f"{a.processes} processes per checkout", "", f"Machine: {machine}. "
+                 f"Command: `{command}`.", "",
+                 "| shape | variant | mode | this | other | this / other |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['shape']} | {r['variant']} | {r['mode']} | {r['this_median']:.2f} | "
+                  f"{r['other_median']:.2f} | {r['this_over_other']:.3f} |" for r in rows]
+        a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 
 

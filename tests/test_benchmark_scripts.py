@@ -111,19 +111,23 @@ def test_gpu_machine_check_script_on_a_cpu_machine(tmp_path):
 
 
 @requires_kernel
-def test_ab_checkouts_end_to_end(capsys):
+def test_ab_checkouts_end_to_end(capsys, tmp_path):
     """``benchmarks/ab_checkouts.py`` at a tiny setting, this checkout against itself: one
     process per side, each importing the checkout's own package and timing the variant against
     nn.LSTM; bad arguments are refused with what to give instead."""
     ab = _load("ab_checkouts")
     assert ab.main(["--other", str(REPO), "--shape", "PTB small LM", "--variant", "ran",
                     "--mode", "inference", "--processes", "1", "--rounds", "1",
-                    "--warmup", "0"]) == 0
+                    "--warmup", "0", "--out", str(tmp_path / "ab")]) == 0
     out = capsys.readouterr().out
     assert out.count("ratio ") == 3 and "median of 1 processes: this" in out
+    saved = json.loads((tmp_path / "ab.json").read_text())
+    assert [(r["shape"], r["variant"], r["mode"]) for r in saved["rows"]] == \
+        [("PTB small LM", "ran", "inference")]
+    assert "| PTB small LM | ran | inference |" in (tmp_path / "ab.md").read_text()
     with pytest.raises(SystemExit):
         ab.main(["--other", str(REPO), "--shape", "no such shape"])
-    assert "unknown shape 'no such shape'" in capsys.readouterr().err
+    assert "unknown shape(s) ['no such shape']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ab.main(["--other", "/nonexistent", "--shape", "parser"])
     assert "no rnn_ablations package there" in capsys.readouterr().err
