@@ -131,3 +131,17 @@ def test_ab_checkouts_end_to_end(capsys, tmp_path):
     with pytest.raises(SystemExit):
         ab.main(["--other", "/nonexistent", "--shape", "parser"])
     assert "no rnn_ablations package there" in capsys.readouterr().err
+
+
+@requires_kernel
+def test_compile_speed_measures_both_modes():
+    """``benchmarks/compile_speed.py`` on a tiny shape: a train and an inference row, each with
+    both times and their ratio; bad arguments are refused."""
+    cs = _load("compile_speed")
+    rows = cs.measure(("tiny", 1, 5, 4, True, 2, 3), "ran", rounds=1, warmup=1)
+    assert [r["mode"] for r in rows] == ["train", "inference"]
+    for r in rows:
+        assert r["eager_ms"] > 0 and r["compiled_ms"] > 0
+        assert r["eager_over_compiled"] == pytest.approx(r["eager_ms"] / r["compiled_ms"], rel=0.01)
+    with pytest.raises(SystemExit):
+        cs.main(["--shapes", "no such shape"])
