@@ -69,6 +69,7 @@ OPERATORS = ("plain_forward", "plain_forward_", "plain_backward", "pipelined_for
              "scan_backward", "weight_grad")
 
 _registered = None  # the raw module the operators were registered for
+_IMPLEMENTATIONS = {}  # operator name -> its CPU implementation (a Python function)
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -114,10 +115,18 @@ def register(raw) -> None:
     if _registered is not None:
         return
     _registered = raw
-    lib = "rnn_ablations::"
+
+    def _op(name, mutates_args):
+        """Register ``fn`` as the CPU implementation of ``rnn_ablations::<name>`` (its schema
+        from the annotations) and keep it for the direct eager calls of :class:`CpuKernel`."""
+        def deco(fn):
+            _IMPLEMENTATIONS[name] = fn
+            return torch.library.custom_op("rnn_ablations::" + name, mutates_args=mutates_args,
+                                           device_types="cpu")(fn)
+        return deco
 
     # -- the plain kernel ------------------------------------------------------------------
-    @torch.library.custom_op(lib + "plain_forward", mutates_args=(), device_types="cpu")
+    @_op("plain_forward", ())
     def plain_forward(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
                       c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
                       train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -129,7 +138,7 @@ def register(raw) -> None:
     def _(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
         return _forward_shapes(proj, w_hh, h0, highway, train)
 
-    @torch.library.custom_op(lib + "plain_forward_", mutates_args=("proj",), device_types="cpu")
+    @_op("plain_forward_", ("proj",))
     def plain_forward_(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
                        c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
                        train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -142,7 +151,7 @@ def register(raw) -> None:
         out, h_n, c_n, _, cs, hin = _forward_shapes(proj, w_hh, h0, highway, train)
         return out, h_n, c_n, cs, hin
 
-    @torch.library.custom_op(lib + "plain_backward", mutates_args=(), device_types="cpu")
+    @_op("plain_backward", ())
     def plain_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
                        gates: Tensor, cs: Tensor, hin: Tensor, out: Tensor, proj: Tensor,
                        w_hh: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
@@ -163,7 +172,7 @@ def register(raw) -> None:
         return _forward_shapes(x, w_hh, h0, highway, train) + (
             h0.new_empty(T, B, X * H) if X > 0 else _empty(h0),)
 
-    @torch.library.custom_op(lib + "pipelined_forward", mutates_args=(), device_types="cpu")
+    @_op("pipelined_forward", ())
     def pipelined_forward(spec: int, highway: bool, x: Tensor, w_ih: Tensor, bias: Tensor,
                           w_hh: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
                           rec_mask: Tensor, train: bool, chunk: int
@@ -186,7 +195,7 @@ def register(raw) -> None:
                 w_hh.new_empty(w_hh.shape) if need_dw else _empty(x),
                 h0.new_empty(h0.shape), c0.new_empty(c0.shape))
 
-    @torch.library.custom_op(lib + "pipelined_backward", mutates_args=(), device_types="cpu")
+    @_op("pipelined_backward", ())
     def pipelined_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
                            gates: Tensor, cs: Tensor, hin: Tensor, xo: Tensor, out: Tensor,
                            x: Tensor, w_ih: Tensor, w_hh: Tensor, h0: Tensor, c0: Tensor,
@@ -203,8 +212,7 @@ def register(raw) -> None:
         return _pipelined_grads_fake(x, w_ih, w_hh, h0, c0, need_dx, need_dw, need_bias)
 
     # -- the directions of a bidirectional layer at once ------------------------------------
-    @torch.library.custom_op(lib + "pair_forward_", mutates_args=("proj_0", "proj_1"),
-                             device_types="cpu")
+    @_op("pair_forward_", ("proj_0", "proj_1"))
     def pair_forward_(spec: int, highway: bool, proj_0: Tensor, proj_1: Tensor,
                       w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor],
                       batch_sizes: Tensor, rec_mask: List[Tensor], train: bool
@@ -224,7 +232,7 @@ def register(raw) -> None:
             flat += [out, h_n, c_n, cs, hin]
         return tuple(flat)
 
-    @torch.library.custom_op(lib + "directions_backward", mutates_args=(), device_types="cpu")
+    @_op("directions_backward", ())
     def directions_backward(spec: int, highway: bool, g_out: List[Tensor], g_hn: List[Tensor],
                             g_cn: List[Tensor], gates: List[Tensor], cs: List[Tensor],
                             hin: List[Tensor], out: List[Tensor], proj: List[Tensor],
@@ -240,8 +248,7 @@ def register(raw) -> None:
         return [t.new_empty(t.shape) for p, w, h, c in zip(proj, w_hh, h0, c0)
                 for t in (p, w, h, c)]
 
-    @torch.library.custom_op(lib + "pipelined_directions_forward", mutates_args=(),
-                             device_types="cpu")
+    @_op("pipelined_directions_forward", ())
     def pipelined_directions_forward(spec: int, highway: bool, x: List[Tensor],
                                      w_ih: List[Tensor], bias: List[Tensor], w_hh: List[Tensor],
                                      h0: List[Tensor], c0: List[Tensor], batch_sizes: Tensor,
@@ -258,8 +265,7 @@ def register(raw) -> None:
         return [t for a, wi, w, h in zip(x, w_ih, w_hh, h0)
                 for t in _pipelined_fake(a, wi, w, h, highway, train)]
 
-    @torch.library.custom_op(lib + "pipelined_directions_backward", mutates_args=(),
-                             device_types="cpu")
+    @_op("pipelined_directions_backward", ())
     def pipelined_directions_backward(
             spec: int, highway: bool, g_out: List[Tensor], g_hn: List[Tensor],
             g_cn: List[Tensor], gates: List[Tensor], cs: List[Tensor], hin: List[Tensor],
@@ -285,7 +291,7 @@ def register(raw) -> None:
             return proj.new_empty(B, T, width).transpose(0, 1)
         return proj.new_empty(T, B, width)
 
-    @torch.library.custom_op(lib + "scan_forward", mutates_args=(), device_types="cpu")
+    @_op("scan_forward", ())
     def scan_forward(proj: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
                      layout: List[int], save: bool,
                      bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -297,7 +303,7 @@ def register(raw) -> None:
         return (_like_layout(proj, D * H), c0.new_empty(c0.shape), c0.new_empty(c0.shape),
                 _like_layout(proj, D * H) if save else _empty(proj))
 
-    @torch.library.custom_op(lib + "scan_backward", mutates_args=(), device_types="cpu")
+    @_op("scan_backward", ())
     def scan_backward(g_out: Tensor, g_hn: Tensor, g_cn: Tensor, proj: Tensor, c0: Tensor,
                       cs: Tensor, batch_sizes: Tensor, layout: List[int],
                       bias: Optional[Tensor] = None,
@@ -311,7 +317,7 @@ def register(raw) -> None:
                 proj.new_empty(proj.shape[2]) if bias_grad else _empty(proj))
 
     # -- the weight gradient ---------------------------------------------------------------
-    @torch.library.custom_op(lib + "weight_grad", mutates_args=(), device_types="cpu")
+    @_op("weight_grad", ())
     def weight_grad(g: Tensor, x: Tensor) -> Tensor:
         return raw.weight_grad(g, x)
 
@@ -320,15 +326,45 @@ def register(raw) -> None:
         return g.new_empty(g.shape[1], x.shape[1])
 
 
+def _plain_eager(first: Tensor) -> bool:
+    """True when nothing could see or needs the dispatcher's view of a call: no tracing
+    (``torch.compile`` / ``torch.export`` / ``torch.jit.trace``), no dispatch or torch-function
+    mode, and a plain tensor (not a subclass such as a fake or functional tensor)."""
+    # is_compiling first: under torch.compile it is the constant True and nothing else is traced
+    return (not torch.compiler.is_compiling() and type(first) is Tensor
+            and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._is_torch_function_mode_enabled()
+            and not torch._C._get_tracing_state())
+
+
+class _Direct:
+    """The operators' implementations called without the dispatcher (same functions, same
+    results), for the plain eager calls of :class:`CpuKernel`."""
+
+    def __getattr__(self, name):
+        return _IMPLEMENTATIONS[name]
+
+
 class CpuKernel:
     """``rnn_ablations._C`` with its computing entry points routed through the operators
     (same names, same arguments, same results); everything else (``kernel_isa``,
-    ``set_kernel_isa``, …) is the module's own."""
+    ``set_kernel_isa``, …) is the module's own.
+
+    A call made in plain eager mode (:func:`_plain_eager`: nothing traces it, no mode is
+    active, plain tensors) runs the operator's implementation directly, which saves the
+    dispatcher's round trip from Python to C++ and back (tens of microseconds a call, a few
+    percent of a small layer); every other call goes through the operator, so what traces or
+    intercepts operators sees this one."""
 
     def __init__(self, raw):
         register(raw)
         self.raw = raw
-        self._ops = torch.ops.rnn_ablations
+        self._dispatched = torch.ops.rnn_ablations
+        self._direct = _Direct()
+
+    def _ops(self, first: Tensor):
+        """Where a call whose first tensor is ``first`` goes (see the class docstring)."""
+        return self._direct if _plain_eager(first) else self._dispatched
 
     def __getattr__(self, name):
         return getattr(self.raw, name)
@@ -339,20 +375,20 @@ class CpuKernel:
             # proj is a scratch tensor the caller hands over (it may be the view an autograd
             # Function returned, which autograd would not let a declared mutation touch)
             proj = proj.detach()
-            out, h_n, c_n, cs, hin = self._ops.plain_forward_(spec, highway, proj, w_hh, h0, c0,
+            out, h_n, c_n, cs, hin = self._ops(proj).plain_forward_(spec, highway, proj, w_hh, h0, c0,
                                                               batch_sizes, rec_mask, keep_hin)
             return [out, h_n, c_n, proj.narrow(2, 0, w_hh.shape[0]), cs, hin]
-        return list(self._ops.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
+        return list(self._ops(proj).plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
                                             rec_mask, keep_hin))
 
     def backward(self, *args):
-        return list(self._ops.plain_backward(*args))
+        return list(self._ops(args[2]).plain_backward(*args))
 
     def fused_forward(self, *args):
-        return list(self._ops.pipelined_forward(*args))
+        return list(self._ops(args[2]).pipelined_forward(*args))
 
     def fused_backward(self, *args):
-        return list(self._ops.pipelined_backward(*args))
+        return list(self._ops(args[2]).pipelined_backward(*args))
 
     def forward_directions(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
                            keep_hin, in_place=False):
@@ -361,42 +397,44 @@ class CpuKernel:
                              f"layer; got {len(proj)} (run forward once per direction instead)")
         # the operator writes the gates into proj: copies, or the caller's scratch tensors
         proj = [p.clone() if not in_place else p.detach() for p in proj]
-        flat = self._ops.pair_forward_(spec, highway, proj[0], proj[1], list(w_hh), list(h0),
-                                       list(c0), batch_sizes, list(rec_mask), keep_hin)
+        flat = self._ops(proj[0]).pair_forward_(spec, highway, proj[0], proj[1], list(w_hh),
+                                                list(h0), list(c0), batch_sizes, list(rec_mask),
+                                                keep_hin)
         return [[flat[5 * d], flat[5 * d + 1], flat[5 * d + 2],
                  p.narrow(2, 0, w.shape[0]), flat[5 * d + 3], flat[5 * d + 4]]
                 for d, (p, w) in enumerate(zip(proj, w_hh))]
 
     def backward_directions(self, spec, highway, *lists):
         *tensor_lists, batch_sizes, rec_mask = lists
-        flat = self._ops.directions_backward(spec, highway, *[list(t) for t in tensor_lists],
-                                             batch_sizes, list(rec_mask))
+        flat = self._ops(tensor_lists[0][0]).directions_backward(
+            spec, highway, *[list(t) for t in tensor_lists], batch_sizes, list(rec_mask))
         return _per_direction(flat, 4)
 
     def fused_forward_directions(self, spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes,
                                  rec_mask, keep_hin, chunk):
-        flat = self._ops.pipelined_directions_forward(
+        flat = self._ops(x[0]).pipelined_directions_forward(
             spec, highway, list(x), list(w_ih), list(bias), list(w_hh), list(h0), list(c0),
             batch_sizes, list(rec_mask), keep_hin, chunk)
         return _per_direction(flat, 7)
 
     def fused_backward_directions(self, spec, highway, *args):
         lists, (batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk) = args[:13], args[13:]
-        flat = self._ops.pipelined_directions_backward(
+        flat = self._ops(lists[0][0]).pipelined_directions_backward(
             spec, highway, *[list(t) for t in lists], batch_sizes, list(rec_mask), need_dx,
             need_dw, need_bias, chunk)
         return _per_direction(flat, 6)
 
     def scan_forward(self, proj, h0, c0, batch_sizes, layout, save, bias=None):
-        return list(self._ops.scan_forward(proj, h0, c0, batch_sizes, list(layout), save, bias))
+        return list(self._ops(proj).scan_forward(proj, h0, c0, batch_sizes, list(layout), save,
+                                                 bias))
 
     def scan_backward(self, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout, bias=None,
                       bias_grad=False):
-        return list(self._ops.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
+        return list(self._ops(g_out).scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
                                             list(layout), bias, bias_grad))
 
     def weight_grad(self, g, x):
-        return self._ops.weight_grad(g, x)
+        return self._ops(g).weight_grad(g, x)
 
 
 def _per_direction(flat: Sequence[Tensor], k: int) -> List[List[Tensor]]:
