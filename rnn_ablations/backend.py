@@ -214,12 +214,13 @@ def num_threads() -> int:
 @torch.compiler.assume_constant_result
 def call_options():
     """The settings a layer call runs under: this thread's (:func:`rnn_ablations.get_options`),
-    except under ``torch.jit.trace`` and ONNX export, where every layer takes the generic path
-    (a loop of standard operators, which those exporters record; the kernels' operators have no
-    ONNX form).  Under ``torch.compile`` / ``torch.export`` they are read when the graph is
+    except under ``torch.jit.trace`` and ONNX export (``torch.onnx.export(..., dynamo=False)``),
+    where every layer takes the generic path (a loop of standard operators, which those
+    exporters record; the kernels' operators have no ONNX form).  Under ``torch.compile`` / ``torch.export`` they are read when the graph is
     traced."""
     opts = get_options()
-    if opts.backend != "generic" and (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()):
+    # the TorchScript-based ONNX exporter traces too; the dynamo-based one is not supported
+    if opts.backend != "generic" and torch._C._get_tracing_state() is not None:
         return dataclasses.replace(opts, backend="generic")
     return opts
 

@@ -1,5 +1,5 @@
 // What a kernel's worker threads inherit from the calling thread: grad mode and inference mode,
-// nothing else.
+// nothing else; and, like the calling thread inside a kernel, they dispatch below autograd.
 //
 // at::parallel_for does not carry thread-local state into its team.  The kernels need two
 // pieces of it there: inference mode (under torch.inference_mode() the workers write inference
@@ -8,9 +8,14 @@
 // saved-tensor hooks, torch-function modes), which takes the GIL: with the GIL held by the
 // waiting caller that is a deadlock.  The workers get exactly the two modes, so no mode or hook
 // a caller installs reaches them, and the bindings release the GIL for the whole call.
+// The kernels' own ATen calls are never autograd operations (the autograd wrappers own the
+// gradient), so the workers, like the entry points on the calling thread, skip the autograd and
+// ADInplaceOrView dispatch keys: the step loops make many small views and products, and each
+// would otherwise pay for autograd's bookkeeping.
 #pragma once
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/InferenceMode.h>
 
 namespace rnn_ablations {
@@ -32,6 +37,7 @@ class CallerModesGuard {
  private:
   c10::InferenceMode inference_;
   at::AutoGradMode grad_;
+  at::AutoDispatchBelowADInplaceOrView below_autograd_;
 };
 
 }  // namespace rnn_ablations
