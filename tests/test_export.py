@@ -127,8 +127,8 @@ def test_onnx_through_the_generic_path(variant, tmp_path):
     import onnx
     graph_ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert not any("rnn_ablations" in op for op in graph_ops)
-    session = ort.InferenceSession(str(path))
-    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    runner = ort.InferenceSession(str(path))
+    got = runner.run(None, {runner.get_inputs()[0].name: x.numpy()})
     with torch.no_grad():
         want = model(x)
     for g, w in zip(got, want):

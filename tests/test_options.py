@@ -1,12 +1,17 @@
 """rnn_ablations.options / set_options / get_options: nesting and restoring, per-thread
 isolation, the process-wide settings, validation, and the short forms (use_backend, ...)."""
 import dataclasses
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
 import torch
 
 import rnn_ablations as ra
+
+from conftest import requires_kernel
 from rnn_ablations import cuda_graphs, cuda_recurrence, dispatch
 from rnn_ablations.plan import Options
 
@@ -83,7 +88,7 @@ def test_a_block_does_not_leak_into_other_threads():
     assert outside["o"] == ra.plan.process_options()
 
 
-@pytest.mark.skipif(not ra.kernel_available(), reason="CPU kernel not built")
+@requires_kernel
 def test_a_block_in_another_thread_does_not_change_this_threads_layers():
     """The layer a thread runs follows its own settings while another thread holds a block that
     forces the generic path."""
@@ -149,7 +154,7 @@ def test_a_bad_setting_changes_nothing():
     assert ra.get_options() == start
 
 
-@pytest.mark.skipif(not ra.kernel_available(), reason="CPU kernel not built")
+@requires_kernel
 def test_kernel_isa_is_process_wide():
     """kernel_isa switches the compiled kernel for the process (it holds one path), in a block
     too, and is restored when the block ends; a path this CPU lacks is refused."""
@@ -181,11 +186,19 @@ def test_cuda_graphs_max_is_process_wide():
     assert cuda_graphs.MAX_GRAPHS == ra.plan.process_options().cuda_graphs_max
 
 
-@pytest.mark.skipif(ra.kernel_available() or ra.cuda_kernel_available(),
-                    reason="a compiled kernel is available")
 def test_kernel_backend_without_a_kernel_is_refused():
-    with pytest.raises(RuntimeError, match="no compiled kernel is available"):
-        ra.set_options(backend="kernel")
+    """In a process without a compiled kernel (the installed module hidden, none compiled on
+    first use), asking for one is an error that says so."""
+    code = ("import sys\nsys.modules['rnn_ablations._C'] = None\n"
+            "sys.modules['rnn_ablations._C_cuda'] = None\n"
+            "import rnn_ablations as ra\nassert not ra.kernel_available()\n"
+            "try:\n    ra.set_options(backend='kernel')\n"
+            "except RuntimeError as exc:\n    print('refused:', exc)\n")
+    env = dict(os.environ, RNN_ABLATIONS_NO_KERNEL="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused:" in proc.stdout and "no compiled kernel is available" in proc.stdout
 
 
 # --------------------------------------------------------------------------- short forms
