@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from . import _kernel_loader, cuda_graphs, ops
+from . import _kernel_loader, cuda_graphs, ops, ops_cuda
 from .plan import Kernels, LayerCall, cached_plan, get_options, options, process_options, set_options
 
 __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "get_backend",
@@ -40,6 +40,8 @@ if _C is not None:
 try:  # pragma: no cover - built only with a CUDA build of torch and nvcc (see setup.py)
     _C_cuda = importlib.import_module(__package__ + "._C_cuda")
     _CUDA_KERNEL_ERROR: Optional[str] = None
+    # its computing entry points as operators (CUDA implementations of the CPU kernel's)
+    _C_cuda = ops_cuda.CudaKernel(_C_cuda)
 except ImportError as exc:  # pragma: no cover
     _C_cuda = None
     _CUDA_KERNEL_ERROR = (f"{exc}; it is built by `pip install --no-build-isolation -e .` when "
@@ -78,7 +80,8 @@ def require_a_kernel() -> None:
 
 
 def _has(module, name: str) -> bool:
-    return module is not None and hasattr(module, name)
+    """Whether the compiled module (not its operator wrapper) has the entry point ``name``."""
+    return module is not None and hasattr(getattr(module, "raw", module), name)
 
 
 _kernels_cache = {}

@@ -26,6 +26,8 @@ forms of :func:`rnn_ablations.set_options` / :func:`rnn_ablations.options` /
 """
 from __future__ import annotations
 
+import torch
+
 from . import backend, cuda_graphs
 from .plan import CUDA_RECURRENCES, get_options, options, set_options
 
@@ -116,7 +118,9 @@ def select(plan, variant, highway: bool, proj, w_hh):
         if raw is None:
             raise RuntimeError(f"the rnn_ablations CUDA kernel is not available: "
                                f"{backend._CUDA_KERNEL_ERROR}")
-        if not plan.graphs:
+        if not plan.graphs or torch.compiler.is_compiling():
+            # a compiled graph holds the operators themselves (torch.compile has CUDA graphs of
+            # its own: mode="reduce-overhead")
             return raw
         graphed = backend._graphed_cuda
         if graphed is None or graphed.ext is not raw:
@@ -128,6 +132,10 @@ def select(plan, variant, highway: bool, proj, w_hh):
             "persistent kernel (rebuild it: `python setup.py build_ext --inplace` with a CUDA "
             "torch and nvcc), or use rnn_ablations.options(cuda_recurrence='steps')")
     blocks, tile, bwd = plan.persistent
+    if torch.compiler.is_compiling():
+        # persistent_plan reads the device's properties, which a traced graph cannot: the
+        # operator itself refuses a shape it does not apply to, when the graph runs
+        return _persistent_modules(raw, bwd, blocks, tile)[0]
     ok, why = raw.persistent_plan(variant.kernel_spec, highway, proj, w_hh, blocks, tile,
                                   False)[:2]
     if ok and bwd:

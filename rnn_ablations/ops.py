@@ -84,13 +84,17 @@ def _sizes(proj_or_x: Tensor, w_hh: Tensor) -> Tuple[int, int, int, int]:
 
 
 def _forward_shapes(proj_or_x, w_hh, h0, highway, train):
-    """The fake results (out, h_n, c_n, gates, cs, hin) of a forward."""
+    """The fake results (out, h_n, c_n, gates, cs, hin) of a forward: what it saves for the
+    backward (gates, cs, hin) in the accumulation type (float32 for the half types, which only
+    the CUDA kernel takes)."""
     T, B, H, R = _sizes(proj_or_x, w_hh)
     like = h0
+    acc = torch.float32 if h0.dtype in (torch.float16, torch.bfloat16) else h0.dtype
     return (like.new_empty(T, B, H), like.new_empty(B, H), like.new_empty(B, H),
-            like.new_empty(T, B, R * H),
-            like.new_empty(T, B, H) if train else _empty(like),
-            like.new_empty(T, B, H) if train and highway else _empty(like))
+            like.new_empty(T, B, R * H, dtype=acc),
+            like.new_empty(T, B, H, dtype=acc) if train else like.new_empty(0, dtype=acc),
+            like.new_empty(T, B, H, dtype=acc) if train and highway
+            else like.new_empty(0, dtype=acc))
 
 
 _HAS_MEMORY = {}

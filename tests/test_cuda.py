@@ -20,6 +20,8 @@ import copy
 
 import pytest
 import torch
+from torch.library import opcheck
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rnn_ablations as ra
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, weighted_sum
@@ -1009,3 +1011,95 @@ def test_speed_rows_of_the_persistent_kernel():
     assert all(r["dtype"] == "bfloat16" for r in rows)
     calls = got[("ran [persistent]", "train")]["cuda_graph_calls"]
     assert calls["replays"] + calls["eager"] >= 2  # the forward and backward of the round
+
+
+# --------------------------------------------------------------------------- operators
+# rnn_ablations/ops_cuda.py: the CUDA kernels as the CUDA implementations of the operators
+# (tests/test_ops_cuda.py checks the registration and the fake kernels without a GPU).
+
+class _RecordOps(TorchDispatchMode):
+    """Keeps every call of an rnn_ablations operator with copies of its arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "rnn_ablations":
+            self.calls.setdefault(func, []).append(
+                (tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args),
+                 dict(kwargs)))
+        return func(*args, **kwargs)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("recurrence", ["steps", "persistent"])
+def test_cuda_operators_opcheck(recurrence):
+    """The layers' CUDA calls go through the operators, and each passes ``opcheck`` (schema,
+    fake kernel against the kernel's results, traceability)."""
+    rec = _RecordOps()
+    for variant in STEP_VARIANTS:
+        for bidirectional in (False, True):
+            for highway in (False, True):
+                torch.manual_seed(0)
+                rnn = AblatedRNN(variant, 5, 8, num_layers=2, bidirectional=bidirectional,
+                                 highway=highway).cuda()
+                x = torch.randn(6, 3, 5, device="cuda", requires_grad=True)
+                with ra.options(backend="kernel", cuda_graphs=False,
+                                cuda_recurrence=recurrence, persistent_backward=True), rec:
+                    out, _ = rnn(x)
+                    out.square().sum().backward()
+                    with torch.no_grad():
+                        rnn(x)
+    names = {f._schema.name.split("::")[1] for f in rec.calls}
+    want = ({"persistent_forward", "persistent_backward"} if recurrence == "persistent"
+            else {"plain_forward", "plain_backward"})
+    assert want <= names, names
+    for func, calls in rec.calls.items():
+        seen = set()
+        for args, kwargs in calls:
+            key = tuple(a if isinstance(a, (bool, int)) else
+                        tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
+            if key not in seen:
+                seen.add(key)
+                opcheck(func, args, kwargs)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_cuda_compile_fullgraph_equals_eager(variant, bidirectional):
+    """``torch.compile(fullgraph=True)`` of a CUDA layer holds the kernel operators and gives the
+    eager forward and gradients."""
+    torch.manual_seed(0)
+    rnn = AblatedRNN(variant, 5, 8, num_layers=2, bidirectional=bidirectional).cuda()
+    x = torch.randn(7, 3, 5, device="cuda")
+
+    def run(f):
+        rnn.zero_grad()
+        out, (h, c) = f(x)
+        (out.square().sum() + h.sum() + c.sum()).backward()
+        return [out.detach(), h.detach(), c.detach()] + [p.grad.clone() for p in rnn.parameters()]
+
+    with ra.options(backend="kernel"):
+        want = run(rnn)
+        torch._dynamo.reset()
+        got = run(torch.compile(rnn, fullgraph=True, backend="aot_eager"))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@requires_cuda
+@needs_cuda_kernel
+def test_cuda_export_runs_the_operators():
+    torch.manual_seed(0)
+    rnn = AblatedRNN("ran", 5, 8, num_layers=2, bidirectional=True).cuda().eval()
+    x = torch.randn(7, 3, 5, device="cuda")
+    with ra.options(backend="kernel"):
+        want = rnn(x)[0]
+        exported = torch.export.export(rnn, (x,))
+    assert any(str(n.target).startswith("rnn_ablations.") for n in exported.graph.nodes)
+    torch.testing.assert_close(exported.module()(x)[0], want, rtol=1e-5, atol=1e-6)
