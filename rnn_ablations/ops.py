@@ -97,21 +97,6 @@ def _forward_shapes(proj_or_x, w_hh, h0, highway, train):
             else like.new_empty(0, dtype=acc))
 
 
-_HAS_MEMORY = {}
-
-
-def _memory(cs: Tensor, spec: int, highway: bool) -> Tensor:
-    """A forward's ``cs``.  A cell without memory (the S-RNN) gets a (T, B, H) ``cs`` that no
-    step writes; it is zeroed here, so that every result of an operator is a function of its
-    inputs (what ``opcheck`` and ``torch.compile`` assume)."""
-    key = (spec, highway)
-    if key not in _HAS_MEMORY:
-        _HAS_MEMORY[key] = bool(_registered.describe_kernel_spec(spec, highway)["memory"])
-    if cs.numel() and not _HAS_MEMORY[key]:
-        cs.zero_()
-    return cs
-
-
 def register(raw) -> None:
     """Register the operators for the compiled module ``raw`` (``rnn_ablations._C``); once per
     process (the operators stay bound to the first module)."""
@@ -136,7 +121,7 @@ def register(raw) -> None:
                       train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         out, h_n, c_n, gates, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0,
                                                     batch_sizes, rec_mask, train, False)
-        return out, h_n, c_n, gates, _memory(cs, spec, highway), hin
+        return out, h_n, c_n, gates, cs, hin
 
     @plain_forward.register_fake
     def _(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
@@ -148,7 +133,7 @@ def register(raw) -> None:
                        train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         out, h_n, c_n, _, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
                                                 rec_mask, train, True)
-        return out, h_n, c_n, _memory(cs, spec, highway), hin
+        return out, h_n, c_n, cs, hin
 
     @plain_forward_.register_fake
     def _(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
@@ -183,7 +168,6 @@ def register(raw) -> None:
                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         r = raw.fused_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask,
                               train, chunk)
-        r[4] = _memory(r[4], spec, highway)
         return tuple(r)
 
     @pipelined_forward.register_fake
@@ -226,7 +210,7 @@ def register(raw) -> None:
         results = raw.forward_directions(spec, highway, [proj_0, proj_1], w_hh, h0, c0,
                                          batch_sizes, rec_mask, train, True)
         return tuple(t for out, h_n, c_n, _, cs, hin in results
-                     for t in (out, h_n, c_n, _memory(cs, spec, highway), hin))
+                     for t in (out, h_n, c_n, cs, hin))
 
     @pair_forward_.register_fake
     def _(spec, highway, proj_0, proj_1, w_hh, h0, c0, batch_sizes, rec_mask, train):
@@ -260,8 +244,6 @@ def register(raw) -> None:
                                      chunk: int) -> List[Tensor]:
         results = raw.fused_forward_directions(spec, highway, x, w_ih, bias, w_hh, h0, c0,
                                                batch_sizes, rec_mask, train, chunk)
-        for r in results:
-            r[4] = _memory(r[4], spec, highway)
         return [t for r in results for t in r]
 
     @pipelined_directions_forward.register_fake

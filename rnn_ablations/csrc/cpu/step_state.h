@@ -73,7 +73,11 @@ struct StepState {
     // Every active row of out[t] is written by its step; finish_forward zeroes the others.
     out = at::empty({d.T, d.B, d.H}, opt);
     rolling_c = !keep;
-    cs = rolling_c ? c0_.clone(at::MemoryFormat::Contiguous) : at::empty({d.T, d.B, d.H}, opt);
+    // A cell without memory writes no c_t (c_n is h_n): its saved cs is zeros, so that every
+    // result is a function of the inputs (what torch.library.opcheck and torch.compile assume).
+    cs = rolling_c   ? c0_.clone(at::MemoryFormat::Contiguous)
+         : ks.memory ? at::empty({d.T, d.B, d.H}, opt)
+                     : at::zeros({d.T, d.B, d.H}, opt);
     hin = (ks.highway && keep) ? at::empty({d.T, d.B, d.H}, opt) : at::Tensor();
     hp_buf = has_mask ? at::empty({d.B, d.H}, opt) : at::Tensor();
     h0 = h0_; c0 = c0_; w_hh = w_hh_; w_t = w_hh_.t(); rec_mask = rec_mask_;
