@@ -10,8 +10,8 @@ autograd Functions of :mod:`rnn_ablations.kernel_autograd` call the forward and 
 operators (so saved-tensor hooks see what they save).
 
 The interface, once (one layer; T steps, B rows, H units, R recurrent and X input-only blocks of
-H rows of the variant's kernel spec, ``csrc/kernel_spec.h``; every tensor float32 or float64 on
-the CPU unless said):
+H rows of the variant's kernel spec, ``csrc/common/kernel_spec.h``; every tensor float32 or
+float64 on the CPU unless said):
 
 =======================  ==========================================================================
 operator                 arguments → results
@@ -41,12 +41,13 @@ operator                 arguments → results
                          list → the four results of every direction, flat
 ``pipelined_directions_forward`` / ``pipelined_directions_backward``: ``pipelined_forward`` /
                          ``pipelined_backward`` likewise (seven / six results per direction, flat)
-``scan_forward``         proj (T,B,D·G·H) of a cell that reads no h_{t-1}, h0 (D,B,H), c0 (D,B,H),
-                         batch_sizes, layout (block offsets, see :mod:`rnn_ablations.scan`), save,
-                         bias (D·G·H) or None → out (T,B,D·H), h_n (D,B,H), c_n (D,B,H),
-                         cs (T,B,D·H) (empty unless save); time- or batch-major like proj
-``scan_backward``        g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout, bias, bias_grad →
-                         d_proj, d_c0, d_bias (empty unless bias_grad)
+``scan_forward``         spec, highway of a cell that reads no h_{t-1} (its G blocks per direction
+                         from ``decode_scan_spec``), proj (T,B,D·G·H), h0 (D,B,H), c0 (D,B,H),
+                         batch_sizes, save, bias (D·G·H) or None → out (T,B,D·H), h_n (D,B,H),
+                         c_n (D,B,H), cs (T,B,D·H) (empty unless save); time- or batch-major
+                         like proj
+``scan_backward``        spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, bias,
+                         bias_grad → d_proj, d_c0, d_bias (empty unless bias_grad)
 ``weight_grad``          g (rows,M), x (rows,K) → gᵀx (M,K)
 =======================  ==========================================================================
 
@@ -271,34 +272,38 @@ def register(raw) -> None:
                 for t in _pipelined_grads_fake(a, wi, w, h, c, need_dx, need_dw, need_bias)]
 
     # -- the element-wise scan -------------------------------------------------------------
-    def _like_layout(proj: Tensor, width: int) -> Tensor:
+    def _like_layout(proj: Tensor, width: int, dtype=None) -> Tensor:
         T, B = proj.shape[0], proj.shape[1]
+        dtype = proj.dtype if dtype is None else dtype
         if not proj.is_contiguous() and proj.transpose(0, 1).is_contiguous():
-            return proj.new_empty(B, T, width).transpose(0, 1)
-        return proj.new_empty(T, B, width)
+            return proj.new_empty(B, T, width, dtype=dtype).transpose(0, 1)
+        return proj.new_empty(T, B, width, dtype=dtype)
 
     @_op("scan_forward", ())
-    def scan_forward(proj: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
-                     layout: List[int], save: bool,
+    def scan_forward(spec: int, highway: bool, proj: Tensor, h0: Tensor, c0: Tensor,
+                     batch_sizes: Tensor, save: bool,
                      bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        return tuple(raw.scan_forward(proj, h0, c0, batch_sizes, layout, save, bias))
+        return tuple(raw.scan_forward(spec, highway, proj, h0, c0, batch_sizes, save, bias))
 
     @scan_forward.register_fake
-    def _(proj, h0, c0, batch_sizes, layout, save, bias=None):
+    def _(spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
         D, _, H = c0.shape
+        # the memories cs in the accumulation type (float32 for the half types: CUDA only)
+        acc = torch.float32 if proj.dtype in (torch.float16, torch.bfloat16) else proj.dtype
         return (_like_layout(proj, D * H), c0.new_empty(c0.shape), c0.new_empty(c0.shape),
-                _like_layout(proj, D * H) if save else _empty(proj))
+                _like_layout(proj, D * H, acc) if save else proj.new_empty(0, dtype=acc))
 
     @_op("scan_backward", ())
-    def scan_backward(g_out: Tensor, g_hn: Tensor, g_cn: Tensor, proj: Tensor, c0: Tensor,
-                      cs: Tensor, batch_sizes: Tensor, layout: List[int],
+    def scan_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
+                      proj: Tensor, c0: Tensor, cs: Tensor, batch_sizes: Tensor,
                       bias: Optional[Tensor] = None,
                       bias_grad: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
-        return tuple(raw.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout,
-                                       bias, bias_grad))
+        return tuple(raw.scan_backward(spec, highway, g_out, g_hn, g_cn, proj, c0, cs,
+                                       batch_sizes, bias, bias_grad))
 
     @scan_backward.register_fake
-    def _(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout, bias=None, bias_grad=False):
+    def _(spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, bias=None,
+          bias_grad=False):
         return (_like_layout(proj, proj.shape[2]), g_cn.new_empty(g_cn.shape),
                 proj.new_empty(proj.shape[2]) if bias_grad else _empty(proj))
 
@@ -410,14 +415,14 @@ class CpuKernel:
             need_dw, need_bias, chunk)
         return _per_direction(flat, 6)
 
-    def scan_forward(self, proj, h0, c0, batch_sizes, layout, save, bias=None):
-        return list(self._ops(proj).scan_forward(proj, h0, c0, batch_sizes, list(layout), save,
+    def scan_forward(self, spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
+        return list(self._ops(proj).scan_forward(spec, highway, proj, h0, c0, batch_sizes, save,
                                                  bias))
 
-    def scan_backward(self, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, layout, bias=None,
-                      bias_grad=False):
-        return list(self._ops(g_out).scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
-                                            list(layout), bias, bias_grad))
+    def scan_backward(self, spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
+                      bias=None, bias_grad=False):
+        return list(self._ops(g_out).scan_backward(spec, highway, g_out, g_hn, g_cn, proj, c0, cs,
+                                                   batch_sizes, bias, bias_grad))
 
     def weight_grad(self, g, x):
         return self._ops(g).weight_grad(g, x)

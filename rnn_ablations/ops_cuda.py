@@ -192,17 +192,15 @@ class CudaKernel:
             return self.raw.persistent_backward(*args)
         return list(route.persistent_backward(*args))
 
-    def scan_forward(self, proj, *args):
-        route = self._ops(proj)
+    def scan_forward(self, *args):  # spec, highway, proj, ...
+        route = self._ops(args[2])
         if route is None:
-            return self.raw.scan_forward(proj, *args)
-        return list(route.scan_forward(proj, *[list(a) if isinstance(a, tuple) else a
-                                               for a in args]))
+            return self.raw.scan_forward(*args)
+        return list(route.scan_forward(*args))
 
-    def scan_backward(self, g_out, *args):
-        route = self._ops(g_out)
+    def scan_backward(self, *args):  # spec, highway, g_out, ...
+        route = self._ops(args[2])
         if route is None:
-            return self.raw.scan_backward(g_out, *args)
-        return list(route.scan_backward(g_out, *[list(a) if isinstance(a, tuple) else a
-                                                 for a in args]))
+            return self.raw.scan_backward(*args)
+        return list(route.scan_backward(*args))
 

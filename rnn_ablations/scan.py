@@ -6,8 +6,10 @@ there is no per-step matrix product: :func:`run_scan_layer` computes the project
 step with one GEMM per direction and hands them to a fused element-wise kernel, ``scan_forward``
 / ``scan_backward`` (``csrc/cpu/scan.cpp`` with its AVX2 + FMA rows
 ``csrc/cpu/scan_rows_avx2.cpp`` in the CPU extension ``_C``, ``csrc/cuda/scan_kernel.cu`` in the
-CUDA extension ``_C_cuda``), with a hand-written backward.  The kernels receive the block layout derived from the variant table
-(:func:`scan_layout`), not a variant id.
+CUDA extension ``_C_cuda``), with a hand-written backward.  The kernels receive the variant's
+kernel spec (``Variant.kernel_spec``) and the highway flag, as the step kernels do, and derive the
+output rule and block offsets from them (``csrc/common/kernel_spec.h``, ``decode_scan_spec``);
+:func:`scan_applies` says whether they have a rule for a cell.
 
 The whole layer is one autograd node (:class:`_FusedScanLayer`): the kernels add the bias
 inside the scan and sum its gradient there, read a ``batch_first`` input (and write their output)
@@ -25,7 +27,7 @@ each row's length (the same function as the other variants' reversed copies, wit
 from __future__ import annotations
 
 import importlib
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -37,10 +39,7 @@ from .projection import _dnnl_linear, input_projection
 from .functional import generic_layer, projection_bias, reversal_index
 from .variants import Variant
 
-__all__ = ["run_scan_layer", "scan_layout", "scan_kernel_available"]
-
-#: output rules of the scan kernels (``layout[6]``)
-OUTPUT_CODES = {"o_tanh": 0, "tanh": 1, "identity": 2}
+__all__ = ["run_scan_layer", "scan_applies", "scan_kernel_available"]
 
 
 def _import(name: str):
@@ -54,21 +53,18 @@ _C = _import("_C")
 _C_cuda = _import("_C_cuda")
 
 
-def scan_layout(variant: Variant, highway: bool) -> Optional[List[int]]:
-    """The kernels' view of a variant: ``[i, f, o, c, r, hw, output]``, block offsets in
-    units of H within the projection (-1 = absent) and the output rule (0 ``o∘tanh(c)``,
-    1 ``tanh(c)``, 2 ``c``); ``None`` when the scan kernels do not apply (the cell reads
-    h_{t-1}, has no memory, or its content is not used as is)."""
-    if variant.reads_hidden or not variant.has_memory or variant.content_activation != "identity":
-        return None
-    rec, inp = variant.blocks(highway)
-    order = rec + inp
-
-    def offset(block: str) -> int:
-        return order.index(block) if block in order else -1
-
-    return [offset("i"), offset("f"), offset("o") if variant.output == "o_tanh" else -1,
-            offset(variant.content_block), offset("r"), offset("hw"), OUTPUT_CODES[variant.output]]
+def scan_applies(variant: Variant) -> bool:
+    """True when the scan kernels have a rule for ``variant``: a memory cell whose gates read no
+    h_{t-1} and whose content is used as it is.  These are the specs that
+    ``csrc/common/kernel_spec.h`` ``decode_scan_spec`` accepts (``tests/test_variant_table.py``
+    checks that both agree for every row); any other cell that reads no h_{t-1} runs on the
+    generic path.  The block order the kernels read is the table's (``Variant.blocks``), which
+    the table checks when a row is built."""
+    if not isinstance(variant, Variant):
+        raise TypeError(f"scan_applies takes a Variant (rnn_ablations.get_variant(name)), got "
+                        f"{type(variant).__name__}")
+    return (not variant.reads_hidden and variant.has_memory
+            and variant.content_activation == "identity")
 
 
 def scan_kernel_available(device: str = "cpu") -> bool:
@@ -81,10 +77,10 @@ class _ScanLayer(torch.autograd.Function):
     """Autograd wrapper of the scan kernels: from the projections to the outputs."""
 
     @staticmethod
-    def forward(ctx, proj, h0, c0, batch_sizes, layout, ext, variant, highway):
-        out, h_n, c_n, cs = ext.scan_forward(proj, h0, c0, batch_sizes, layout, True)
+    def forward(ctx, proj, h0, c0, batch_sizes, spec, ext, variant, highway):
+        out, h_n, c_n, cs = ext.scan_forward(spec, highway, proj, h0, c0, batch_sizes, True)
         ctx.save_for_backward(proj, h0, c0, cs, batch_sizes)
-        ctx.layout, ctx.ext, ctx.variant, ctx.highway = layout, ext, variant, highway
+        ctx.spec, ctx.ext, ctx.variant, ctx.highway = spec, ext, variant, highway
         return out, h_n, c_n
 
     @staticmethod
@@ -103,9 +99,9 @@ class _ScanLayer(torch.autograd.Function):
             dproj = dproj if dproj is not None or not proj.requires_grad else torch.zeros_like(proj)
             dc0 = dc0 if dc0 is not None or not c0.requires_grad else torch.zeros_like(c0)
             return dproj, None, dc0, None, None, None, None, None
-        dproj, dc0 = ctx.ext.scan_backward(g_out.contiguous(), g_hn.contiguous(),
-                                           g_cn.contiguous(), proj, c0, cs, batch_sizes,
-                                           ctx.layout)[:2]
+        dproj, dc0 = ctx.ext.scan_backward(ctx.spec, ctx.highway, g_out.contiguous(),
+                                           g_hn.contiguous(), g_cn.contiguous(), proj, c0, cs,
+                                           batch_sizes)[:2]
         return dproj, None, dc0, None, None, None, None, None
 
 
@@ -205,21 +201,21 @@ class _FusedScanLayer(torch.autograd.Function):
     their batch-major order, without a transposed copy.  ``ext`` is the CPU or CUDA extension."""
 
     @staticmethod
-    def forward(ctx, x, c0, h0, batch_sizes, layout, ext, variant, highway, bias, *weights):
+    def forward(ctx, x, c0, h0, batch_sizes, spec, ext, variant, highway, bias, *weights):
         seq_len, batch = x.shape[0], x.shape[1]
         x2d, batch_major = _rows(x)
         proj2d, cat = _project(x2d, weights)
         proj = _as_time_major(proj2d, seq_len, batch, batch_major)
-        out, h_n, c_n, cs = ext.scan_forward(proj, h0, c0, batch_sizes, layout, True, bias)
+        out, h_n, c_n, cs = ext.scan_forward(spec, highway, proj, h0, c0, batch_sizes, True, bias)
         ctx.save_for_backward(x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights)
-        ctx.layout, ctx.ext, ctx.variant, ctx.highway = layout, ext, variant, highway
+        ctx.spec, ctx.ext, ctx.variant, ctx.highway = spec, ext, variant, highway
         ctx.batch_major = batch_major
         return out, h_n, c_n
 
     @staticmethod
     def backward(ctx, g_out, g_hn, g_cn):
         x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights = ctx.saved_tensors
-        # inputs: x, c0, h0, batch_sizes, layout, ext, variant, highway, bias, *weights
+        # inputs: x, c0, h0, batch_sizes, spec, ext, variant, highway, bias, *weights
         need = ctx.needs_input_grad
         wants = (need[0], need[1], need[8]) + tuple(need[9:])
         if torch.is_grad_enabled():
@@ -242,8 +238,8 @@ class _FusedScanLayer(torch.autograd.Function):
             g_out = g_out.contiguous()
         g_hn = torch.zeros_like(c0) if g_hn is None else g_hn.contiguous()
         g_cn = torch.zeros_like(c0) if g_cn is None else g_cn.contiguous()
-        dproj, dc0, db = ctx.ext.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
-                                               ctx.layout, bias, bool(need[8]))
+        dproj, dc0, db = ctx.ext.scan_backward(ctx.spec, ctx.highway, g_out, g_hn, g_cn, proj, c0,
+                                               cs, batch_sizes, bias, bool(need[8]))
         g2d = _rows_of(dproj, ctx.batch_major)
         dx = dws = None
         if need[0]:
@@ -261,7 +257,7 @@ class _FusedScanLayer(torch.autograd.Function):
 
 
 def _scan_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor],
-               hidden: int, layout, needs_grad: bool) -> Plan:
+               hidden: int, applies: bool, needs_grad: bool) -> Plan:
     """The run plan of this layer (:func:`rnn_ablations.plan.plan_layer`): the generic path, the
     scan kernel after a projection node, or the whole layer in one node (``fused_scan``)."""
     device = x.device.type
@@ -272,7 +268,7 @@ def _scan_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[
                      proj_weight=sum(w.numel() for w in weights), directions=len(weights),
                      needs_grad=needs_grad, threads=_backend.num_threads(),
                      autocast_dtype=_backend.autocast_dtype(device), uniform=uniform,
-                     scan_layout=layout is not None)
+                     scan_layout=applies)
     return _backend.plan_call(tuple(call))
 
 
@@ -311,22 +307,23 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
     else:
         bias = torch.cat([projection_bias(b, width) for b in biases]) if dirs > 1 \
             else projection_bias(biases[0], width)
-    layout = scan_layout(variant, highway)
+    spec = variant.kernel_spec
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (x, c0, bias, *weights))
-    plan = _scan_plan(x, weights, bias, c0.shape[-1], layout, needs_grad)
+    plan = _scan_plan(x, weights, bias, c0.shape[-1], scan_applies(variant), needs_grad)
     _backend.warn_once(plan)
     ext = _backend._C if plan.path == "cpu" else _backend._C_cuda if plan.path == "cuda" else None
     if plan.schedule == "fused_scan":
         # the projection, the scan (bias added inside) and the backward in one node
         h0, c0 = h0.contiguous(), c0.contiguous()
         if needs_grad:
-            return _FusedScanLayer.apply(x, c0, h0, batch_sizes, layout, ext, variant, highway,
+            return _FusedScanLayer.apply(x, c0, h0, batch_sizes, spec, ext, variant, highway,
                                          bias, *weights)
         with torch.no_grad():  # inference: nothing saved for a backward
             x2d, batch_major = _rows(x)
             proj = _as_time_major(_project(x2d, weights)[0], x.shape[0], x.shape[1], batch_major)
-            out, h_n, c_n, _ = ext.scan_forward(proj, h0, c0, batch_sizes, layout, False, bias)
+            out, h_n, c_n, _ = ext.scan_forward(spec, highway, proj, h0, c0, batch_sizes, False,
+                                                bias)
         return out, h_n, c_n
     weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
     proj = input_projection(x, weight, bias, onednn=plan.onednn)
@@ -335,6 +332,6 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
         return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
     proj, h0, c0 = proj.contiguous(), h0.contiguous(), c0.contiguous()
     if torch.is_grad_enabled() and (proj.requires_grad or c0.requires_grad):
-        return _ScanLayer.apply(proj, h0, c0, batch_sizes, layout, ext, variant, highway)
-    out, h_n, c_n, _ = ext.scan_forward(proj, h0, c0, batch_sizes, layout, False)
+        return _ScanLayer.apply(proj, h0, c0, batch_sizes, spec, ext, variant, highway)
+    out, h_n, c_n, _ = ext.scan_forward(spec, highway, proj, h0, c0, batch_sizes, False)
     return out, h_n, c_n

@@ -188,6 +188,17 @@ class Variant:
         if self.reads_hidden and not self.has_memory and not content_recurrent:
             raise ValueError(f"variant {self.name!r}: a cell without memory whose content reads "
                              "x_t only has no recurrence")
+        if not self.reads_hidden and self.has_memory:
+            # the element-wise scan derives its block offsets from the spec in this order
+            # (csrc/common/kernel_spec.h, decode_scan_spec)
+            expected_biased = ("i", "f") + (("o",) if self.output == "o_tanh" else ())
+            expected_plain = (self.content_block,)
+            if (self.input_only_biased, self.input_only) != (expected_biased, expected_plain):
+                raise ValueError(
+                    f"variant {self.name!r}: the element-wise scan reads the blocks in the order "
+                    f"input_only_biased={expected_biased}, input_only={expected_plain}; the table "
+                    f"has input_only_biased={self.input_only_biased}, "
+                    f"input_only={self.input_only} (reorder the blocks in the table)")
         return spec
 
     @property

@@ -9,7 +9,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from rnn_ablations import (AblatedRNN, VARIANTS, get_variant, recurrent_param_count, use_backend,
                            weighted_sum)
-from rnn_ablations.scan import run_scan_layer, scan_kernel_available, scan_layout
+from rnn_ablations.scan import run_scan_layer, scan_applies, scan_kernel_available
 
 NAME = "lstm_minus_srnn_minus_hidden"
 HAS_KERNEL = scan_kernel_available("cpu")
@@ -33,13 +33,18 @@ def test_table_row_and_alias():
     assert v.blocks() == ((), ("i", "f", "o", "c")) and v.biased_blocks() == ("i", "f", "o")
     assert v.blocks(True) == ((), ("i", "f", "o", "r", "c", "hw"))
     assert v.biased_blocks(True) == ("i", "f", "o", "r")
-    # the kernels' view is derived from the table
-    assert scan_layout(v, False) == [0, 1, 2, 3, -1, -1, 0]
-    assert scan_layout(v, True) == [0, 1, 2, 4, 3, 5, 0]
+    # the scan runs it; the kernels' view (block offsets from the spec) is derived from the table
+    assert scan_applies(v)
+    if HAS_KERNEL:
+        from rnn_ablations import _C
+        assert _C.describe_scan_spec(v.kernel_spec, False)["input_only"] == [
+            "i", "f", "o", "content"]
+        assert _C.describe_scan_spec(v.kernel_spec, True)["input_only"] == [
+            "i", "f", "o", "r", "content", "hw"]
     # every other variant reads h_{t-1} and keeps its step kernel
     for other in VARIANTS:
         if other != NAME:
-            assert get_variant(other).reads_hidden and scan_layout(get_variant(other), False) is None
+            assert get_variant(other).reads_hidden and not scan_applies(get_variant(other))
 
 
 def test_variant_is_built_with_keywords():
@@ -237,7 +242,7 @@ def test_kernel_runs_rows_in_parallel(one_thread):
     import threading
     from rnn_ablations import _C
     v = get_variant(NAME)
-    layout = scan_layout(v, False)
+    spec = v.kernel_spec
     T, B, D, H = 200, 32, 2, 256  # D * B rows; large enough to be split (see scan.cpp)
     proj = torch.randn(T, B, D * v.num_input_only(False) * H)
     bias = torch.randn(proj.size(2))
@@ -248,9 +253,9 @@ def test_kernel_runs_rows_in_parallel(one_thread):
     g_out, g_hn, g_cn = torch.randn(T, B, D * H), torch.randn(D, B, H), torch.randn(D, B, H)
 
     def both():
-        out, h_n, c_n, cs = _C.scan_forward(proj, h0, c0, bs, layout, True, bias)
-        return (out, h_n, c_n) + tuple(_C.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, bs,
-                                                        layout, bias, True))
+        out, h_n, c_n, cs = _C.scan_forward(spec, False, proj, h0, c0, bs, True, bias)
+        return (out, h_n, c_n) + tuple(_C.scan_backward(spec, False, g_out, g_hn, g_cn, proj, c0,
+                                                        cs, bs, bias, True))
 
     def others_share(n_threads):
         torch.set_num_threads(n_threads)
@@ -275,34 +280,56 @@ def test_kernel_runs_rows_in_parallel(one_thread):
 
 
 @pytest.mark.skipif(not HAS_KERNEL, reason="scan kernel not built")
-def test_kernel_rejects_a_bad_layout():
+def test_kernel_rejects_a_bad_spec_or_shape():
+    """The scan decodes the variant from its kernel spec (csrc/common/kernel_spec.h) and refuses
+    what it does not run, saying what does; then the tensors' shapes."""
     from rnn_ablations import _C
-    proj = torch.randn(3, 2, 8)
+    from rnn_ablations.variants import Variant
+    spec = get_variant(NAME).kernel_spec
+    proj = torch.randn(3, 2, 8)  # G = 4 blocks of H = 2
     z = torch.zeros(1, 2, 2)  # (D, B, H)
     bs = torch.tensor([2, 2, 1])
-    with pytest.raises(RuntimeError, match="two blocks share offset"):
-        _C.scan_forward(proj, z, z, bs, [0, 0, 2, 3, -1, -1, 0], False)
-    with pytest.raises(RuntimeError, match="outside the 4 blocks"):
-        _C.scan_forward(proj, z, z, bs, [0, 1, 2, 4, -1, -1, 0], False)
-    with pytest.raises(RuntimeError, match="output gate block is given iff"):
-        _C.scan_forward(proj, z, z, bs, [0, 1, 2, 3, -1, -1, 1], False)
+    for other in VARIANTS:  # the cells that read h_{t-1}: the step kernels run them
+        if get_variant(other).reads_hidden:
+            with pytest.raises(RuntimeError, match=r"read h_\{t-1\}; it runs on the step kernels"):
+                _C.scan_forward(get_variant(other).kernel_spec, False, proj, z, z, bs, False)
+    with pytest.raises(RuntimeError, match="unknown kernel spec 5 .*Variant.kernel_spec"):
+        _C.scan_forward(get_variant(NAME).code, False, proj, z, z, bs, False)
+    with pytest.raises(RuntimeError, match="reads 6 blocks of H = 2 columns"):
+        _C.scan_forward(spec, True, proj, z, z, bs, False)  # highway: 6 blocks, proj has 4
+    fields = dict(paper_name="toy", recurrent=(), context_independent_content=True,
+                  equations="toy")
+    tanh_content = Variant(name="toy_tanh_content", code=110, input_only_biased=("i", "f"),
+                           input_only=("c",), content_block="c", content_activation="tanh",
+                           has_memory=True, output="tanh", **fields)
+    no_memory = Variant(name="toy_no_memory", code=111, input_only=("c",), content_block="c",
+                        has_memory=False, output="content", **fields)
+    assert not scan_applies(tanh_content) and not scan_applies(no_memory)
+    with pytest.raises(RuntimeError, match="tanh of the content is not implemented.*CONTRIBUTING"):
+        _C.scan_forward(tanh_content.kernel_spec, False, torch.randn(3, 2, 6), z, z, bs, False)
+    with pytest.raises(RuntimeError, match="without memory .* no recurrence"):
+        _C.scan_forward(no_memory.kernel_spec, False, torch.randn(3, 2, 2), z, z, bs, False)
     with pytest.raises(RuntimeError, match=r"\(D, B, H\) with D = 1 or 2"):
-        _C.scan_forward(proj, z[0], z[0], bs, [0, 1, 2, 3, -1, -1, 0], False)
+        _C.scan_forward(spec, False, proj, z[0], z[0], bs, False)
     with pytest.raises(RuntimeError, match="multiple of D\\*H"):
-        _C.scan_forward(torch.randn(3, 2, 6), z.expand(2, 2, 2).contiguous(),
-                        z.expand(2, 2, 2).contiguous(), bs, [0, 1, 2, 3, -1, -1, 0], False)
+        _C.scan_forward(spec, False, torch.randn(3, 2, 6), z.expand(2, 2, 2).contiguous(),
+                        z.expand(2, 2, 2).contiguous(), bs, False)
     with pytest.raises(RuntimeError, match="non-increasing"):
-        _C.scan_forward(proj, z, z, torch.tensor([1, 2, 2]), [0, 1, 2, 3, -1, -1, 0], False)
+        _C.scan_forward(spec, False, proj, z, z, torch.tensor([1, 2, 2]), False)
+    with pytest.raises(TypeError, match="takes a Variant"):
+        scan_applies(NAME)
 
 
 # --------------------------------------------------------------------------- the vector paths
 ISAS = __import__("rnn_ablations").supported_kernel_isas() if HAS_KERNEL else []
 
 
-def _scan_call(layout, proj, bias, h0, c0, bs, g_out, g_hn, g_cn):
+def _scan_call(key, proj, bias, h0, c0, bs, g_out, g_hn, g_cn):
     from rnn_ablations import _C
-    out, h_n, c_n, cs = _C.scan_forward(proj, h0, c0, bs, layout, True, bias)
-    dproj, dc0, db = _C.scan_backward(g_out, g_hn, g_cn, proj, c0, cs, bs, layout, bias, True)
+    spec, highway = key
+    out, h_n, c_n, cs = _C.scan_forward(spec, highway, proj, h0, c0, bs, True, bias)
+    dproj, dc0, db = _C.scan_backward(spec, highway, g_out, g_hn, g_cn, proj, c0, cs, bs, bias,
+                                      True)
     return out, h_n, c_n, cs, dproj, dc0, db
 
 
@@ -315,7 +342,7 @@ def test_scan_vector_paths_agree(highway, dirs, H, one_thread):
     backward, with the bias added inside the scan and its gradient summed there."""
     import rnn_ablations as ra
     v = get_variant(NAME)
-    layout = scan_layout(v, highway)
+    key = (v.kernel_spec, highway)
     G = v.num_input_only(highway)
     T, B = 7, 5
     bs = torch.tensor([5, 5, 4, 3, 3, 2, 1])
@@ -324,16 +351,16 @@ def test_scan_vector_paths_agree(highway, dirs, H, one_thread):
     h0, c0 = torch.randn(2, dirs, B, H, dtype=torch.float64)
     g_out = torch.randn(T, B, dirs * H, dtype=torch.float64)
     g_hn, g_cn = torch.randn(2, dirs, B, H, dtype=torch.float64)
-    ref = _scan_call(layout, proj, bias, h0, c0, bs, g_out, g_hn, g_cn)
+    ref = _scan_call(key, proj, bias, h0, c0, bs, g_out, g_hn, g_cn)
     # the fused bias is the bias added to proj; its gradient the sum of d_proj
-    plain = _scan_call(layout, proj + bias, None, h0, c0, bs, g_out, g_hn, g_cn)
+    plain = _scan_call(key, proj + bias, None, h0, c0, bs, g_out, g_hn, g_cn)
     for k in (0, 1, 2, 4, 5, 6):  # cs holds nothing at padded steps
         torch.testing.assert_close(ref[k], plain[k])
     torch.testing.assert_close(ref[6], ref[4].sum((0, 1)))
     assert ISAS[-1] == "portable"
     for isa in ISAS:
         with ra.use_kernel_isa(isa):
-            got = _scan_call(layout, *(t.float() for t in (proj, bias, h0, c0)), bs,
+            got = _scan_call(key, *(t.float() for t in (proj, bias, h0, c0)), bs,
                              *(t.float() for t in (g_out, g_hn, g_cn)))
         for name, a, b in zip(["out", "h_n", "c_n", "cs", "d_proj", "d_c0", "d_bias"], got, ref):
             if name == "cs":  # nothing at padded steps
@@ -351,7 +378,7 @@ def test_scan_batch_major_layout(isa, one_thread):
     """A batch-major proj (the time-major view of a contiguous (B, T, W) tensor, as from a
     batch_first input) gives the same numbers, and batch-major outputs and gradients."""
     import rnn_ablations as ra
-    layout = scan_layout(get_variant(NAME), False)
+    key = (get_variant(NAME).kernel_spec, False)
     T, B, H = 6, 4, 9
     bs = torch.tensor([4, 4, 3, 3, 1, 1])
     proj_bm = torch.randn(B, T, 2 * 4 * H)
@@ -360,9 +387,9 @@ def test_scan_batch_major_layout(isa, one_thread):
     g_out_bm = torch.randn(B, T, 2 * H)
     g_hn, g_cn = torch.randn(2, 2, B, H)
     with ra.use_kernel_isa(isa):
-        tm = _scan_call(layout, proj_bm.transpose(0, 1).contiguous(), bias, h0, c0, bs,
+        tm = _scan_call(key, proj_bm.transpose(0, 1).contiguous(), bias, h0, c0, bs,
                         g_out_bm.transpose(0, 1).contiguous(), g_hn, g_cn)
-        bm = _scan_call(layout, proj_bm.transpose(0, 1), bias, h0, c0, bs,
+        bm = _scan_call(key, proj_bm.transpose(0, 1), bias, h0, c0, bs,
                         g_out_bm.transpose(0, 1), g_hn, g_cn)
     for k in (0, 1, 2, 4, 5, 6):  # cs holds nothing at padded steps
         torch.testing.assert_close(bm[k], tm[k], atol=0, rtol=0)

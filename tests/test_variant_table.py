@@ -1,5 +1,6 @@
-"""The variant table drives every implementation: the step kernels' view of each variant (its
-kernel spec, decoded by the C++ side) is derived from the table and agrees with it."""
+"""The variant table drives every implementation: the kernels' view of each variant (its kernel
+spec, decoded by the C++ side for the step kernels and for the element-wise scan) is derived from
+the table and agrees with it."""
 import pytest
 import torch
 
@@ -16,17 +17,26 @@ def _table_view(v, highway):
     return [role(b) for b in rec], [role(b) for b in inp]
 
 
+def _kernel_view(v, highway):
+    """The C++ decoder's view of ``v``: the step kernels' (describe_kernel_spec) for a cell that
+    reads h_{t-1}, else the element-wise scan's (describe_scan_spec); each refuses the other's
+    cells, naming the kernel that runs them."""
+    from rnn_ablations import _C
+    if not v.has_step_kernel:  # reads no h_{t-1}: the step kernels refuse it, the scan runs it
+        with pytest.raises(RuntimeError, match="has no step kernel.*scan"):
+            _C.describe_kernel_spec(v.kernel_spec, highway)
+        return _C.describe_scan_spec(v.kernel_spec, highway)
+    with pytest.raises(RuntimeError, match=r"read h_\{t-1\}; it runs on the step kernels"):
+        _C.describe_scan_spec(v.kernel_spec, highway)
+    return _C.describe_kernel_spec(v.kernel_spec, highway)
+
+
 @requires_kernel
 @pytest.mark.parametrize("highway", [False, True])
 @pytest.mark.parametrize("name", VARIANTS)
 def test_kernel_view_of_every_variant_matches_the_table(name, highway):
-    from rnn_ablations import _C
     v = get_variant(name)
-    if not v.has_step_kernel:  # reads no h_{t-1}: the step kernels refuse it, the scan runs it
-        with pytest.raises(RuntimeError, match="has no step kernel.*scan"):
-            _C.describe_kernel_spec(v.kernel_spec, highway)
-        return
-    view = _C.describe_kernel_spec(v.kernel_spec, highway)
+    view = _kernel_view(v, highway)
     rec, inp = _table_view(v, highway)
     assert (view["recurrent"], view["input_only"]) == (rec, inp)
     assert len(view["recurrent"]) == v.num_recurrent(highway)
@@ -104,15 +114,38 @@ def test_a_copy_of_a_row_gets_the_same_kernel():
 
 @requires_kernel
 @pytest.mark.parametrize("highway", [False, True])
+def test_scan_predicate_agrees_with_the_scan_decoder(highway):
+    """rnn_ablations.scan.scan_applies (which sends a layer to the scan kernels) is True exactly
+    for the specs the C++ scan decoder accepts: every row of the table, the toys, and cells that
+    read no h_{t-1} but have a rule the scan lacks (a tanh content, no memory)."""
+    from rnn_ablations import _C
+    from rnn_ablations.scan import scan_applies
+    extra = [_toy("toy_tanh_content_minus_hidden", 120, recurrent=(), input_only_biased=("i", "f"),
+                  input_only=("c",), content_block="c", content_activation="tanh",
+                  has_memory=True, output="tanh"),
+             _toy("toy_feedforward", 121, recurrent=(), input_only=("c",), content_block="c",
+                  has_memory=False, output="content")]
+    rows = [get_variant(n) for n in VARIANTS] + TOYS + extra
+    for v in rows:
+        try:
+            _C.describe_scan_spec(v.kernel_spec, highway)
+            accepted = True
+        except RuntimeError:
+            accepted = False
+        assert scan_applies(v) == accepted, v.name
+    assert any(scan_applies(v) for v in rows) and not all(scan_applies(v) for v in rows)
+
+
+@requires_kernel
+@pytest.mark.parametrize("highway", [False, True])
 @pytest.mark.parametrize("toy", [v.name for v in TOYS])
 def test_toy_variants_run_on_every_path_and_agree(toy_table, toy, highway):
     """A row built from the table alone runs on the generic path and on the compiled kernels
     (step kernel or scan), forward and backward, padded and bidirectional, and they agree."""
     from rnn_ablations import _C
     v = toy_table[toy]
-    if v.has_step_kernel:
-        view = _C.describe_kernel_spec(v.kernel_spec, highway)
-        assert (view["recurrent"], view["input_only"]) == _table_view(v, highway)
+    view = _kernel_view(v, highway)
+    assert (view["recurrent"], view["input_only"]) == _table_view(v, highway)
     torch.manual_seed(0)
     m = AblatedRNN(toy, 4, 6, num_layers=2, bidirectional=True, highway=highway).double()
     assert m.variant_state.tolist() == [v.code, int(highway)]

@@ -31,6 +31,20 @@ py::dict describe_kernel_spec(int64_t spec, bool highway) {
   return d;
 }
 
+// The element-wise scan's view of a spec (a cell whose gates read no h_{t-1}), as the table test
+// reads it: the same keys as describe_kernel_spec.
+py::dict describe_scan_spec(int64_t spec, bool highway) {
+  const ScanSpec ss = decode_scan_spec(spec, highway, "describe_scan_spec");
+  py::dict d;
+  d["output"] = output_rule_name(ss.output);
+  d["memory"] = true;
+  d["content_recurrent"] = false;
+  d["content_activation"] = "identity";
+  d["recurrent"] = std::vector<std::string>();
+  d["input_only"] = scan_spec_blocks(ss);
+  return d;
+}
+
 
 // C (M x N) [+]= A (M x K) * B through the packed step GEMM of the path in use, for the tests
 // (tests/test_core.py: every path against a float64 product at the panel and row-block tails).
@@ -66,19 +80,20 @@ static void register_scan(pybind11::module_& m) {
   using namespace rnn_ablations;
   m.def("scan_forward", &scan_forward, py::call_guard<py::gil_scoped_release>(),
         "element-wise scan of a gated memory whose gates read x_t only (forward), D = h0.size(0) "
-        "directions (direction 1 runs each row backwards within its length); layout = "
-        "{i, f, o, c, r, hw, output} block offsets in units of H (-1 absent), output 0 o*tanh(c), "
-        "1 tanh(c), 2 c",
-        py::arg("proj"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"), py::arg("layout"),
-        py::arg("save"), py::arg("bias") = py::none());
+        "directions (direction 1 runs each row backwards within its length); spec: "
+        "Variant.kernel_spec, whose output rule and block offsets (G blocks of H columns per "
+        "direction, the table's weight order) common/kernel_spec.h decode_scan_spec derives",
+        py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("h0"), py::arg("c0"),
+        py::arg("batch_sizes"), py::arg("save"), py::arg("bias") = py::none());
   m.def("scan_backward", &scan_backward, py::call_guard<py::gil_scoped_release>(),
         "backward of scan_forward: (d_proj, d_c0, d_bias); d_bias (the sum of d_proj over steps "
         "and rows, D*G*H) is computed when bias_grad, else empty",
-        py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"), py::arg("proj"), py::arg("c0"),
-        py::arg("cs"), py::arg("batch_sizes"), py::arg("layout"), py::arg("bias") = py::none(),
-        py::arg("bias_grad") = false);
-  // 2: bias inside the scan, batch-major layouts, (d_proj, d_c0, d_bias) from the backward
-  m.attr("scan_abi") = 2;
+        py::arg("spec"), py::arg("highway"), py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"),
+        py::arg("proj"), py::arg("c0"), py::arg("cs"), py::arg("batch_sizes"),
+        py::arg("bias") = py::none(), py::arg("bias_grad") = false);
+  // 2: bias inside the scan, batch-major layouts, (d_proj, d_c0, d_bias) from the backward;
+  // 3: the variant as (spec, highway), decoded by kernel_spec.h
+  m.attr("scan_abi") = 3;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -134,5 +149,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the step kernels' view of a kernel spec (Variant.kernel_spec): a dict with the output "
         "rule, memory, content form and the recurrent / input-only block roles they index; "
         "raises for a spec they refuse", py::arg("spec"), py::arg("highway"));
+  m.def("describe_scan_spec", &describe_scan_spec,
+        "the element-wise scan's view of a kernel spec (a cell whose gates read no h_{t-1}): "
+        "the keys of describe_kernel_spec, the blocks all input-only in weight order; raises "
+        "for a spec the scan refuses", py::arg("spec"), py::arg("highway"));
   m.def("weight_grad", &weight_grad, py::call_guard<py::gil_scoped_release>(), "g^T in for g (rows, M), in (rows, K): a weight gradient");
 }

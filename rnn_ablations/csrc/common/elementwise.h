@@ -1,13 +1,17 @@
-// The element-wise maths of one step that the CPU kernel (cpu/vec_impl.h) and the CUDA kernels
-// (cuda/forward_element.h, cuda/backward_element.h) share: the cell update, the highway mix and
-// the backward of every output rule, per element, written once.  The activations themselves
-// (sigmoid, tanh) stay per family: the CPU has its own vectorised transcendentals, CUDA uses the
-// device's.
+// The element-wise maths that every kernel family shares: the cell update, the output rules
+// (forward and backward), the highway mix, the memory's backward, per element, written once.
+// Users: the CPU step kernel (cpu/vec_impl.h), the CUDA step and persistent kernels
+// (cuda/forward_element.h, cuda/backward_element.h) and the element-wise scan (the composition
+// at the end of this file: cpu/scan.cpp's portable rows, cpu/scan_rows_avx2.cpp on 8 lanes,
+// cuda/scan_kernel.cu).  The activations themselves (sigmoid, tanh) stay per family: the CPU has
+// its own vectorised transcendentals, CUDA uses the device's.  T is a float, a double, or any
+// value type with +, -, * and construction from a float (the AVX2 scan's 8-lane wrapper).
 //
 // No include guard on purpose: cpu/vec_portable.cpp, cpu/vec_avx2.cpp and cpu/vec_avx512.cpp
 // include cpu/vec_impl.h (and so this file) inside a namespace of their own, so that each copy is
-// compiled for its instruction set; each CUDA file includes it once.  It needs kernel_spec.h
-// (OutputRule) included before.
+// compiled for its instruction set (cpu/scan_rows_avx2.cpp likewise, under its target pragma);
+// each CUDA file includes it once.  It needs kernel_spec.h (OutputRule, ScanSpec) included
+// before.  The output rules' numbering is kernel_spec.h's; each rule's maths is here only.
 //
 // Notation: i, f, o gate activations; content = c~_t; c_prev = c_{t-1}; tc = tanh(c_t); gh =
 // dL/dh_t; r, hw the highway gate and projection; h_pre = h_t before the highway mix.
@@ -41,11 +45,25 @@ RNN_ABLATIONS_HD T highway_backward(T gh, T r, T h_pre, T hw, T& d_r, T& d_hw) {
   return gh * r;
 }
 
+// The output rules of a memory cell (OutputRule; what each reads: kernel_spec.h
+// output_has_gate, output_reads_tanh): h_t, and dL/dc_t.  `out` is a compile-time constant where
+// the caller's loop is a template on the rule (the branches then fold away), else a uniform
+// run-time value.
+
+// h_t from the output gate o (read by o_tanh only), tc = tanh(c_t) (read by o_tanh and tanh)
+// and c_t
+template <typename T>
+RNN_ABLATIONS_HD T cell_output(int out, T o, T tc, T c) {
+  if (out == kOutGatedTanh) return o * tc;  // h_t = o*tanh(c_t)
+  if (out == kOutTanh) return tc;           // h_t = tanh(c_t)
+  return c;                                 // kOutCell: h_t = c_t
+}
+
 // dL/dc_t in total: the carried dc plus what reaches c_t through the output rule.
-template <int Out, typename T>
-RNN_ABLATIONS_HD T cell_grad(T dc, T gh, T o, T tc) {
-  if (Out == kOutGatedTanh) return dc + gh * o * (T(1) - tc * tc);
-  if (Out == kOutTanh) return dc + gh * (T(1) - tc * tc);
+template <typename T>
+RNN_ABLATIONS_HD T cell_grad(int out, T dc, T gh, T o, T tc) {
+  if (out == kOutGatedTanh) return dc + gh * o * (T(1) - tc * tc);
+  if (out == kOutTanh) return dc + gh * (T(1) - tc * tc);
   return dc + gh;  // kOutCell: h_t = c_t
 }
 
@@ -70,4 +88,56 @@ RNN_ABLATIONS_HD T memory_backward(T gc, T i, T f, T content, T c_prev, T& d_i, 
 template <bool ContentTanh, typename T>
 RNN_ABLATIONS_HD T content_output_grad(T gh, T content) {
   return ContentTanh ? gh * (T(1) - content * content) : gh;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The element-wise scan: one unit of one step of a memory cell whose gates read x_t only
+// (ScanSpec), composed of the rules above; the families differ only in how they load and store
+// (pre, put) and in their activations (Act).
+//   Act::sigmoid(x), Act::tanh(x)  the family's activations
+//   pre(role)     the pre-activation of block `role` (ScanBlock; its offset is
+//                 ScanSpec::block[role]), its bias added
+//   put(role, v)  store v = dL/d(pre-activation of block `role`)
+// The roles are constants, so a family may keep per-role values in registers.
+// Out (OutputRule) and HW (highway) are template arguments: the loops have no branch on them.
+
+// c: c_{t-1} on entry, c_t on return; returns h_t.
+template <int Out, bool HW, typename Act, typename T, typename Pre>
+RNN_ABLATIONS_HD T scan_forward_element(const Pre& pre, T& c) {
+  const T i = Act::sigmoid(pre(kScanI));
+  const T f = Act::sigmoid(pre(kScanF));
+  c = cell_update<T>(i, pre(kScanContent), f, c);
+  T o(0), tc(0);
+  if constexpr (output_has_gate(Out)) o = Act::sigmoid(pre(kScanO));
+  if constexpr (output_reads_tanh(Out)) tc = Act::tanh(c);
+  T h = cell_output<T>(Out, o, tc, c);
+  if constexpr (HW) h = highway_mix<T>(Act::sigmoid(pre(kScanR)), h, pre(kScanHw));
+  return h;
+}
+
+// gh: dL/dh_t (total); c, c_prev: c_t, c_{t-1}; dc: the carried dL/dc_t.  Stores the gradients
+// of every block's pre-activation through put; returns dL/dc_{t-1}.
+template <int Out, bool HW, typename Act, typename T, typename Pre, typename Put>
+RNN_ABLATIONS_HD T scan_backward_element(const Pre& pre, const Put& put, T gh, T c, T c_prev,
+                                         T dc) {
+  T o(0), tc(0);
+  if constexpr (output_has_gate(Out)) o = Act::sigmoid(pre(kScanO));
+  if constexpr (output_reads_tanh(Out)) tc = Act::tanh(c);
+  if constexpr (HW) {
+    T d_r, d_hw;
+    gh = highway_backward<T>(gh, Act::sigmoid(pre(kScanR)), cell_output<T>(Out, o, tc, c),
+                             pre(kScanHw), d_r, d_hw);
+    put(kScanR, d_r);
+    put(kScanHw, d_hw);
+  }
+  const T gc = cell_grad<T>(Out, dc, gh, o, tc);
+  if constexpr (output_has_gate(Out)) put(kScanO, out_gate_grad<T>(gh, tc, o));
+  T d_i, d_f, d_content;
+  const T dc_prev = memory_backward<false, T>(gc, Act::sigmoid(pre(kScanI)),
+                                              Act::sigmoid(pre(kScanF)), pre(kScanContent),
+                                              c_prev, d_i, d_f, d_content);
+  put(kScanI, d_i);
+  put(kScanF, d_f);
+  put(kScanContent, d_content);
+  return dc_prev;
 }

@@ -13,23 +13,46 @@
 //                           input-only block without bias (the ablations' c~_t = W_cx x_t)
 //   bit  3    content activation tanh (else identity)
 //   bit  4    memory: input and forget gates i, f and c_t = i*c~ + f*c_{t-1}
-//   bit  5    the gates read h_{t-1} (false: no step kernel; the element-wise scan runs it)
+//   bit  5    the gates read h_{t-1} (false: no step kernel; the element-wise scan runs it,
+//             decode_scan_spec)
 //   bits 8-15 the tag 0xA5 (so that a stray small integer, e.g. an old variant id, is refused)
 //   every other bit zero.
 // Block order the kernels index (derived, not passed): recurrent blocks i, f, [content if
 // recurrent], [o if the output rule is o*tanh(c)], [r with highway]; input-only blocks
 // [content if input-only], [hw with highway].  Without memory: recurrent [content], [r].
+// A cell whose gates read no h_{t-1} (decode_scan_spec): input-only blocks only, those with a
+// bias first: i, f, [o if the output rule is o*tanh(c)], [r with highway], then content, [hw].
+//
+// The output rules are numbered here only (OutputRule, output_rule_name), with what each reads
+// (output_has_gate, output_reads_tanh); their maths is common/elementwise.h's (cell_output,
+// cell_grad, out_gate_grad), and with_output_rule below is the one switch that turns a rule into
+// a compile-time constant for the kernels' loops.
 #pragma once
 
 #include <c10/util/Exception.h>  // TORCH_CHECK (light: the vector-path files include this)
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace rnn_ablations {
 
 enum OutputRule : int { kOutContent = 0, kOutGatedTanh = 1, kOutTanh = 2, kOutCell = 3 };
+
+#if defined(__CUDACC__)
+#define RNN_ABLATIONS_SPEC_HD __host__ __device__
+#else
+#define RNN_ABLATIONS_SPEC_HD
+#endif
+
+// What a memory cell's output rule reads besides c_t: an output gate o (a block of its own), and
+// tanh(c_t).  The decoders place the o block by the first; the kernels (common/elementwise.h and
+// its callers) compute only what the rule reads.  Host and device.
+RNN_ABLATIONS_SPEC_HD constexpr bool output_has_gate(int out) { return out == kOutGatedTanh; }
+RNN_ABLATIONS_SPEC_HD constexpr bool output_reads_tanh(int out) {
+  return out == kOutGatedTanh || out == kOutTanh;
+}
 
 constexpr int64_t kSpecOutputMask = 0x3;
 constexpr int64_t kSpecContentInputOnly = 1 << 2;
@@ -63,14 +86,30 @@ inline const char* output_rule_name(int output) {
   }
 }
 
-// Decode and check `code` (Variant.kernel_spec) for a cell with or without highway; refuses a
-// code that is not a kernel spec, a combination the step kernels do not implement, and a cell
-// that reads no h_{t-1}.
-inline KernelSpec decode_kernel_spec(int64_t code, bool highway, const char* who) {
+// f(std::integral_constant<int, rule>()) for the output rule of a memory cell (o_tanh, tanh,
+// identity): the kernels' loops get the rule as a template argument, so that they have no
+// branch on it.  Host code (it picks the template a loop or a launch runs).
+template <typename F>
+inline void with_output_rule(int output, F&& f) {
+  switch (output) {
+    case kOutGatedTanh: f(std::integral_constant<int, kOutGatedTanh>()); break;
+    case kOutTanh: f(std::integral_constant<int, kOutTanh>()); break;
+    default: f(std::integral_constant<int, kOutCell>()); break;
+  }
+}
+
+inline void check_spec_tag(int64_t code, const char* who) {
   TORCH_CHECK((code & kSpecTagMask) == kSpecTag && (code & ~kSpecKnownBits) == 0, who,
               ": unknown kernel spec ", code,
               " (pass Variant.kernel_spec from rnn_ablations/variants.py, not a variant id or "
               "Variant.code)");
+}
+
+// Decode and check `code` (Variant.kernel_spec) for a cell with or without highway; refuses a
+// code that is not a kernel spec, a combination the step kernels do not implement, and a cell
+// that reads no h_{t-1}.
+inline KernelSpec decode_kernel_spec(int64_t code, bool highway, const char* who) {
+  check_spec_tag(code, who);
   KernelSpec s;
   s.output = static_cast<int>(code & kSpecOutputMask);
   s.memory = (code & kSpecMemory) != 0;
@@ -98,8 +137,8 @@ inline KernelSpec decode_kernel_spec(int64_t code, bool highway, const char* who
   if (s.memory) {
     s.content_block = s.content_recurrent ? 2 : 0;
     const int64_t gates = 2 + (s.content_recurrent ? 1 : 0);
-    s.out_gate_block = s.output == kOutGatedTanh ? gates : -1;
-    s.R = gates + (s.output == kOutGatedTanh ? 1 : 0) + hw;
+    s.out_gate_block = output_has_gate(s.output) ? gates : -1;
+    s.R = gates + (output_has_gate(s.output) ? 1 : 0) + hw;
   } else {
     s.content_block = 0;
     s.out_gate_block = -1;
@@ -130,6 +169,75 @@ inline std::vector<std::vector<std::string>> kernel_spec_blocks(const KernelSpec
   if (s.out_gate_block >= 0) rec.push_back("o");
   if (s.highway) { rec.push_back("r"); inp.push_back("hw"); }
   return {rec, inp};
+}
+
+// The element-wise scan's view of a cell whose gates read no h_{t-1} (Variant.reads_hidden
+// False, e.g. lstm_minus_srnn_minus_hidden): every block reads x_t only, so a layer is one input
+// projection proj (G blocks of H columns per direction) and an element-wise recurrence in c.
+// Plain data: passed by value to the CUDA scan kernels.
+enum ScanBlock : int {
+  kScanI = 0,    // input gate (sigmoid)
+  kScanF,        // forget gate (sigmoid)
+  kScanO,        // output gate (sigmoid), with the output rule o*tanh(c) only
+  kScanR,        // highway gate (sigmoid), with highway only
+  kScanContent,  // c~_t, used as it is
+  kScanHw,       // highway projection, with highway only
+  kScanBlocks
+};
+
+struct ScanSpec {
+  int output;    // OutputRule of a memory cell: kOutGatedTanh, kOutTanh or kOutCell
+  bool highway;  // gate r and projection hw: h_t <- r*h_t + (1 - r)*hw
+  int64_t G;     // blocks per direction in proj
+  // block[role] (ScanBlock): the block's offset in units of H within a direction's G*H columns,
+  // -1 when the cell has no such block; the bias of every block is added inside the scan
+  int64_t block[kScanBlocks];
+};
+
+// Decode and check `code` (Variant.kernel_spec) for the element-wise scan, with or without
+// highway.  The block offsets follow from the spec in the table's weight order
+// (Variant.blocks(highway): the biased input-only blocks i, f, [o], [r], then content, [hw]).
+// Refuses a cell the scan does not run, saying what runs it instead.
+inline ScanSpec decode_scan_spec(int64_t code, bool highway, const char* who) {
+  check_spec_tag(code, who);
+  TORCH_CHECK((code & kSpecReadsHidden) == 0, who, ": kernel spec ", code,
+              " is a cell whose gates read h_{t-1}; it runs on the step kernels (forward / "
+              "backward, rnn_ablations/dispatch.py), not on the element-wise scan");
+  const int output = static_cast<int>(code & kSpecOutputMask);
+  TORCH_CHECK((code & kSpecMemory) != 0 && output != kOutContent, who, ": kernel spec ", code,
+              ": a cell without memory whose content reads x_t only has no recurrence; the "
+              "element-wise scan runs a memory c_t = i*c~ + f*c_{t-1} (run this cell on the "
+              "generic path)");
+  TORCH_CHECK((code & kSpecContentInputOnly) != 0, who, ": kernel spec ", code,
+              ": a recurrent content reads h_{t-1}; give the spec the bit 'reads h_{t-1}' "
+              "(Variant.kernel_spec sets it) and run the step kernels");
+  TORCH_CHECK((code & kSpecContentTanh) == 0, who, ": kernel spec ", code,
+              ": a tanh of the content is not implemented by the element-wise scan (it reads "
+              "c~_t = W_cx x_t as it is); add that element-wise rule (CONTRIBUTING.md, 'Adding an "
+              "element-wise rule') or use content_activation='identity' (rnn_ablations.scan."
+              "scan_applies is False for such a cell: it runs on the generic path)");
+  ScanSpec s;
+  s.output = output;
+  s.highway = highway;
+  int64_t k = 0;
+  s.block[kScanI] = k++;
+  s.block[kScanF] = k++;
+  s.block[kScanO] = output_has_gate(output) ? k++ : -1;
+  s.block[kScanR] = highway ? k++ : -1;
+  s.block[kScanContent] = k++;
+  s.block[kScanHw] = highway ? k++ : -1;
+  s.G = k;
+  return s;
+}
+
+// The block roles the scan reads, in weight order (all input-only: "i", "f", "o", "r",
+// "content", "hw"), for the table test (Variant.blocks(highway) must agree).
+inline std::vector<std::string> scan_spec_blocks(const ScanSpec& s) {
+  static const char* const names[kScanBlocks] = {"i", "f", "o", "r", "content", "hw"};
+  std::vector<std::string> order(static_cast<size_t>(s.G));
+  for (int role = 0; role < kScanBlocks; ++role)
+    if (s.block[role] >= 0) order[static_cast<size_t>(s.block[role])] = names[role];
+  return order;
 }
 
 }  // namespace rnn_ablations

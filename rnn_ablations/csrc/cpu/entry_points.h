@@ -67,16 +67,16 @@ std::vector<std::vector<at::Tensor>> fused_backward_directions(
     int64_t chunk);
 // The element-wise scan of the cells that read no h_{t-1} (scan.cpp): forward
 // -> {out (T,B,D*H), h_n (D,B,H), c_n (D,B,H), cs (memories, empty unless save)}, laid out like
-// proj; backward -> {d_proj, d_c0, d_bias (empty unless bias_grad)}.
-std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h0,
-                                     const at::Tensor& c0, const at::Tensor& batch_sizes,
-                                     const std::vector<int64_t>& layout, bool save,
+// proj; backward -> {d_proj, d_c0, d_bias (empty unless bias_grad)}.  spec: Variant.kernel_spec
+// of a cell whose gates read no h_{t-1} (decoded by kernel_spec.h decode_scan_spec).
+std::vector<at::Tensor> scan_forward(int64_t spec, bool highway, const at::Tensor& proj,
+                                     const at::Tensor& h0, const at::Tensor& c0,
+                                     const at::Tensor& batch_sizes, bool save,
                                      const c10::optional<at::Tensor>& bias);
-std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor& g_hn,
-                                      const at::Tensor& g_cn, const at::Tensor& proj,
-                                      const at::Tensor& c0, const at::Tensor& cs,
-                                      const at::Tensor& batch_sizes,
-                                      const std::vector<int64_t>& layout,
+std::vector<at::Tensor> scan_backward(int64_t spec, bool highway, const at::Tensor& g_out,
+                                      const at::Tensor& g_hn, const at::Tensor& g_cn,
+                                      const at::Tensor& proj, const at::Tensor& c0,
+                                      const at::Tensor& cs, const at::Tensor& batch_sizes,
                                       const c10::optional<at::Tensor>& bias, bool bias_grad);
 // A weight gradient g^T in, for g (rows, M) and in (rows, K) (layer_plain.cpp).
 at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in);

@@ -2,20 +2,22 @@
 // LSTM - S-RNN - HIDDEN (rnn_ablations/variants.py; the generic reference is
 // rnn_ablations/functional.py, the autograd wrapper rnn_ablations/scan.py).
 //
+//   spec, highway     the variant's kernel spec (Variant.kernel_spec) and whether the layer has
+//                     the highway blocks; common/kernel_spec.h decode_scan_spec derives the output
+//                     rule and the block offsets from them (and refuses a cell the scan does not
+//                     run)
 //   proj (T, B, D*G*H) all input projections of one layer, D = 1 or 2 directions side by side;
 //                     time-major contiguous, or the time-major view of a contiguous (B, T, ...)
 //                     tensor (batch-major: out, cs and d_proj are then batch-major too); per
-//                     direction, blocks of H columns at the offsets of `layout` (in units of H,
-//                     -1 = absent):
-//     layout = {i, f, o, c, r, hw, output}
-//       i, f     input and forget gates (sigmoid)
-//       o        output gate (sigmoid), present iff output == kOTanh
-//       c        content c~ (used as is)
-//       r, hw    highway gate (sigmoid) and projection, both present or both absent
-//       output   h_t = o * tanh(c_t) (kOTanh), tanh(c_t) (kTanh) or c_t (kIdentity)
+//                     direction, G blocks of H columns in the table's weight order
+//                     (Variant.blocks(highway)): i, f, [o], [r], content, [hw]
+//       i, f, o, r    sigmoid gates (input, forget, output when the rule is o*tanh(c), highway)
+//       content       c~ = W_cx x_t as it is;  hw the highway projection
 //   bias (D*G*H)      optional, added to proj's blocks inside the scan (the backward can sum
 //                     its gradient there too: bias_grad)
-//   c_t = i * c~ + f * c_{t-1};   with highway h_t <- r * h_t + (1 - r) * hw
+//   c_t = i * c~ + f * c_{t-1};  h_t by the output rule (o*tanh(c_t), tanh(c_t) or c_t);
+//   with highway h_t <- r * h_t + (1 - r) * hw  (the maths: common/elementwise.h,
+//   scan_forward_element / scan_backward_element)
 //   batch_sizes (T)   CPU int64, non-increasing: rows [0, batch_sizes[t]) are active at step t;
 //                     an inactive row keeps its state and outputs 0.
 //   h0, c0 (D, B, H)  initial states; outputs out (T, B, D*H) (directions side by side, as a
@@ -30,7 +32,8 @@
 // (cheaper than storing them: the pass is memory-bound) and reads the saved memories c_t.
 // float32 rows run the AVX2 + FMA copy in scan_rows_avx2.cpp when the kernel's vector path executes
 // AVX2 (avx2 or avx512: rnn_ablations::isa_runs_avx2(); RNN_ABLATIONS_ISA=portable not); the
-// loops here are the portable path (any CPU, and float64).
+// loops here are the portable path (any CPU, and float64).  Both run the same per-element
+// templates of common/elementwise.h.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -42,12 +45,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/kernel_spec.h"
 #include "../common/layer_tensors.h"
 #include "scan_rows.h"
 #include "vec_kernels.h"
 
 namespace {
 
+using namespace rnn_ablations;
 using namespace rnn_ablations::scan;
 
 // float: a branch-free exp (Cephes polynomial, relative error about 2e-7) that GCC vectorises
@@ -74,17 +79,17 @@ inline float scan_exp(float x) {
 }
 inline double scan_exp(double x) { return std::exp(x); }
 
-template <typename T> inline T sigmoid(T x) { return T(1) / (T(1) + scan_exp(-x)); }
-
-template <typename T> inline T tanh_of(T x) {
-  // tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})
-  const T e = scan_exp(T(-2) * std::fabs(x));
-  return std::copysign((T(1) - e) / (T(1) + e), x);
-}
-
-struct Layout {
-  int64_t i, f, o, c, r, hw, output;
+// The portable rows' activations (the Act of common/elementwise.h's scan elements).
+struct PortableAct {
+  template <typename T> static inline T sigmoid(T x) { return T(1) / (T(1) + scan_exp(-x)); }
+  template <typename T> static inline T tanh(T x) {
+    // tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})
+    const T e = scan_exp(T(-2) * std::fabs(x));
+    return std::copysign((T(1) - e) / (T(1) + e), x);
+  }
 };
+
+#include "../common/elementwise.h"  // scan_forward_element, scan_backward_element
 
 // Dimensions of one call: T steps, B rows, D directions, H units, G blocks per direction.
 struct ScanDims {
@@ -103,25 +108,13 @@ std::vector<int64_t> row_lengths(const at::Tensor& batch_sizes, int64_t B) {
   return len;
 }
 
-Layout check_layout(const std::vector<int64_t>& v, int64_t G, const char* who) {
-  TORCH_CHECK(v.size() == 7, who, ": layout must be {i, f, o, c, r, hw, output}, got ", v.size(),
-              " entries");
-  Layout L{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
-  TORCH_CHECK(L.output == kOTanh || L.output == kTanh || L.output == kIdentity, who,
-              ": output rule must be 0 (o*tanh(c)), 1 (tanh(c)) or 2 (c), got ", L.output);
-  TORCH_CHECK((L.o >= 0) == (L.output == kOTanh), who,
-              ": an output gate block is given iff the output rule is o*tanh(c)");
-  TORCH_CHECK((L.r >= 0) == (L.hw >= 0), who, ": highway needs both r and hw (or neither)");
-  std::vector<int64_t> used;
-  for (int64_t off : {L.i, L.f, L.o, L.c, L.r, L.hw}) {
-    if (off < 0) continue;
-    TORCH_CHECK(off < G, who, ": block offset ", off, " outside the ", G, " blocks of proj");
-    TORCH_CHECK(std::find(used.begin(), used.end(), off) == used.end(), who,
-                ": two blocks share offset ", off);
-    used.push_back(off);
-  }
-  TORCH_CHECK(L.i >= 0 && L.f >= 0 && L.c >= 0, who, ": i, f and c blocks are required");
-  return L;
+// decode_scan_spec, then check that proj has the spec's G blocks per direction.
+ScanSpec scan_spec_of(int64_t spec, bool highway, const ScanDims& n, const char* who) {
+  const ScanSpec s = decode_scan_spec(spec, highway, who);
+  TORCH_CHECK(n.G == s.G, who, ": kernel spec ", spec, highway ? " with highway" : "",
+              " reads ", s.G, " blocks of H = ", n.H, " columns per direction (",
+              s.G * n.H * n.D, " columns for D = ", n.D, "), proj has ", n.G * n.H * n.D);
+  return s;
 }
 
 // Rows per task: one task when the whole scan is small (a parallel region costs more than it
@@ -132,51 +125,37 @@ int64_t grain_rows(const ScanDims& n) {
 }
 
 // The portable rows (any CPU, float32 and float64): the loops over the H units are written for
-// the compiler's vectoriser in the build's baseline instruction set.  Tasks k in [k0, k1):
-// direction k / B, row k % B.  See scan_rows.h for the arguments.
-template <typename T, int64_t OUT, bool HW, bool SAVE>
+// the compiler's vectoriser in the build's baseline instruction set; the maths is
+// common/elementwise.h's.  Tasks k in [k0, k1): direction k / B, row k % B.  See scan_rows.h for
+// the arguments.
+template <typename T, int Out, bool HW, bool SAVE>
 void forward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
-  const int64_t H = a.H;
+  const int64_t H = a.H, GH = a.G * H;
+  const ScanSpec sp = a.spec;
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t d = k / a.nB, b = k % a.nB;
-    const T* bias = a.bias ? a.bias + d * a.G * H : nullptr;
-    auto bp = [&](int64_t blk) { return bias && blk >= 0 ? bias + blk * H : a.zeros; };
-    const T* __restrict__ bi = bp(a.i);
-    const T* __restrict__ bf = bp(a.f);
-    const T* __restrict__ bo = bp(a.o);
-    const T* __restrict__ bc = bp(a.c);
-    const T* __restrict__ br = bp(a.r);
-    const T* __restrict__ bhw = bp(a.hw);
+    const T* __restrict__ bias = a.bias ? a.bias + d * GH : a.zeros;
     T* c = a.c_n + k * H;
     std::memcpy(c, a.c0 + k * H, sizeof(T) * H);
     const int64_t steps = a.len[b];
     const T* last = a.h0 + k * H;
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t t = d == 0 ? s : steps - 1 - s;
-      const T* p = a.proj + t * a.p_st + b * a.p_sb + d * a.G * H;
-      const T* __restrict__ pi = p + a.i * H;
-      const T* __restrict__ pf = p + a.f * H;
-      const T* __restrict__ po = p + (OUT == kOTanh ? a.o : 0) * H;
-      const T* __restrict__ pc = p + a.c * H;
-      const T* __restrict__ pr = p + (HW ? a.r : 0) * H;
-      const T* __restrict__ phw = p + (HW ? a.hw : 0) * H;
+      const T* __restrict__ p = a.proj + t * a.p_st + b * a.p_sb + d * GH;
       const int64_t o = t * a.o_st + b * a.o_sb + d * H;
       T* __restrict__ h = a.out + o;
       T* __restrict__ saved = SAVE ? a.cs + o : nullptr;
       T* __restrict__ cc = c;
 #pragma omp simd
       for (int64_t j = 0; j < H; ++j) {
-        const T cn = sigmoid(pi[j] + bi[j]) * (pc[j] + bc[j]) + sigmoid(pf[j] + bf[j]) * cc[j];
+        const auto pre = [&](int role) {
+          const int64_t at = sp.block[role] * H + j;
+          return p[at] + bias[at];
+        };
+        T cn = cc[j];
+        const T hv = scan_forward_element<Out, HW, PortableAct>(pre, cn);
         cc[j] = cn;
         if (SAVE) saved[j] = cn;
-        T hv;
-        if (OUT == kOTanh) hv = sigmoid(po[j] + bo[j]) * tanh_of(cn);
-        else if (OUT == kTanh) hv = tanh_of(cn);
-        else hv = cn;
-        if (HW) {
-          const T r = sigmoid(pr[j] + br[j]);
-          hv = r * hv + (T(1) - r) * (phw[j] + bhw[j]);
-        }
         h[j] = hv;
       }
       last = h;
@@ -185,46 +164,22 @@ void forward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
   }
 }
 
-template <typename T, int64_t OUT, bool HW, bool DB>
+template <typename T, int Out, bool HW, bool DB>
 void backward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
   const int64_t H = a.H, GH = a.G * H;
+  const ScanSpec sp = a.spec;
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t d = k / a.nB, b = k % a.nB;
-    const T* bias = a.bias ? a.bias + d * GH : nullptr;
-    auto bp = [&](int64_t blk) { return bias && blk >= 0 ? bias + blk * H : a.zeros; };
-    const T* __restrict__ bi = bp(a.i);
-    const T* __restrict__ bf = bp(a.f);
-    const T* __restrict__ bo = bp(a.o);
-    const T* __restrict__ bc = bp(a.c);
-    const T* __restrict__ br = bp(a.r);
-    const T* __restrict__ bhw = bp(a.hw);
-    // per-(direction, row) bias-gradient sums; a scratch row when not wanted
-    T* db = DB ? a.dbias_rows + k * GH : nullptr;
-    T* __restrict__ dbi = DB ? db + a.i * H : nullptr;
-    T* __restrict__ dbf = DB ? db + a.f * H : nullptr;
-    T* __restrict__ dbo = DB ? db + (OUT == kOTanh ? a.o : 0) * H : nullptr;
-    T* __restrict__ dbc = DB ? db + a.c * H : nullptr;
-    T* __restrict__ dbr = DB ? db + (HW ? a.r : 0) * H : nullptr;
-    T* __restrict__ dbhw = DB ? db + (HW ? a.hw : 0) * H : nullptr;
+    const T* __restrict__ bias = a.bias ? a.bias + d * GH : a.zeros;
+    // per-(direction, row) bias-gradient sums
+    T* __restrict__ db = DB ? a.dbias_rows + k * GH : nullptr;
     T* __restrict__ dc = a.dc + k * H;  // dL/dc, carried backwards; ends as dL/dc_0
     const int64_t steps = a.len[b];
     for (int64_t s = steps - 1; s >= 0; --s) {
       const int64_t t = d == 0 ? s : steps - 1 - s;
       const int64_t pr_off = t * a.p_st + b * a.p_sb + d * GH;
-      const T* p = a.proj + pr_off;
-      const T* __restrict__ pi = p + a.i * H;
-      const T* __restrict__ pf = p + a.f * H;
-      const T* __restrict__ po = p + (OUT == kOTanh ? a.o : 0) * H;
-      const T* __restrict__ pc = p + a.c * H;
-      const T* __restrict__ pr = p + (HW ? a.r : 0) * H;
-      const T* __restrict__ phw = p + (HW ? a.hw : 0) * H;
-      T* dq = a.dproj + pr_off;
-      T* __restrict__ di = dq + a.i * H;
-      T* __restrict__ df = dq + a.f * H;
-      T* __restrict__ dout_gate = dq + (OUT == kOTanh ? a.o : 0) * H;
-      T* __restrict__ dcontent = dq + a.c * H;
-      T* __restrict__ dr = dq + (HW ? a.r : 0) * H;
-      T* __restrict__ dhw = dq + (HW ? a.hw : 0) * H;
+      const T* __restrict__ p = a.proj + pr_off;
+      T* __restrict__ dq = a.dproj + pr_off;
       const int64_t o = t * a.o_st + b * a.o_sb + d * H;
       const T* __restrict__ go = a.g_out + t * a.g_st + b * a.g_sb + d * H;
       const T* __restrict__ gh = s == steps - 1 ? a.g_hn + k * H : a.zeros;
@@ -233,47 +188,17 @@ void backward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
       const T* __restrict__ cp = s > 0 ? a.cs_in + tp * a.o_st + b * a.o_sb + d * H : a.c0 + k * H;
 #pragma omp simd
       for (int64_t j = 0; j < H; ++j) {
-        T dh = go[j] + gh[j];
-        const T cn = ct[j];
-        T tc = T(0), og = T(0), cell = cn;
-        if (OUT == kOTanh) {
-          tc = tanh_of(cn);
-          og = sigmoid(po[j] + bo[j]);
-          cell = og * tc;
-        } else if (OUT == kTanh) {
-          tc = tanh_of(cn);
-          cell = tc;
-        }
-        if (HW) {
-          const T r = sigmoid(pr[j] + br[j]);
-          const T vr = dh * (cell - (phw[j] + bhw[j])) * r * (T(1) - r);
-          const T vhw = dh * (T(1) - r);
-          dr[j] = vr;
-          dhw[j] = vhw;
-          if (DB) { dbr[j] += vr; dbhw[j] += vhw; }
-          dh = dh * r;
-        }
-        T dcv = dc[j];
-        if (OUT == kOTanh) {
-          const T vo = dh * tc * og * (T(1) - og);
-          dout_gate[j] = vo;
-          if (DB) dbo[j] += vo;
-          dcv += dh * og * (T(1) - tc * tc);
-        } else if (OUT == kTanh) {
-          dcv += dh * (T(1) - tc * tc);
-        } else {
-          dcv += dh;
-        }
-        const T ig = sigmoid(pi[j] + bi[j]);
-        const T fg = sigmoid(pf[j] + bf[j]);
-        const T vi = dcv * (pc[j] + bc[j]) * ig * (T(1) - ig);
-        const T vc = dcv * ig;
-        const T vf = dcv * cp[j] * fg * (T(1) - fg);
-        di[j] = vi;
-        dcontent[j] = vc;
-        df[j] = vf;
-        if (DB) { dbi[j] += vi; dbc[j] += vc; dbf[j] += vf; }
-        dc[j] = dcv * fg;
+        const auto pre = [&](int role) {
+          const int64_t at = sp.block[role] * H + j;
+          return p[at] + bias[at];
+        };
+        const auto put = [&](int role, T v) {
+          const int64_t at = sp.block[role] * H + j;
+          dq[at] = v;
+          if (DB) db[at] += v;
+        };
+        dc[j] = scan_backward_element<Out, HW, PortableAct>(pre, put, go[j] + gh[j], ct[j], cp[j],
+                                                            dc[j]);
       }
     }
   }
@@ -336,16 +261,14 @@ ScanDims dims_of(const at::Tensor& proj, const at::Tensor& c0) {
   return ScanDims{proj.size(0), proj.size(1), D, H, proj.size(2) / (D * H)};
 }
 
+// f(std::integral_constant<int, Out>, std::integral_constant<bool, HW>) for the spec's output
+// rule (kernel_spec.h with_output_rule) and highway.
 template <typename F>
-void dispatch_rule(const Layout& L, bool highway, F&& f) {
-  // f(std::integral_constant<int64_t, OUT>, std::integral_constant<bool, HW>)
-  auto with_hw = [&](auto out) {
-    if (highway) f(out, std::integral_constant<bool, true>());
+void dispatch_rule(const ScanSpec& sp, F&& f) {
+  with_output_rule(sp.output, [&](auto out) {
+    if (sp.highway) f(out, std::integral_constant<bool, true>());
     else f(out, std::integral_constant<bool, false>());
-  };
-  if (L.output == kOTanh) with_hw(std::integral_constant<int64_t, kOTanh>());
-  else if (L.output == kTanh) with_hw(std::integral_constant<int64_t, kTanh>());
-  else with_hw(std::integral_constant<int64_t, kIdentity>());
+  });
 }
 
 // Whether float32 rows run the AVX2 + FMA copy (scan_rows_avx2.cpp): the kernel's vector path is one
@@ -368,12 +291,12 @@ bool avx2_backward(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
 bool avx2_backward(const ScanArgs<double>&, int64_t, int64_t) { return false; }
 
 template <typename T>
-ScanArgs<T> args_of(const Layout& L, const ScanDims& n, const std::vector<int64_t>& len,
+ScanArgs<T> args_of(const ScanSpec& sp, const ScanDims& n, const std::vector<int64_t>& len,
                     const at::Tensor& proj, const T* bias, const at::Tensor& out_like,
                     const std::vector<T>& zeros) {
   ScanArgs<T> a{};
   a.nT = n.T; a.nB = n.B; a.nD = n.D; a.H = n.H; a.G = n.G;
-  a.i = L.i; a.f = L.f; a.o = L.o; a.c = L.c; a.r = L.r; a.hw = L.hw; a.output = L.output;
+  a.spec = sp;
   a.p_st = proj.stride(0); a.p_sb = proj.stride(1);
   a.o_st = out_like.stride(0); a.o_sb = out_like.stride(1);
   a.len = len.data();
@@ -389,16 +312,15 @@ namespace rnn_ablations {
 
 // -> (out (T,B,D*H), h_n (D,B,H), c_n (D,B,H), cs (T,B,D*H): the memories, empty unless save);
 // out and cs are laid out like proj (time- or batch-major)
-std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h0,
-                                     const at::Tensor& c0, const at::Tensor& batch_sizes,
-                                     const std::vector<int64_t>& layout, bool save,
+std::vector<at::Tensor> scan_forward(int64_t spec, bool highway, const at::Tensor& proj,
+                                     const at::Tensor& h0, const at::Tensor& c0,
+                                     const at::Tensor& batch_sizes, bool save,
                                      const c10::optional<at::Tensor>& bias) {
   const char* who = "scan_forward";
   check_common(proj, h0, c0, batch_sizes, who);
   const bool has_bias = check_bias(bias, proj, who);
   const ScanDims n = dims_of(proj, c0);
-  const Layout L = check_layout(layout, n.G, who);
-  const bool highway = L.r >= 0;
+  const ScanSpec sp = scan_spec_of(spec, highway, n, who);
   at::Tensor out = empty_like_layout(proj, n.out_row());
   at::Tensor h_n = at::empty({n.D, n.B, n.H}, proj.options());
   at::Tensor c_n = at::empty({n.D, n.B, n.H}, proj.options());
@@ -406,8 +328,8 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h
   const std::vector<int64_t> len = row_lengths(batch_sizes, n.B);
   const bool avx2 = use_avx2_rows();
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "scan_forward", [&] {
-    const std::vector<scalar_t> zeros(static_cast<size_t>(n.H), scalar_t(0));
-    ScanArgs<scalar_t> a = args_of<scalar_t>(L, n, len, proj,
+    const std::vector<scalar_t> zeros(static_cast<size_t>(n.G * n.H), scalar_t(0));
+    ScanArgs<scalar_t> a = args_of<scalar_t>(sp, n, len, proj,
                                              has_bias ? bias->data_ptr<scalar_t>() : nullptr,
                                              out, zeros);
     a.h0 = h0.data_ptr<scalar_t>();
@@ -418,8 +340,8 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h
     a.cs = save ? cs.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n.D * n.B, grain_rows(n), [&](int64_t k0, int64_t k1) {
       if (avx2 && avx2_forward(a, k0, k1)) return;
-      dispatch_rule(L, highway, [&](auto out_rule, auto hw) {
-        constexpr int64_t OUT = decltype(out_rule)::value;
+      dispatch_rule(sp, [&](auto out_rule, auto hw) {
+        constexpr int OUT = decltype(out_rule)::value;
         constexpr bool HW = decltype(hw)::value;
         if (save) forward_rows<scalar_t, OUT, HW, true>(a, k0, k1);
         else forward_rows<scalar_t, OUT, HW, false>(a, k0, k1);
@@ -433,17 +355,16 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h
 // -> (d_proj (T,B,D*G*H) laid out like proj, d_c0 (D,B,H), d_bias (D*G*H) or empty); h0
 // receives no gradient (nothing reads it).  d_bias is the bias gradient (the sum of d_proj over
 // the steps and rows) when bias_grad, computed inside the scan.
-std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor& g_hn,
-                                      const at::Tensor& g_cn, const at::Tensor& proj,
-                                      const at::Tensor& c0, const at::Tensor& cs,
-                                      const at::Tensor& batch_sizes,
-                                      const std::vector<int64_t>& layout,
+std::vector<at::Tensor> scan_backward(int64_t spec, bool highway, const at::Tensor& g_out,
+                                      const at::Tensor& g_hn, const at::Tensor& g_cn,
+                                      const at::Tensor& proj, const at::Tensor& c0,
+                                      const at::Tensor& cs, const at::Tensor& batch_sizes,
                                       const c10::optional<at::Tensor>& bias, bool bias_grad) {
   const char* who = "scan_backward";
   check_common(proj, g_hn, c0, batch_sizes, who);
   const bool has_bias = check_bias(bias, proj, who);
   const ScanDims n = dims_of(proj, c0);
-  const Layout L = check_layout(layout, n.G, who);
+  const ScanSpec sp = scan_spec_of(spec, highway, n, who);
   for (const at::Tensor* t : {&g_out, &cs}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == proj.scalar_type() &&
                     t->dim() == 3 && t->size(0) == n.T && t->size(1) == n.B &&
@@ -457,7 +378,6 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
   TORCH_CHECK(g_cn.device().is_cpu() && g_cn.scalar_type() == proj.scalar_type() &&
                   g_cn.is_contiguous() && g_cn.sizes() == c0.sizes(),
               who, ": g_cn must be contiguous (D, B, H) of proj's dtype");
-  const bool highway = L.r >= 0;
   at::Tensor dproj = empty_like_layout(proj, proj.size(2));
   at::Tensor dc0 = g_cn.clone();
   at::Tensor dbias_rows = bias_grad ? at::zeros({n.D * n.B, n.G * n.H}, proj.options())
@@ -465,8 +385,8 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
   const std::vector<int64_t> len = row_lengths(batch_sizes, n.B);
   const bool avx2 = use_avx2_rows();
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "scan_backward", [&] {
-    const std::vector<scalar_t> zeros(static_cast<size_t>(n.H), scalar_t(0));
-    ScanArgs<scalar_t> a = args_of<scalar_t>(L, n, len, proj,
+    const std::vector<scalar_t> zeros(static_cast<size_t>(n.G * n.H), scalar_t(0));
+    ScanArgs<scalar_t> a = args_of<scalar_t>(sp, n, len, proj,
                                              has_bias ? bias->data_ptr<scalar_t>() : nullptr,
                                              cs, zeros);
     a.c0 = c0.data_ptr<scalar_t>();
@@ -480,21 +400,15 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
     a.dbias_rows = bias_grad ? dbias_rows.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n.D * n.B, grain_rows(n), [&](int64_t k0, int64_t k1) {
       if (avx2 && avx2_backward(a, k0, k1)) return;
-      dispatch_rule(L, highway, [&](auto out_rule, auto hw) {
-        constexpr int64_t OUT = decltype(out_rule)::value;
+      dispatch_rule(sp, [&](auto out_rule, auto hw) {
+        constexpr int OUT = decltype(out_rule)::value;
         constexpr bool HW = decltype(hw)::value;
         if (bias_grad) backward_rows<scalar_t, OUT, HW, true>(a, k0, k1);
         else backward_rows<scalar_t, OUT, HW, false>(a, k0, k1);
       });
     });
+    // every block of the spec is written at the active steps (G = the spec's blocks)
     zero_padding(a.dproj, len, n.T, n.B, n.proj_row(), a.p_st, a.p_sb);
-    // Blocks of proj the layout does not use get no gradient (they are not read).
-    std::vector<bool> used(n.G, false);
-    for (int64_t off : {L.i, L.f, L.o, L.c, L.r, L.hw})
-      if (off >= 0) used[off] = true;
-    for (int64_t d = 0; d < n.D; ++d)
-      for (int64_t g = 0; g < n.G; ++g)
-        if (!used[g]) dproj.narrow(2, (d * n.G + g) * n.H, n.H).zero_();
   });
   at::Tensor dbias = bias_grad ? dbias_rows.view({n.D, n.B, n.G * n.H}).sum(1).view({-1})
                                : at::empty({0}, proj.options());

@@ -5,10 +5,10 @@
 
 #include <cstdint>
 
+#include "../common/kernel_spec.h"  // ScanSpec
+
 namespace rnn_ablations {
 namespace scan {
-
-enum ScanOutput : int64_t { kOTanh = 0, kTanh = 1, kIdentity = 2 };
 
 // Everything one call of the forward or backward rows reads and writes.  Row (t, b) of proj
 // (and d_proj) starts at t * p_st + b * p_sb, of out / cs at t * o_st + b * o_sb, of g_out at
@@ -18,11 +18,11 @@ enum ScanOutput : int64_t { kOTanh = 0, kTanh = 1, kIdentity = 2 };
 template <typename S>
 struct ScanArgs {
   int64_t nT, nB, nD, H, G;
-  int64_t i, f, o, c, r, hw, output;  // block offsets in units of H (-1 absent), output rule
+  ScanSpec spec;  // the output rule, highway, and the block offsets (decode_scan_spec)
   int64_t p_st, p_sb, o_st, o_sb, g_st, g_sb;
   const int64_t* len;  // steps of each row
   const S* proj;
-  const S* bias;       // (D * G * H) added to proj's blocks, or null
+  const S* bias;       // (D * G * H) added to proj's blocks, or null (then `zeros` is read)
   const S* h0;
   const S* c0;
   // forward
@@ -37,7 +37,8 @@ struct ScanArgs {
   S* dproj;      // same strides as proj
   S* dc;         // (D, B, H): dL/dc_n on entry, dL/dc_0 on return
   S* dbias_rows; // (D * B, G * H) per-(direction, row) sums of d_proj, or null
-  // a row of H zeros (dL/dh_n enters at a row's last step only)
+  // G * H zeros: the bias when there is none, and the dL/dh_n row of every step but a row's
+  // last (dL/dh_n enters there only)
   const S* zeros;
 };
 

@@ -4,8 +4,10 @@
 // (`#pragma GCC target`), after every header is included, so the module never executes an AVX2
 // instruction on a CPU without it (the same scheme as vec_kernels.cpp).
 //
-// One iteration handles 8 units of one (row, step) with explicit 256-bit intrinsics; the last
-// H mod 8 units use masked loads and stores.  exp is the same Cephes polynomial as the portable
+// One iteration handles 8 units of one (row, step): V8, a value of 8 float lanes with +, - and
+// *, runs the per-element templates of common/elementwise.h (scan_forward_element,
+// scan_backward_element: the maths the portable rows and the CUDA scan run too); the last H mod
+// 8 units use masked loads and stores.  exp is the same Cephes polynomial as the portable
 // scan_exp (relative error about 2e-7), sigmoid(x) = 1 / (1 + exp(-x)), tanh(x) =
 // sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}), so both paths agree to float32 rounding.
 #include "scan_rows.h"
@@ -77,141 +79,100 @@ inline __m256i tail_mask(int64_t rem) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(m));
 }
 
-// Block pointers of one direction: proj's blocks (offset per step) and their biases.
-struct Blocks {
-  int64_t i, f, o, c, r, hw;  // offsets in elements within a direction's G * H
-  const float *bi, *bf, *bo, *bc, *br, *bhw;
+// 8 float lanes as a value: construction from a float (so that T(1) - r broadcasts) and the
+// arithmetic the element-wise templates use; GCC fuses a * b + c into an FMA.
+struct V8 {
+  __m256 v;
+  V8() = default;
+  V8(__m256 x) : v(x) {}
+  V8(float x) : v(_mm256_set1_ps(x)) {}
+};
+inline V8 operator+(V8 a, V8 b) { return _mm256_add_ps(a.v, b.v); }
+inline V8 operator-(V8 a, V8 b) { return _mm256_sub_ps(a.v, b.v); }
+inline V8 operator*(V8 a, V8 b) { return _mm256_mul_ps(a.v, b.v); }
+
+// The activations of these rows (the Act of the element-wise templates).
+struct Avx2Act {
+  static inline V8 sigmoid(V8 x) { return sigmoid8(x.v); }
+  static inline V8 tanh(V8 x) { return tanh8(x.v); }
 };
 
-Blocks blocks_of(const ScanArgs<float>& a, int64_t d) {
-  const int64_t H = a.H;
-  const float* bias = a.bias ? a.bias + d * a.G * H : nullptr;
-  auto off = [&](int64_t blk) { return blk >= 0 ? blk * H : 0; };
-  auto bp = [&](int64_t blk) { return bias && blk >= 0 ? bias + blk * H : a.zeros; };
-  return Blocks{off(a.i), off(a.f), off(a.o), off(a.c), off(a.r), off(a.hw),
-                bp(a.i), bp(a.f), bp(a.o), bp(a.c), bp(a.r), bp(a.hw)};
+#include "../common/elementwise.h"  // scan_forward_element, scan_backward_element (on V8)
+
+// Units [j, j + 8) (the first `rem` of them, mask m, when Tail) of one (row, step).  p: the
+// direction's G*H columns of proj's row, bias: its bias (or zeros).
+template <int Out, bool HW, bool SAVE, bool Tail>
+inline void forward_units(const ScanSpec& sp, int64_t H, const float* p, const float* bias,
+                          float* c, float* h, float* saved, int64_t j, __m256i m) {
+  const auto pre = [&](int role) {
+    const int64_t at = sp.block[role] * H + j;
+    return V8(ld<Tail>(p + at, m)) + V8(ld<Tail>(bias + at, m));
+  };
+  V8 cn = ld<Tail>(c + j, m);
+  const V8 hv = scan_forward_element<Out, HW, Avx2Act>(pre, cn);
+  st<Tail>(c + j, m, cn.v);
+  if (SAVE) st<Tail>(saved + j, m, cn.v);
+  st<Tail>(h + j, m, hv.v);
 }
 
-template <int64_t OUT, bool HW, bool SAVE, bool Tail>
-inline void forward_units(const Blocks& q, const float* p, float* c, float* h, float* saved,
-                          int64_t j, __m256i m) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 ig = sigmoid8(_mm256_add_ps(ld<Tail>(p + q.i + j, m), ld<Tail>(q.bi + j, m)));
-  const __m256 fg = sigmoid8(_mm256_add_ps(ld<Tail>(p + q.f + j, m), ld<Tail>(q.bf + j, m)));
-  const __m256 content = _mm256_add_ps(ld<Tail>(p + q.c + j, m), ld<Tail>(q.bc + j, m));
-  const __m256 cn = _mm256_fmadd_ps(ig, content, _mm256_mul_ps(fg, ld<Tail>(c + j, m)));
-  st<Tail>(c + j, m, cn);
-  if (SAVE) st<Tail>(saved + j, m, cn);
-  __m256 hv;
-  if (OUT == kOTanh) {
-    const __m256 og = sigmoid8(_mm256_add_ps(ld<Tail>(p + q.o + j, m), ld<Tail>(q.bo + j, m)));
-    hv = _mm256_mul_ps(og, tanh8(cn));
-  } else if (OUT == kTanh) {
-    hv = tanh8(cn);
-  } else {
-    hv = cn;
-  }
-  if (HW) {
-    const __m256 r = sigmoid8(_mm256_add_ps(ld<Tail>(p + q.r + j, m), ld<Tail>(q.br + j, m)));
-    const __m256 hw = _mm256_add_ps(ld<Tail>(p + q.hw + j, m), ld<Tail>(q.bhw + j, m));
-    hv = _mm256_fmadd_ps(r, hv, _mm256_mul_ps(_mm256_sub_ps(one, r), hw));
-  }
-  st<Tail>(h + j, m, hv);
-}
-
-template <int64_t OUT, bool HW, bool SAVE>
+template <int Out, bool HW, bool SAVE>
 void forward_rows_t(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
-  const int64_t H = a.H, full = H / 8 * 8;
+  const int64_t H = a.H, GH = a.G * H, full = H / 8 * 8;
+  const ScanSpec sp = a.spec;
   const __m256i m = tail_mask(H - full);
   const __m256i none = _mm256_setzero_si256();
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t d = k / a.nB, b = k % a.nB;
-    const Blocks q = blocks_of(a, d);
+    const float* bias = a.bias ? a.bias + d * GH : a.zeros;
     float* c = a.c_n + k * H;
     std::memcpy(c, a.c0 + k * H, sizeof(float) * H);
     const int64_t steps = a.len[b];
     const float* last = a.h0 + k * H;
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t t = d == 0 ? s : steps - 1 - s;
-      const float* p = a.proj + t * a.p_st + b * a.p_sb + d * a.G * H;
+      const float* p = a.proj + t * a.p_st + b * a.p_sb + d * GH;
       const int64_t o = t * a.o_st + b * a.o_sb + d * H;
       float* h = a.out + o;
       float* saved = SAVE ? a.cs + o : nullptr;
       for (int64_t j = 0; j < full; j += 8)
-        forward_units<OUT, HW, SAVE, false>(q, p, c, h, saved, j, none);
-      if (full < H) forward_units<OUT, HW, SAVE, true>(q, p, c, h, saved, full, m);
+        forward_units<Out, HW, SAVE, false>(sp, H, p, bias, c, h, saved, j, none);
+      if (full < H) forward_units<Out, HW, SAVE, true>(sp, H, p, bias, c, h, saved, full, m);
       last = h;
     }
     std::memcpy(a.h_n + k * H, last, sizeof(float) * H);
   }
 }
 
-template <int64_t OUT, bool HW, bool DB, bool Tail>
-inline void backward_units(const Blocks& q, const float* p, float* dq, const float* go,
-                           const float* gh, const float* ct, const float* cp, float* dc,
-                           float* db, int64_t j, __m256i m) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  auto acc = [&](int64_t off, __m256 v) {
-    if (DB) st<Tail>(db + off + j, m, _mm256_add_ps(ld<Tail>(db + off + j, m), v));
+// dq: the direction's G*H columns of d_proj's row; db: its bias-gradient sums (when DB).
+template <int Out, bool HW, bool DB, bool Tail>
+inline void backward_units(const ScanSpec& sp, int64_t H, const float* p, const float* bias,
+                           float* dq, const float* go, const float* gh, const float* ct,
+                           const float* cp, float* dc, float* db, int64_t j, __m256i m) {
+  const auto pre = [&](int role) {
+    const int64_t at = sp.block[role] * H + j;
+    return V8(ld<Tail>(p + at, m)) + V8(ld<Tail>(bias + at, m));
   };
-  __m256 dh = _mm256_add_ps(ld<Tail>(go + j, m), ld<Tail>(gh + j, m));
-  const __m256 cn = ld<Tail>(ct + j, m);
-  __m256 tc = _mm256_setzero_ps(), og = tc, cell = cn;
-  if (OUT == kOTanh) {
-    tc = tanh8(cn);
-    og = sigmoid8(_mm256_add_ps(ld<Tail>(p + q.o + j, m), ld<Tail>(q.bo + j, m)));
-    cell = _mm256_mul_ps(og, tc);
-  } else if (OUT == kTanh) {
-    tc = tanh8(cn);
-    cell = tc;
-  }
-  if (HW) {
-    const __m256 r = sigmoid8(_mm256_add_ps(ld<Tail>(p + q.r + j, m), ld<Tail>(q.br + j, m)));
-    const __m256 hw = _mm256_add_ps(ld<Tail>(p + q.hw + j, m), ld<Tail>(q.bhw + j, m));
-    const __m256 omr = _mm256_sub_ps(one, r);
-    const __m256 dr = _mm256_mul_ps(_mm256_mul_ps(dh, _mm256_sub_ps(cell, hw)), _mm256_mul_ps(r, omr));
-    const __m256 dhw = _mm256_mul_ps(dh, omr);
-    st<Tail>(dq + q.r + j, m, dr);
-    st<Tail>(dq + q.hw + j, m, dhw);
-    acc(q.r, dr);
-    acc(q.hw, dhw);
-    dh = _mm256_mul_ps(dh, r);
-  }
-  __m256 dcv = ld<Tail>(dc + j, m);
-  if (OUT == kOTanh) {
-    const __m256 dog = _mm256_mul_ps(_mm256_mul_ps(dh, tc), _mm256_mul_ps(og, _mm256_sub_ps(one, og)));
-    st<Tail>(dq + q.o + j, m, dog);
-    acc(q.o, dog);
-    dcv = _mm256_fmadd_ps(_mm256_mul_ps(dh, og), _mm256_fnmadd_ps(tc, tc, one), dcv);
-  } else if (OUT == kTanh) {
-    dcv = _mm256_fmadd_ps(dh, _mm256_fnmadd_ps(tc, tc, one), dcv);
-  } else {
-    dcv = _mm256_add_ps(dcv, dh);
-  }
-  const __m256 ig = sigmoid8(_mm256_add_ps(ld<Tail>(p + q.i + j, m), ld<Tail>(q.bi + j, m)));
-  const __m256 fg = sigmoid8(_mm256_add_ps(ld<Tail>(p + q.f + j, m), ld<Tail>(q.bf + j, m)));
-  const __m256 content = _mm256_add_ps(ld<Tail>(p + q.c + j, m), ld<Tail>(q.bc + j, m));
-  const __m256 di = _mm256_mul_ps(_mm256_mul_ps(dcv, content), _mm256_mul_ps(ig, _mm256_sub_ps(one, ig)));
-  const __m256 dcont = _mm256_mul_ps(dcv, ig);
-  const __m256 df = _mm256_mul_ps(_mm256_mul_ps(dcv, ld<Tail>(cp + j, m)),
-                                  _mm256_mul_ps(fg, _mm256_sub_ps(one, fg)));
-  st<Tail>(dq + q.i + j, m, di);
-  st<Tail>(dq + q.c + j, m, dcont);
-  st<Tail>(dq + q.f + j, m, df);
-  st<Tail>(dc + j, m, _mm256_mul_ps(dcv, fg));
-  acc(q.i, di);
-  acc(q.c, dcont);
-  acc(q.f, df);
+  const auto put = [&](int role, V8 v) {
+    const int64_t at = sp.block[role] * H + j;
+    st<Tail>(dq + at, m, v.v);
+    if (DB) st<Tail>(db + at, m, _mm256_add_ps(ld<Tail>(db + at, m), v.v));
+  };
+  const V8 dh = V8(ld<Tail>(go + j, m)) + V8(ld<Tail>(gh + j, m));
+  const V8 dc_prev = scan_backward_element<Out, HW, Avx2Act>(
+      pre, put, dh, V8(ld<Tail>(ct + j, m)), V8(ld<Tail>(cp + j, m)),
+      V8(ld<Tail>(dc + j, m)));
+  st<Tail>(dc + j, m, dc_prev.v);
 }
 
-template <int64_t OUT, bool HW, bool DB>
+template <int Out, bool HW, bool DB>
 void backward_rows_t(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
   const int64_t H = a.H, GH = a.G * H, full = H / 8 * 8;
+  const ScanSpec sp = a.spec;
   const __m256i m = tail_mask(H - full);
   const __m256i none = _mm256_setzero_si256();
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t d = k / a.nB, b = k % a.nB;
-    const Blocks q = blocks_of(a, d);
+    const float* bias = a.bias ? a.bias + d * GH : a.zeros;
     float* dc = a.dc + k * H;
     float* db = DB ? a.dbias_rows + k * GH : nullptr;
     const int64_t steps = a.len[b];
@@ -227,28 +188,28 @@ void backward_rows_t(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
       const int64_t tp = d == 0 ? s - 1 : steps - s;  // the previous step's position
       const float* cp = s > 0 ? a.cs_in + tp * a.o_st + b * a.o_sb + d * H : a.c0 + k * H;
       for (int64_t j = 0; j < full; j += 8)
-        backward_units<OUT, HW, DB, false>(q, p, dq, go, gh, ct, cp, dc, db, j, none);
-      if (full < H) backward_units<OUT, HW, DB, true>(q, p, dq, go, gh, ct, cp, dc, db, full, m);
+        backward_units<Out, HW, DB, false>(sp, H, p, bias, dq, go, gh, ct, cp, dc, db, j, none);
+      if (full < H)
+        backward_units<Out, HW, DB, true>(sp, H, p, bias, dq, go, gh, ct, cp, dc, db, full, m);
     }
   }
 }
 
+// f(std::integral_constant<int, Out>, std::integral_constant<bool, HW>) for the spec's output
+// rule (kernel_spec.h with_output_rule) and highway.
 template <typename F>
 void with_rule(const ScanArgs<float>& a, F&& f) {
-  auto hw = [&](auto out) {
-    if (a.r >= 0) f(out, std::true_type());
+  with_output_rule(a.spec.output, [&](auto out) {
+    if (a.spec.highway) f(out, std::true_type());
     else f(out, std::false_type());
-  };
-  if (a.output == kOTanh) hw(std::integral_constant<int64_t, kOTanh>());
-  else if (a.output == kTanh) hw(std::integral_constant<int64_t, kTanh>());
-  else hw(std::integral_constant<int64_t, kIdentity>());
+  });
 }
 
 }  // namespace
 
 void forward_rows_avx2(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
   with_rule(a, [&](auto out, auto hw) {
-    constexpr int64_t OUT = decltype(out)::value;
+    constexpr int OUT = decltype(out)::value;
     constexpr bool HW = decltype(hw)::value;
     if (a.cs) forward_rows_t<OUT, HW, true>(a, k0, k1);
     else forward_rows_t<OUT, HW, false>(a, k0, k1);
@@ -257,7 +218,7 @@ void forward_rows_avx2(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
 
 void backward_rows_avx2(const ScanArgs<float>& a, int64_t k0, int64_t k1) {
   with_rule(a, [&](auto out, auto hw) {
-    constexpr int64_t OUT = decltype(out)::value;
+    constexpr int OUT = decltype(out)::value;
     constexpr bool HW = decltype(hw)::value;
     if (a.dbias_rows) backward_rows_t<OUT, HW, true>(a, k0, k1);
     else backward_rows_t<OUT, HW, false>(a, k0, k1);

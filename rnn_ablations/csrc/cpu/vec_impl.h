@@ -93,6 +93,19 @@ inline void activate_recurrent(const KernelSpec& ks, int64_t H, int64_t R, T* g,
   }
 }
 
+// h_t of U units of a memory cell by the output rule Out (common/elementwise.h, cell_output): h
+// holds tanh(c_t) on entry when the rule reads it; o: the output gate (read when the rule has
+// one); c: c_t.
+template <typename T, int Out>
+void output_row(const T* __restrict__ o, const T* __restrict__ c, T* __restrict__ h, int64_t U) {
+  if (output_reads_tanh(Out) && !output_has_gate(Out)) return;  // h_t = tanh(c_t): in h already
+#pragma GCC ivdep
+  for (int64_t j = 0; j < U; ++j) {
+    h[j] = cell_output<T>(Out, output_has_gate(Out) ? o[j] : T(0),
+                          output_reads_tanh(Out) ? h[j] : T(0), c[j]);
+  }
+}
+
 // Element-wise forward of one step for rows [r0, r1) and hidden units [u0, u1) (see
 // vec_kernels.h).  The branches on the spec are per row, outside the loops over the units.
 template <typename T>
@@ -118,16 +131,11 @@ void pointwise_forward(const KernelSpec& ks, const Dims& d, T* gates, const T* x
       const T* __restrict__ gf = g + H + u0;
 #pragma GCC ivdep
       for (int64_t j = 0; j < U; ++j) cb[j] = cell_update<T>(gi[j], content[j], gf[j], cp[j]);
-      if (ks.output == kOutCell) {
-        std::memcpy(hb, cb, sizeof(T) * U);
-      } else {
-        tanh_to<T>(cb, hb, U);
-        if (ks.output == kOutGatedTanh) {
-          const T* __restrict__ go = g + ks.out_gate_block * H + u0;
-#pragma GCC ivdep
-          for (int64_t j = 0; j < U; ++j) hb[j] *= go[j];
-        }
-      }
+      if (output_reads_tanh(ks.output)) tanh_to<T>(cb, hb, U);
+      const T* go = output_has_gate(ks.output) ? g + ks.out_gate_block * H + u0 : cb;
+      with_output_rule(ks.output, [&](auto rule) {
+        output_row<T, decltype(rule)::value>(go, cb, hb, U);
+      });
     }
     if (ks.highway) {
       const T* __restrict__ gr = g + (d.R - 1) * H + u0;       // already a sigmoid
@@ -153,19 +161,19 @@ void memory_row_backward(const KernelSpec& ks, int64_t H, const T* __restrict__ 
                                                    : xob + ks.content_block * H;
   T* __restrict__ d_content = ContentRecurrent ? dab + ks.content_block * H
                                                : dxob + ks.content_block * H;
-  const T* __restrict__ o = Out == kOutGatedTanh ? g + ks.out_gate_block * H : g;
-  T* __restrict__ d_o = Out == kOutGatedTanh ? dab + ks.out_gate_block * H : nullptr;
+  const T* __restrict__ o = output_has_gate(Out) ? g + ks.out_gate_block * H : g;
+  T* __restrict__ d_o = output_has_gate(Out) ? dab + ks.out_gate_block * H : nullptr;
 #pragma GCC ivdep
   for (int64_t j = 0; j < H; ++j) {
-    const T tc = Out == kOutCell ? T(0) : tcs[j];
+    const T tc = output_reads_tanh(Out) ? tcs[j] : T(0);
     const T gh = dhb[j];
-    const T gc = cell_grad<Out, T>(dcb[j], gh, o[j], tc);
+    const T gc = cell_grad<T>(Out, dcb[j], gh, o[j], tc);
     T d_i, d_f, d_c;
     dcb[j] = memory_backward<ContentTanh, T>(gc, i[j], f[j], content[j], cp[j], d_i, d_f, d_c);
     dab[j] = d_i;
     dab[H + j] = d_f;
     d_content[j] = d_c;
-    if (Out == kOutGatedTanh) d_o[j] = out_gate_grad<T>(gh, tc, o[j]);
+    if (output_has_gate(Out)) d_o[j] = out_gate_grad<T>(gh, tc, o[j]);
   }
 }
 
@@ -189,7 +197,7 @@ void pointwise_backward(const KernelSpec& ks, const Dims& d, const T* gates, con
                         const T* c_cur, const T* c_prev, const T* h_pre, T* dh, T* dc, T* da,
                         T* dxo, T* scratch, int64_t r0, int64_t r1) {
   const int64_t H = d.H, P = d.proj_stride;
-  const bool need_tc = ks.output == kOutGatedTanh || ks.output == kOutTanh;
+  const bool need_tc = output_reads_tanh(ks.output);
   T* __restrict__ tcs = scratch;  // H entries: tanh(c_t) of one row
   for (int64_t b = r0; b < r1; ++b) {
     const T* __restrict__ g = gates + b * d.gates_stride;
@@ -228,17 +236,10 @@ void pointwise_backward(const KernelSpec& ks, const Dims& d, const T* gates, con
       continue;
     }
     if (need_tc) tanh_to<T>(cb, tcs, H);
-    switch (ks.output) {
-      case kOutGatedTanh:
-        memory_row_backward_out<T, kOutGatedTanh>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
-        break;
-      case kOutTanh:
-        memory_row_backward_out<T, kOutTanh>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
-        break;
-      default:
-        memory_row_backward_out<T, kOutCell>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
-        break;
-    }
+    with_output_rule(ks.output, [&](auto rule) {
+      memory_row_backward_out<T, decltype(rule)::value>(ks, H, g, xob, tcs, cp, dhb, dcb, dab,
+                                                        dxob);
+    });
   }
 }
 

@@ -35,20 +35,11 @@ __device__ __forceinline__ A backward_element(const KernelSpec& ks, int64_t H, i
     return dc;
   }
   const A i = g[j], f = g[H + j];
-  A gc = dc;
-  if (ks.output == kOutCell) {
-    gc = cell_grad<kOutCell, A>(gc, gh, A(0), A(0));
-  } else {
-    const A tc = tanh(*c_cur);
-    if (ks.output == kOutTanh) {
-      gc = cell_grad<kOutTanh, A>(gc, gh, A(0), tc);
-    } else {
-      const int64_t ko = ks.out_gate_block * H + j;
-      const A o = g[ko];
-      gc = cell_grad<kOutGatedTanh, A>(gc, gh, o, tc);
-      dab[ko] = static_cast<T>(out_gate_grad<A>(gh, tc, o));
-    }
-  }
+  const int64_t ko = ks.out_gate_block * H + j;  // read with an output gate only
+  const A o = output_has_gate(ks.output) ? g[ko] : A(0);
+  const A tc = output_reads_tanh(ks.output) ? tanh(*c_cur) : A(0);
+  const A gc = cell_grad<A>(ks.output, dc, gh, o, tc);
+  if (output_has_gate(ks.output)) dab[ko] = static_cast<T>(out_gate_grad<A>(gh, tc, o));
   const A content = ks.content_recurrent ? g[k] : static_cast<A>(xob[k]);
   A d_i, d_f, d_c;
   const A dc_prev =

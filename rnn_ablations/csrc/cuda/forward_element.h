@@ -5,7 +5,8 @@
 // cell and the highway mix are common/elementwise.h's (shared with the CPU kernel).
 //
 // Include inside the including file's namespace, after common/kernel_spec.h (KernelSpec,
-// OutputRule) and common/elementwise.h (cell_update, highway_mix), as elementwise.h is.
+// OutputRule) and common/elementwise.h (cell_update, cell_output, highway_mix), as elementwise.h
+// is.
 #pragma once
 
 template <typename T> __device__ __forceinline__ T sigm(T x) { return T(1) / (T(1) + exp(-x)); }
@@ -36,17 +37,14 @@ __device__ __forceinline__ A forward_element(const KernelSpec& ks, A* g, int64_t
     g[0] = i;
     g[gs] = f;
     c = cell_update<A>(i, content, f, c_prev);
-    if (ks.output == kOutCell) {
-      h = c;
-    } else {
-      h = tanh(c);
-      if (ks.output == kOutGatedTanh) {
-        A* go = g + ks.out_gate_block * gs;
-        const A o = sigm(*go);
-        *go = o;
-        h *= o;
-      }
+    A o = A(0), tc = A(0);
+    if (output_has_gate(ks.output)) {
+      A* go = g + ks.out_gate_block * gs;
+      o = sigm(*go);
+      *go = o;
     }
+    if (output_reads_tanh(ks.output)) tc = tanh(c);
+    h = cell_output<A>(ks.output, o, tc, c);
   }
   h_pre = h;
   if (ks.highway) {

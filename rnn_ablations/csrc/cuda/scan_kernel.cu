@@ -1,6 +1,9 @@
 // Element-wise scan (CUDA) of a gated memory whose gates read x_t only: the recurrence of
-// LSTM - S-RNN - HIDDEN.  The same function, layout and entry points as the CPU scan in
-// cpu/scan.cpp (read its header for the layout); the reference is rnn_ablations/functional.py.
+// LSTM - S-RNN - HIDDEN.  The same function, arguments and entry points as the CPU scan in
+// cpu/scan.cpp (read its header for the arguments): the variant arrives as (spec, highway),
+// decoded by common/kernel_spec.h decode_scan_spec, and the per-element maths is
+// common/elementwise.h's (scan_forward_element, scan_backward_element), as on the CPU; the
+// reference is rnn_ablations/functional.py.
 //
 // Nothing reads h_{t-1}, so every (direction d, row b, unit j) is an independent linear
 // recurrence in c: one thread per (d, b, j) loops over its row's steps (one launch for the whole
@@ -19,17 +22,22 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/kernel_spec.h"
 #include "../common/layer_tensors.h"
 
 namespace {
 
-enum ScanOutput : int64_t { kOTanh = 0, kTanh = 1, kIdentity = 2 };
+using namespace rnn_ablations;
 
-struct Layout {
-  int64_t i, f, o, c, r, hw, output;
+#include "../common/elementwise.h"  // scan_forward_element, scan_backward_element
+
+// The device's activations (the Act of the element-wise templates).
+struct CudaAct {
+  template <typename A> __device__ static __forceinline__ A sigmoid(A x) {
+    return A(1) / (A(1) + exp(-x));
+  }
+  template <typename A> __device__ static __forceinline__ A tanh(A x) { return ::tanh(x); }
 };
-
-template <typename A> __device__ __forceinline__ A sigm(A x) { return A(1) / (A(1) + exp(-x)); }
 
 constexpr int kThreads = 256;
 
@@ -60,8 +68,8 @@ __device__ __forceinline__ at::opmath_type<scalar_t> bias_at(const scalar_t* bia
   return bias ? static_cast<acc_t>(bias[k]) : acc_t(0);
 }
 
-template <typename scalar_t, typename acc_t, int64_t OUT, bool HW, bool SAVE>
-__global__ void scan_forward_kernel(Layout L, Dims n, Strides z, const int64_t* __restrict__ len,
+template <typename scalar_t, typename acc_t, int Out, bool HW, bool SAVE>
+__global__ void scan_forward_kernel(ScanSpec sp, Dims n, Strides z, const int64_t* __restrict__ len,
                                     const scalar_t* __restrict__ proj,
                                     const scalar_t* __restrict__ bias,
                                     const scalar_t* __restrict__ h0,
@@ -74,28 +82,21 @@ __global__ void scan_forward_kernel(Layout L, Dims n, Strides z, const int64_t* 
   const int64_t j = idx % H, b = (idx / H) % n.B, d = idx / (H * n.B);
   const int64_t steps = row_steps(len, b, n.T);
   const int64_t base = d * n.G * H + j;  // this unit's column in a proj row (block 0)
-  const acc_t bi = bias_at(bias, base + L.i * H), bf = bias_at(bias, base + L.f * H);
-  const acc_t bc = bias_at(bias, base + L.c * H);
-  const acc_t bo = OUT == kOTanh ? bias_at(bias, base + L.o * H) : acc_t(0);
-  const acc_t br = HW ? bias_at(bias, base + L.r * H) : acc_t(0);
-  const acc_t bhw = HW ? bias_at(bias, base + L.hw * H) : acc_t(0);
+  acc_t bv[kScanBlocks];  // the blocks' biases (registers: every index below is a constant)
+#pragma unroll
+  for (int role = 0; role < kScanBlocks; ++role)
+    bv[role] = sp.block[role] >= 0 ? bias_at(bias, base + sp.block[role] * H) : acc_t(0);
   acc_t c = static_cast<acc_t>(c0[idx]);
   acc_t h = static_cast<acc_t>(h0[idx]);
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t t = position(d, s, steps);
     const scalar_t* p = proj + t * z.p_st + b * z.p_sb + base;
     const int64_t o = t * z.o_st + b * z.o_sb + d * H + j;
-    const acc_t i = sigm(static_cast<acc_t>(p[L.i * H]) + bi);
-    const acc_t f = sigm(static_cast<acc_t>(p[L.f * H]) + bf);
-    c = i * (static_cast<acc_t>(p[L.c * H]) + bc) + f * c;
+    const auto pre = [&](int role) {
+      return static_cast<acc_t>(p[sp.block[role] * H]) + bv[role];
+    };
+    h = scan_forward_element<Out, HW, CudaAct>(pre, c);
     if (SAVE) cs[o] = c;
-    if (OUT == kOTanh) h = sigm(static_cast<acc_t>(p[L.o * H]) + bo) * tanh(c);
-    else if (OUT == kTanh) h = tanh(c);
-    else h = c;
-    if (HW) {
-      const acc_t r = sigm(static_cast<acc_t>(p[L.r * H]) + br);
-      h = r * h + (acc_t(1) - r) * (static_cast<acc_t>(p[L.hw * H]) + bhw);
-    }
     out[o] = static_cast<scalar_t>(h);
   }
   for (int64_t t = steps; t < n.T; ++t) out[t * z.o_st + b * z.o_sb + d * H + j] = scalar_t(0);
@@ -104,8 +105,8 @@ __global__ void scan_forward_kernel(Layout L, Dims n, Strides z, const int64_t* 
 }
 
 // dbias_rows (D*B, G*H) in acc_t, or null: this (direction, row)'s sum of d_proj over its steps.
-template <typename scalar_t, typename acc_t, int64_t OUT, bool HW>
-__global__ void scan_backward_kernel(Layout L, Dims n, Strides z, const int64_t* __restrict__ len,
+template <typename scalar_t, typename acc_t, int Out, bool HW>
+__global__ void scan_backward_kernel(ScanSpec sp, Dims n, Strides z, const int64_t* __restrict__ len,
                                      const scalar_t* __restrict__ g_out,
                                      const scalar_t* __restrict__ g_hn,
                                      const scalar_t* __restrict__ g_cn,
@@ -120,12 +121,12 @@ __global__ void scan_backward_kernel(Layout L, Dims n, Strides z, const int64_t*
   const int64_t j = idx % H, b = (idx / H) % n.B, d = idx / (H * n.B);
   const int64_t steps = row_steps(len, b, n.T);
   const int64_t base = d * n.G * H + j;
-  const acc_t bi = bias_at(bias, base + L.i * H), bf = bias_at(bias, base + L.f * H);
-  const acc_t bc = bias_at(bias, base + L.c * H);
-  const acc_t bo = OUT == kOTanh ? bias_at(bias, base + L.o * H) : acc_t(0);
-  const acc_t br = HW ? bias_at(bias, base + L.r * H) : acc_t(0);
-  const acc_t bhw = HW ? bias_at(bias, base + L.hw * H) : acc_t(0);
-  acc_t si = 0, sf = 0, so = 0, sc = 0, sr = 0, shw = 0;  // bias-gradient sums
+  acc_t bv[kScanBlocks], sum[kScanBlocks];  // biases, bias-gradient sums (registers)
+#pragma unroll
+  for (int role = 0; role < kScanBlocks; ++role) {
+    bv[role] = sp.block[role] >= 0 ? bias_at(bias, base + sp.block[role] * H) : acc_t(0);
+    sum[role] = acc_t(0);
+  }
   acc_t dc = static_cast<acc_t>(g_cn[idx]);
   for (int64_t s = steps - 1; s >= 0; --s) {
     const int64_t t = position(d, s, steps);
@@ -134,91 +135,38 @@ __global__ void scan_backward_kernel(Layout L, Dims n, Strides z, const int64_t*
     scalar_t* dq = dproj + t * z.p_st + b * z.p_sb + base;
     acc_t dh = static_cast<acc_t>(g_out[t * z.g_st + b * z.g_sb + d * H + j]);
     if (s == steps - 1) dh += static_cast<acc_t>(g_hn[idx]);
-    const acc_t cn = cs[o];
     const acc_t cp = s > 0 ? cs[position(d, s - 1, steps) * z.o_st + b * z.o_sb + d * H + j]
                            : static_cast<acc_t>(c0[idx]);
-    acc_t tc = acc_t(0), og = acc_t(0), cell = cn;
-    if (OUT == kOTanh) {
-      tc = tanh(cn);
-      og = sigm(static_cast<acc_t>(p[L.o * H]) + bo);
-      cell = og * tc;
-    } else if (OUT == kTanh) {
-      tc = tanh(cn);
-      cell = tc;
-    }
-    if (HW) {
-      const acc_t r = sigm(static_cast<acc_t>(p[L.r * H]) + br);
-      const acc_t vr = dh * (cell - (static_cast<acc_t>(p[L.hw * H]) + bhw)) * r * (acc_t(1) - r);
-      const acc_t vhw = dh * (acc_t(1) - r);
-      dq[L.r * H] = static_cast<scalar_t>(vr);
-      dq[L.hw * H] = static_cast<scalar_t>(vhw);
-      sr += vr;
-      shw += vhw;
-      dh = dh * r;
-    }
-    if (OUT == kOTanh) {
-      const acc_t vo = dh * tc * og * (acc_t(1) - og);
-      dq[L.o * H] = static_cast<scalar_t>(vo);
-      so += vo;
-      dc += dh * og * (acc_t(1) - tc * tc);
-    } else if (OUT == kTanh) {
-      dc += dh * (acc_t(1) - tc * tc);
-    } else {
-      dc += dh;
-    }
-    const acc_t ig = sigm(static_cast<acc_t>(p[L.i * H]) + bi);
-    const acc_t fg = sigm(static_cast<acc_t>(p[L.f * H]) + bf);
-    const acc_t vi = dc * (static_cast<acc_t>(p[L.c * H]) + bc) * ig * (acc_t(1) - ig);
-    const acc_t vc = dc * ig;
-    const acc_t vf = dc * cp * fg * (acc_t(1) - fg);
-    dq[L.i * H] = static_cast<scalar_t>(vi);
-    dq[L.c * H] = static_cast<scalar_t>(vc);
-    dq[L.f * H] = static_cast<scalar_t>(vf);
-    si += vi;
-    sc += vc;
-    sf += vf;
-    dc = dc * fg;
+    const auto pre = [&](int role) {
+      return static_cast<acc_t>(p[sp.block[role] * H]) + bv[role];
+    };
+    const auto put = [&](int role, acc_t v) {
+      dq[sp.block[role] * H] = static_cast<scalar_t>(v);
+      sum[role] += v;
+    };
+    dc = scan_backward_element<Out, HW, CudaAct>(pre, put, dh, cs[o], cp, dc);
   }
-  // padded steps: no gradient (every block of this direction; blocks a layout does not use are
-  // zeroed by the caller)
+  // padded steps: no gradient
   for (int64_t t = steps; t < n.T; ++t) {
     scalar_t* dq = dproj + t * z.p_st + b * z.p_sb + base;
     for (int64_t g = 0; g < n.G; ++g) dq[g * H] = scalar_t(0);
   }
   dc0[idx] = static_cast<scalar_t>(dc);
-  if (dbias_rows) {
+  if (dbias_rows) {  // this (direction, row)'s row of dbias_rows: every block of the spec
     acc_t* db = dbias_rows + (d * n.B + b) * n.G * H + j;
-    db[L.i * H] = si;
-    db[L.f * H] = sf;
-    db[L.c * H] = sc;
-    if (OUT == kOTanh) db[L.o * H] = so;
-    if (HW) {
-      db[L.r * H] = sr;
-      db[L.hw * H] = shw;
-    }
+#pragma unroll
+    for (int role = 0; role < kScanBlocks; ++role)
+      if (sp.block[role] >= 0) db[sp.block[role] * H] = sum[role];
   }
 }
 
-Layout check_layout(const std::vector<int64_t>& v, int64_t G, const char* who,
-                    std::vector<bool>* used_out) {
-  TORCH_CHECK(v.size() == 7, who, ": layout must be {i, f, o, c, r, hw, output}, got ", v.size(),
-              " entries");
-  Layout L{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
-  TORCH_CHECK(L.output == kOTanh || L.output == kTanh || L.output == kIdentity, who,
-              ": output rule must be 0 (o*tanh(c)), 1 (tanh(c)) or 2 (c), got ", L.output);
-  TORCH_CHECK((L.o >= 0) == (L.output == kOTanh), who,
-              ": an output gate block is given iff the output rule is o*tanh(c)");
-  TORCH_CHECK((L.r >= 0) == (L.hw >= 0), who, ": highway needs both r and hw (or neither)");
-  TORCH_CHECK(L.i >= 0 && L.f >= 0 && L.c >= 0, who, ": i, f and c blocks are required");
-  std::vector<bool> used(G, false);
-  for (int64_t off : {L.i, L.f, L.o, L.c, L.r, L.hw}) {
-    if (off < 0) continue;
-    TORCH_CHECK(off < G, who, ": block offset ", off, " outside the ", G, " blocks of proj");
-    TORCH_CHECK(!used[off], who, ": two blocks share offset ", off);
-    used[off] = true;
-  }
-  if (used_out) *used_out = used;
-  return L;
+// decode_scan_spec, then check that proj has the spec's G blocks per direction.
+ScanSpec scan_spec_of(int64_t spec, bool highway, const Dims& n, const char* who) {
+  const ScanSpec s = decode_scan_spec(spec, highway, who);
+  TORCH_CHECK(n.G == s.G, who, ": kernel spec ", spec, highway ? " with highway" : "",
+              " reads ", s.G, " blocks of H = ", n.H, " columns per direction (",
+              s.G * n.H * n.D, " columns for D = ", n.D, "), proj has ", n.G * n.H * n.D);
+  return s;
 }
 
 // (B) int64 on proj's device: the number of steps of each row; undefined when every row runs
@@ -284,15 +232,14 @@ Dims dims_of(const at::Tensor& proj, const at::Tensor& c0) {
   return Dims{proj.size(0), proj.size(1), D, H, proj.size(2) / (D * H)};
 }
 
+// f(std::integral_constant<int, Out>, std::integral_constant<bool, HW>) for the spec's output
+// rule (kernel_spec.h with_output_rule) and highway.
 template <typename F>
-void dispatch_rule(const Layout& L, F&& f) {
-  auto with_hw = [&](auto out) {
-    if (L.r >= 0) f(out, std::integral_constant<bool, true>());
+void dispatch_rule(const ScanSpec& sp, F&& f) {
+  with_output_rule(sp.output, [&](auto out) {
+    if (sp.highway) f(out, std::integral_constant<bool, true>());
     else f(out, std::integral_constant<bool, false>());
-  };
-  if (L.output == kOTanh) with_hw(std::integral_constant<int64_t, kOTanh>());
-  else if (L.output == kTanh) with_hw(std::integral_constant<int64_t, kTanh>());
-  else with_hw(std::integral_constant<int64_t, kIdentity>());
+  });
 }
 
 unsigned int blocks_for(int64_t n) {
@@ -306,22 +253,22 @@ Strides strides_of(const at::Tensor& proj, const at::Tensor& out_like, const at:
 
 // -> (out, h_n, c_n, cs); out and cs laid out like proj (time- or batch-major); bias (D*G*H)
 // added to proj's blocks when given
-std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h0,
-                                     const at::Tensor& c0, const at::Tensor& batch_sizes,
-                                     const std::vector<int64_t>& layout, bool save,
+std::vector<at::Tensor> scan_forward(int64_t spec, bool highway, const at::Tensor& proj,
+                                     const at::Tensor& h0, const at::Tensor& c0,
+                                     const at::Tensor& batch_sizes, bool save,
                                      const c10::optional<at::Tensor>& bias) {
   const char* who = "scan_forward (CUDA)";
   check_common(proj, h0, c0, batch_sizes, who);
   const bool has_bias = check_bias(bias, proj, who);
   const c10::cuda::CUDAGuard guard(proj.device());
   const Dims n = dims_of(proj, c0);
-  const Layout L = check_layout(layout, n.G, who, nullptr);
+  const ScanSpec sp = scan_spec_of(spec, highway, n, who);
   const at::ScalarType acc_type = at::toOpMathType(proj.scalar_type());
   at::Tensor out = empty_like_layout(proj, n.D * n.H, proj.options());
   at::Tensor h_n = at::empty({n.D, n.B, n.H}, proj.options());
   at::Tensor c_n = at::empty({n.D, n.B, n.H}, proj.options());
   at::Tensor cs = save ? empty_like_layout(proj, n.D * n.H, proj.options().dtype(acc_type))
-                       : at::empty({0, n.B, n.D * n.H}, proj.options().dtype(acc_type));
+                       : at::empty({0}, proj.options().dtype(acc_type));  // as the CPU scan
   const int64_t threads = n.D * n.B * n.H;
   if (threads == 0) return {out.zero_(), h_n, c_n, cs};
   const at::Tensor len = row_lengths(batch_sizes, n.B, proj.device());
@@ -330,19 +277,19 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, proj.scalar_type(), "scan_forward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* bp = has_bias ? bias->data_ptr<scalar_t>() : nullptr;
-    dispatch_rule(L, [&](auto out_rule, auto hw) {
-      constexpr int64_t OUT = decltype(out_rule)::value;
+    dispatch_rule(sp, [&](auto out_rule, auto hw) {
+      constexpr int OUT = decltype(out_rule)::value;
       constexpr bool HW = decltype(hw)::value;
       if (save) {
         scan_forward_kernel<scalar_t, acc_t, OUT, HW, true>
             <<<blocks_for(threads), kThreads, 0, stream>>>(
-                L, n, z, len_ptr(len), proj.data_ptr<scalar_t>(), bp,
+                sp, n, z, len_ptr(len), proj.data_ptr<scalar_t>(), bp,
                 h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                 h_n.data_ptr<scalar_t>(), c_n.data_ptr<scalar_t>(), cs.data_ptr<acc_t>());
       } else {
         scan_forward_kernel<scalar_t, acc_t, OUT, HW, false>
             <<<blocks_for(threads), kThreads, 0, stream>>>(
-                L, n, z, len_ptr(len), proj.data_ptr<scalar_t>(), bp,
+                sp, n, z, len_ptr(len), proj.data_ptr<scalar_t>(), bp,
                 h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                 h_n.data_ptr<scalar_t>(), c_n.data_ptr<scalar_t>(), nullptr);
       }
@@ -353,19 +300,17 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& proj, const at::Tensor& h
 }
 
 // -> (d_proj laid out like proj, d_c0, d_bias (D*G*H) when bias_grad, else empty)
-std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor& g_hn,
-                                      const at::Tensor& g_cn, const at::Tensor& proj,
-                                      const at::Tensor& c0, const at::Tensor& cs,
-                                      const at::Tensor& batch_sizes,
-                                      const std::vector<int64_t>& layout,
+std::vector<at::Tensor> scan_backward(int64_t spec, bool highway, const at::Tensor& g_out,
+                                      const at::Tensor& g_hn, const at::Tensor& g_cn,
+                                      const at::Tensor& proj, const at::Tensor& c0,
+                                      const at::Tensor& cs, const at::Tensor& batch_sizes,
                                       const c10::optional<at::Tensor>& bias, bool bias_grad) {
   const char* who = "scan_backward (CUDA)";
   check_common(proj, g_hn, c0, batch_sizes, who);
   const bool has_bias = check_bias(bias, proj, who);
   const c10::cuda::CUDAGuard guard(proj.device());
   const Dims n = dims_of(proj, c0);
-  std::vector<bool> used;
-  const Layout L = check_layout(layout, n.G, who, &used);
+  const ScanSpec sp = scan_spec_of(spec, highway, n, who);
   const at::ScalarType acc_type = at::toOpMathType(proj.scalar_type());
   TORCH_CHECK(g_out.device() == proj.device() && g_out.scalar_type() == proj.scalar_type() &&
                   g_out.dim() == 3 && g_out.size(0) == n.T && g_out.size(1) == n.B &&
@@ -381,15 +326,14 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
   TORCH_CHECK(g_cn.device() == proj.device() && g_cn.scalar_type() == proj.scalar_type() &&
                   g_cn.is_contiguous() && g_cn.sizes() == c0.sizes(),
               who, ": g_cn must be contiguous (D, B, H) of proj's dtype");
-  const bool all_used = std::all_of(used.begin(), used.end(), [](bool u) { return u; });
+  // every block of proj is the spec's (scan_spec_of): each is written, at the active steps and
+  // (zeros) at the padded ones
   at::Tensor dproj = empty_like_layout(proj, proj.size(2), proj.options());
-  if (!all_used) dproj.zero_();
   at::Tensor dc0 = at::empty_like(c0);
   at::Tensor dbias_rows;
   if (bias_grad) {
     const auto opt = proj.options().dtype(acc_type);
-    dbias_rows = all_used ? at::empty({n.D * n.B, n.G * n.H}, opt)
-                          : at::zeros({n.D * n.B, n.G * n.H}, opt);
+    dbias_rows = at::empty({n.D * n.B, n.G * n.H}, opt);
   }
   auto dbias = [&]() {
     return bias_grad ? dbias_rows.view({n.D, n.B, n.G * n.H}).sum(1).view({-1})
@@ -407,11 +351,11 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, proj.scalar_type(), "scan_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* bp = has_bias ? bias->data_ptr<scalar_t>() : nullptr;
-    dispatch_rule(L, [&](auto out_rule, auto hw) {
-      constexpr int64_t OUT = decltype(out_rule)::value;
+    dispatch_rule(sp, [&](auto out_rule, auto hw) {
+      constexpr int OUT = decltype(out_rule)::value;
       constexpr bool HW = decltype(hw)::value;
       scan_backward_kernel<scalar_t, acc_t, OUT, HW><<<blocks_for(threads), kThreads, 0, stream>>>(
-          L, n, z, len_ptr(len), g_out.data_ptr<scalar_t>(), g_hn.data_ptr<scalar_t>(),
+          sp, n, z, len_ptr(len), g_out.data_ptr<scalar_t>(), g_hn.data_ptr<scalar_t>(),
           g_cn.data_ptr<scalar_t>(), proj.data_ptr<scalar_t>(), bp, c0.data_ptr<scalar_t>(),
           cs.data_ptr<acc_t>(), dproj.data_ptr<scalar_t>(), dc0.data_ptr<scalar_t>(),
           bias_grad ? dbias_rows.data_ptr<acc_t>() : nullptr);
@@ -426,15 +370,16 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& g_out, const at::Tensor&
 // Called from the module init in step_kernel.cu.
 void register_scan(pybind11::module_& m) {
   m.def("scan_forward", &scan_forward, py::call_guard<py::gil_scoped_release>(),
-        "element-wise scan of a gated memory whose gates read x_t only (forward, CUDA); see "
-        "csrc/cpu/scan.cpp for the layout",
-        py::arg("proj"), py::arg("h0"), py::arg("c0"), py::arg("batch_sizes"), py::arg("layout"),
-        py::arg("save"), py::arg("bias") = py::none());
+        "element-wise scan of a gated memory whose gates read x_t only (forward, CUDA); spec: "
+        "Variant.kernel_spec (see csrc/cpu/scan.cpp for the arguments)",
+        py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("h0"), py::arg("c0"),
+        py::arg("batch_sizes"), py::arg("save"), py::arg("bias") = py::none());
   m.def("scan_backward", &scan_backward, py::call_guard<py::gil_scoped_release>(),
         "backward of scan_forward (CUDA): (d_proj, d_c0, d_bias); d_bias computed when bias_grad",
-        py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"), py::arg("proj"), py::arg("c0"),
-        py::arg("cs"), py::arg("batch_sizes"), py::arg("layout"), py::arg("bias") = py::none(),
-        py::arg("bias_grad") = false);
-  // 2: bias inside the scan, batch-major layouts, (d_proj, d_c0, d_bias) from the backward
-  m.attr("scan_abi") = 2;
+        py::arg("spec"), py::arg("highway"), py::arg("g_out"), py::arg("g_hn"), py::arg("g_cn"),
+        py::arg("proj"), py::arg("c0"), py::arg("cs"), py::arg("batch_sizes"),
+        py::arg("bias") = py::none(), py::arg("bias_grad") = false);
+  // 2: bias inside the scan, batch-major layouts, (d_proj, d_c0, d_bias) from the backward;
+  // 3: the variant as (spec, highway), decoded by kernel_spec.h
+  m.attr("scan_abi") = 3;
 }
