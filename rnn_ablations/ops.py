@@ -320,12 +320,14 @@ def register(raw) -> None:
 def _plain_eager(first: Tensor) -> bool:
     """True when nothing could see or needs the dispatcher's view of a call: no tracing
     (``torch.compile`` / ``torch.export`` / ``torch.jit.trace``), no dispatch or torch-function
-    mode, and a plain tensor (not a subclass such as a fake or functional tensor)."""
+    mode, no profiler (``torch.profiler`` records the operators it sees), and a plain tensor
+    (not a subclass such as a fake or functional tensor)."""
     # is_compiling first: under torch.compile it is the constant True and nothing else is traced
     return (not torch.compiler.is_compiling() and type(first) is Tensor
             and not torch._C._len_torch_dispatch_stack()
             and not torch._C._is_torch_function_mode_enabled()
-            and not torch._C._get_tracing_state())
+            and not torch._C._get_tracing_state()
+            and not torch._C._autograd._profiler_enabled())
 
 
 class _Direct:

@@ -116,3 +116,17 @@ def test_a_dispatch_mode_sees_the_operators():
         out.sum().backward()
     ours = [s for s in seen if s.startswith("rnn_ablations::")]
     assert any("forward" in s for s in ours) and any("backward" in s for s in ours), ours
+
+
+def test_the_profiler_records_the_operators():
+    """Under ``torch.profiler`` a layer call goes through the dispatcher, so the profile names the
+    kernel's operators (and the time spent in them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rnn = AblatedRNN("ran", 5, 4, num_layers=2)
+    x = torch.randn(6, 3, 5, requires_grad=True)
+    with options(backend="kernel"), profile(activities=[ProfilerActivity.CPU]) as prof:
+        rnn(x)[0].sum().backward()
+    names = {e.name for e in prof.events()}
+    ours = {n for n in names if n.startswith("rnn_ablations::")}
+    assert any("forward" in n for n in ours) and any("backward" in n for n in ours), sorted(names)
