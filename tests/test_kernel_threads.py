@@ -4,7 +4,8 @@ With two threads the pipelined schedule and the concurrent directions run part o
 second thread of the OpenMP team.  That thread gets the caller's grad and inference modes and
 nothing else, and the bindings release the GIL for the whole call, so a Python-level mode or
 hook on the caller's thread (non-reentrant checkpointing, saved-tensor hooks, ``save_on_cpu``,
-a ``TorchDispatchMode``, ``FlopCounterMode``) can neither block the worker nor be lost: each
+a ``TorchDispatchMode``, ``FlopCounterMode``, ``torch.profiler``) can neither block the worker
+nor be lost (the profiler records the worker's calls, which get its state): each
 case below runs in a child process with a timeout (a blocked kernel cannot be interrupted from
 Python) and must give the unwrapped call's numbers.
 """
@@ -16,7 +17,7 @@ import textwrap
 
 import pytest
 
-from rnn_ablations import VARIANTS, kernel_available
+from rnn_ablations import VARIANTS, get_variant, kernel_available
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="the CPU kernel is not built")
 
@@ -39,6 +40,7 @@ CHILD = textwrap.dedent(r"""
             return func(*args, **(kwargs or {}))
 
     packed = []
+    threads = set()  # the threads the profiler recorded ATen calls on
     def pack(t):
         packed.append(t.shape)
         return t
@@ -62,6 +64,11 @@ CHILD = textwrap.dedent(r"""
             elif how == "flop_counter":
                 with FlopCounterMode(display=False):
                     out = rnn(x)[0]
+            elif how == "profiler":
+                with torch.profiler.profile(
+                        activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    out = rnn(x)[0]
+                threads.update(e.thread for e in prof.events() if e.name.startswith("aten::"))
             else:
                 out = rnn(x)[0]
             if grad:
@@ -82,6 +89,7 @@ CHILD = textwrap.dedent(r"""
                 for wrapper in sys.argv[3].split(","):
                     Seen.ops.clear()
                     packed.clear()
+                    threads.clear()
                     # the case is announced before it runs: a blocked one is the last line
                     print("case", variant, wrapper, "grad" if grad else "no_grad", flush=True)
                     got, got_grads = run(rnn, x, wrapper, grad)
@@ -90,10 +98,12 @@ CHILD = textwrap.dedent(r"""
                         for a, b in zip(ref_grads, got_grads))
                     print(json.dumps({"variant": variant, "wrapper": wrapper, "grad": grad,
                                       "equal": bool(ok), "dispatch_ops": len(Seen.ops),
-                                      "packed": len(packed)}), flush=True)
+                                      "packed": len(packed), "threads": len(threads)}),
+                          flush=True)
 """)
 
-WRAPPERS = ["checkpoint", "saved_tensors_hooks", "save_on_cpu", "dispatch_mode", "flop_counter"]
+WRAPPERS = ["checkpoint", "saved_tensors_hooks", "save_on_cpu", "dispatch_mode", "flop_counter",
+            "profiler"]
 
 
 @pytest.mark.parametrize("schedule", ["pipelined", "concurrent"])
@@ -118,3 +128,6 @@ def test_wrappers_on_the_threaded_schedules(schedule):
             assert r["dispatch_ops"] > 0, f"{r}: the dispatch mode saw no operator"
         if r["wrapper"] == "saved_tensors_hooks" and r["grad"]:
             assert r["packed"] > 0, f"{r}: the saved-tensor hook saw none of the saved tensors"
+        if r["wrapper"] == "profiler" and get_variant(r["variant"]).has_step_kernel:
+            # the worker thread's products are recorded too (the profiler's state reaches it)
+            assert r["threads"] >= 2, f"{r}: the profiler recorded one thread only"
