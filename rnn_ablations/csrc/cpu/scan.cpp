@@ -32,8 +32,8 @@
 // (cheaper than storing them: the pass is memory-bound) and reads the saved memories c_t.
 // float32 rows run the AVX2 + FMA copy in scan_rows_avx2.cpp when the kernel's vector path executes
 // AVX2 (avx2 or avx512: rnn_ablations::isa_runs_avx2(); RNN_ABLATIONS_ISA=portable not); the
-// loops here are the portable path (any CPU, and float64).  Both run the same per-element
-// templates of common/elementwise.h.
+// loops here are the portable path (any CPU, and float64).  Both run the per-element maths of
+// common/elementwise.h.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -57,7 +57,10 @@ using namespace rnn_ablations::scan;
 
 // float: a branch-free exp (Cephes polynomial, relative error about 2e-7) that GCC vectorises
 // inside the loops over H; double: libm (gradcheck and float64 users).
-inline float scan_exp(float x) {
+// always_inline: these are called from many instantiations of the rows, and GCC's inliner,
+// left to itself, calls them instead, which leaves the loops over H scalar (several times
+// slower).
+inline __attribute__((always_inline)) float scan_exp(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);
   // k = floor(x log2(e) + 0.5), written as a truncation of a positive number (x log2(e) + 0.5
   // lies in [-125, 128)): a conversion SSE2 vectorises, where std::floor needs SSE4.1 and, in
@@ -77,12 +80,14 @@ inline float scan_exp(float x) {
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
-inline double scan_exp(double x) { return std::exp(x); }
+inline __attribute__((always_inline)) double scan_exp(double x) { return std::exp(x); }
 
 // The portable rows' activations (the Act of common/elementwise.h's scan elements).
 struct PortableAct {
-  template <typename T> static inline T sigmoid(T x) { return T(1) / (T(1) + scan_exp(-x)); }
-  template <typename T> static inline T tanh(T x) {
+  template <typename T> static inline __attribute__((always_inline)) T sigmoid(T x) {
+    return T(1) / (T(1) + scan_exp(-x));
+  }
+  template <typename T> static inline __attribute__((always_inline)) T tanh(T x) {
     // tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})
     const T e = scan_exp(T(-2) * std::fabs(x));
     return std::copysign((T(1) - e) / (T(1) + e), x);
@@ -126,8 +131,8 @@ int64_t grain_rows(const ScanDims& n) {
 
 // The portable rows (any CPU, float32 and float64): the loops over the H units are written for
 // the compiler's vectoriser in the build's baseline instruction set; the maths is
-// common/elementwise.h's.  Tasks k in [k0, k1): direction k / B, row k % B.  See scan_rows.h for
-// the arguments.
+// common/elementwise.h's (scan_forward_element, scan_backward_element).  Tasks k in [k0, k1):
+// direction k / B, row k % B.  See scan_rows.h for the arguments.
 template <typename T, int Out, bool HW, bool SAVE>
 void forward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
   const int64_t H = a.H, GH = a.G * H;
@@ -148,7 +153,7 @@ void forward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
       T* __restrict__ cc = c;
 #pragma omp simd
       for (int64_t j = 0; j < H; ++j) {
-        const auto pre = [&](int role) {
+        const auto pre = [&, j](int role) {
           const int64_t at = sp.block[role] * H + j;
           return p[at] + bias[at];
         };
@@ -188,11 +193,11 @@ void backward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
       const T* __restrict__ cp = s > 0 ? a.cs_in + tp * a.o_st + b * a.o_sb + d * H : a.c0 + k * H;
 #pragma omp simd
       for (int64_t j = 0; j < H; ++j) {
-        const auto pre = [&](int role) {
+        const auto pre = [&, j](int role) {
           const int64_t at = sp.block[role] * H + j;
           return p[at] + bias[at];
         };
-        const auto put = [&](int role, T v) {
+        const auto put = [&, j](int role, T v) {
           const int64_t at = sp.block[role] * H + j;
           dq[at] = v;
           if (DB) db[at] += v;
