@@ -84,6 +84,19 @@ def _has(module, name: str) -> bool:
     return module is not None and hasattr(getattr(module, "raw", module), name)
 
 
+#: the scan entry points' calling convention this package speaks (``scan_abi`` of the compiled
+#: module: 3 = the variant's kernel spec and the highway flag first, the bias and its gradient
+#: inside the scan)
+SCAN_ABI = 3
+
+
+def _scan_built(module) -> bool:
+    """Whether ``module`` has scan kernels with this package's calling convention (an older
+    build is not called with arguments it would misread: the layer then runs on the generic
+    path, and the plan's reason says to rebuild)."""
+    return _has(module, "scan_forward") and getattr(module, "scan_abi", 1) == SCAN_ABI
+
+
 _kernels_cache = {}
 
 
@@ -94,13 +107,13 @@ def kernels() -> Kernels:
     got = _kernels_cache.get(key)
     if got is None:
         from .projection import _onednn_usable
-        scan_why = ("the compiled extension has no scan kernels: rebuild it "
+        scan_why = ("the compiled extension has no scan kernels of this version (scan_abi "
+                    f"{SCAN_ABI}): rebuild it "
                     "(`pip install --no-build-isolation -e .`)")
         got = Kernels(
             cpu=_C is not None, cuda=_C_cuda is not None,
-            cpu_scan=_has(_C, "scan_forward"), cuda_scan=_has(_C_cuda, "scan_forward"),
-            cpu_fused_scan=_has(_C, "scan_forward") and getattr(_C, "scan_abi", 1) >= 2,
-            cuda_fused_scan=_has(_C_cuda, "scan_forward") and getattr(_C_cuda, "scan_abi", 1) >= 2,
+            cpu_scan=_scan_built(_C), cuda_scan=_scan_built(_C_cuda),
+            cpu_fused_scan=_scan_built(_C), cuda_fused_scan=_scan_built(_C_cuda),
             persistent=_has(_C_cuda, "persistent_forward"), onednn=_onednn_usable(), isa=isa,
             cpu_error=_KERNEL_ERROR if _C is None else scan_why,
             cuda_error=_CUDA_KERNEL_ERROR if _C_cuda is None else scan_why)

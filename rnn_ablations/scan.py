@@ -14,9 +14,9 @@ output rule and block offsets from them (``csrc/common/kernel_spec.h``, ``decode
 The whole layer is one autograd node (:class:`_FusedScanLayer`): the kernels add the bias
 inside the scan and sum its gradient there, read a ``batch_first`` input (and write their output)
 in batch-major order without transposed copies, and inference (no gradient wanted) saves nothing
-for a backward.  Under autocast, or with an extension built before that interface (``scan_abi``
-< 2), the projection is an autograd op and the scan a node of its own (:class:`_ScanLayer`).
-Everything else (other dtypes or devices, no compiled kernel, the ``generic`` backend) runs the
+for a backward.  Under autocast the projection is an autograd op and the scan a node of its own
+(:class:`_ScanLayer`).  Everything else (other dtypes or devices, no compiled kernel or one built
+with another scan interface than ``backend.SCAN_ABI``, the ``generic`` backend) runs the
 reference :func:`rnn_ablations.functional.generic_layer`, which computes the same function.
 
 Padding follows the other variants' layer calls (:mod:`rnn_ablations.functional`): rows sorted by

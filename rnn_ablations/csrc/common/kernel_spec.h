@@ -230,6 +230,17 @@ inline ScanSpec decode_scan_spec(int64_t code, bool highway, const char* who) {
   return s;
 }
 
+// decode_scan_spec, then check that proj has the spec's G blocks of H columns per direction
+// (D directions side by side), as check_kernel_spec does for the step kernels.
+inline ScanSpec check_scan_spec(int64_t code, bool highway, int64_t G, int64_t H, int64_t D,
+                                const char* who) {
+  const ScanSpec s = decode_scan_spec(code, highway, who);
+  TORCH_CHECK(G == s.G, who, ": kernel spec ", code, highway ? " with highway" : "", " reads ",
+              s.G, " blocks of H = ", H, " columns per direction (", s.G * H * D,
+              " columns for D = ", D, "), proj has ", G * H * D);
+  return s;
+}
+
 // The block roles the scan reads, in weight order (all input-only: "i", "f", "o", "r",
 // "content", "hw"), for the table test (Variant.blocks(highway) must agree).
 inline std::vector<std::string> scan_spec_blocks(const ScanSpec& s) {

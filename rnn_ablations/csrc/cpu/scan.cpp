@@ -113,15 +113,6 @@ std::vector<int64_t> row_lengths(const at::Tensor& batch_sizes, int64_t B) {
   return len;
 }
 
-// decode_scan_spec, then check that proj has the spec's G blocks per direction.
-ScanSpec scan_spec_of(int64_t spec, bool highway, const ScanDims& n, const char* who) {
-  const ScanSpec s = decode_scan_spec(spec, highway, who);
-  TORCH_CHECK(n.G == s.G, who, ": kernel spec ", spec, highway ? " with highway" : "",
-              " reads ", s.G, " blocks of H = ", n.H, " columns per direction (",
-              s.G * n.H * n.D, " columns for D = ", n.D, "), proj has ", n.G * n.H * n.D);
-  return s;
-}
-
 // Rows per task: one task when the whole scan is small (a parallel region costs more than it
 // saves), otherwise single rows (parallel_for splits them evenly over the threads).
 int64_t grain_rows(const ScanDims& n) {
@@ -325,7 +316,7 @@ std::vector<at::Tensor> scan_forward(int64_t spec, bool highway, const at::Tenso
   check_common(proj, h0, c0, batch_sizes, who);
   const bool has_bias = check_bias(bias, proj, who);
   const ScanDims n = dims_of(proj, c0);
-  const ScanSpec sp = scan_spec_of(spec, highway, n, who);
+  const ScanSpec sp = check_scan_spec(spec, highway, n.G, n.H, n.D, who);
   at::Tensor out = empty_like_layout(proj, n.out_row());
   at::Tensor h_n = at::empty({n.D, n.B, n.H}, proj.options());
   at::Tensor c_n = at::empty({n.D, n.B, n.H}, proj.options());
@@ -369,7 +360,7 @@ std::vector<at::Tensor> scan_backward(int64_t spec, bool highway, const at::Tens
   check_common(proj, g_hn, c0, batch_sizes, who);
   const bool has_bias = check_bias(bias, proj, who);
   const ScanDims n = dims_of(proj, c0);
-  const ScanSpec sp = scan_spec_of(spec, highway, n, who);
+  const ScanSpec sp = check_scan_spec(spec, highway, n.G, n.H, n.D, who);
   for (const at::Tensor* t : {&g_out, &cs}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == proj.scalar_type() &&
                     t->dim() == 3 && t->size(0) == n.T && t->size(1) == n.B &&

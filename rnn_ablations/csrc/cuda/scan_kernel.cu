@@ -160,15 +160,6 @@ __global__ void scan_backward_kernel(ScanSpec sp, Dims n, Strides z, const int64
   }
 }
 
-// decode_scan_spec, then check that proj has the spec's G blocks per direction.
-ScanSpec scan_spec_of(int64_t spec, bool highway, const Dims& n, const char* who) {
-  const ScanSpec s = decode_scan_spec(spec, highway, who);
-  TORCH_CHECK(n.G == s.G, who, ": kernel spec ", spec, highway ? " with highway" : "",
-              " reads ", s.G, " blocks of H = ", n.H, " columns per direction (",
-              s.G * n.H * n.D, " columns for D = ", n.D, "), proj has ", n.G * n.H * n.D);
-  return s;
-}
-
 // (B) int64 on proj's device: the number of steps of each row; undefined when every row runs
 // all T steps (the kernels then need no lengths).  The copy is asynchronous (from pinned memory,
 // held by the caching host allocator until it is done): no synchronisation with the stream.
@@ -262,7 +253,7 @@ std::vector<at::Tensor> scan_forward(int64_t spec, bool highway, const at::Tenso
   const bool has_bias = check_bias(bias, proj, who);
   const c10::cuda::CUDAGuard guard(proj.device());
   const Dims n = dims_of(proj, c0);
-  const ScanSpec sp = scan_spec_of(spec, highway, n, who);
+  const ScanSpec sp = check_scan_spec(spec, highway, n.G, n.H, n.D, who);
   const at::ScalarType acc_type = at::toOpMathType(proj.scalar_type());
   at::Tensor out = empty_like_layout(proj, n.D * n.H, proj.options());
   at::Tensor h_n = at::empty({n.D, n.B, n.H}, proj.options());
@@ -310,7 +301,7 @@ std::vector<at::Tensor> scan_backward(int64_t spec, bool highway, const at::Tens
   const bool has_bias = check_bias(bias, proj, who);
   const c10::cuda::CUDAGuard guard(proj.device());
   const Dims n = dims_of(proj, c0);
-  const ScanSpec sp = scan_spec_of(spec, highway, n, who);
+  const ScanSpec sp = check_scan_spec(spec, highway, n.G, n.H, n.D, who);
   const at::ScalarType acc_type = at::toOpMathType(proj.scalar_type());
   TORCH_CHECK(g_out.device() == proj.device() && g_out.scalar_type() == proj.scalar_type() &&
                   g_out.dim() == 3 && g_out.size(0) == n.T && g_out.size(1) == n.B &&
@@ -326,7 +317,7 @@ std::vector<at::Tensor> scan_backward(int64_t spec, bool highway, const at::Tens
   TORCH_CHECK(g_cn.device() == proj.device() && g_cn.scalar_type() == proj.scalar_type() &&
                   g_cn.is_contiguous() && g_cn.sizes() == c0.sizes(),
               who, ": g_cn must be contiguous (D, B, H) of proj's dtype");
-  // every block of proj is the spec's (scan_spec_of): each is written, at the active steps and
+  // every block of proj is the spec's (check_scan_spec): each is written, at the active steps and
   // (zeros) at the padded ones
   at::Tensor dproj = empty_like_layout(proj, proj.size(2), proj.options());
   at::Tensor dc0 = at::empty_like(c0);
