@@ -125,6 +125,36 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def plan_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
+    """``(steps, batch)`` for a :class:`~rnn_ablations.plan.LayerCall`.  In eager mode T and B.
+    Under ``torch.compile`` / ``torch.export`` the plan is made when the graph is traced, and a
+    size may be symbolic (dynamic shapes: one graph for every sequence length, which a plan
+    keyed on the exact size would not allow).  The plan reads the sizes only through its
+    thresholds (zero, ``Policy.min_steps``, the step GEMM's ``max_step_macs`` /
+    ``max_step_macs_inference``), so each is replaced by a size on the same side of every
+    threshold: the graph then guards on those sides, not on the size."""
+    if not torch.compiler.is_compiling():
+        return steps, batch
+    return threshold_sizes(steps, batch, rec_blocks, hidden, needs_grad)
+
+
+def threshold_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
+    """Sizes on the same side of each of the plan's thresholds as ``steps`` and ``batch``
+    (:func:`plan_sizes`); comparisons only, so a symbolic size gives guards, not a value."""
+    # the policy's thresholds as _policy() gives them (read here: no cached call in a trace)
+    min_steps = PIPELINE_MIN_STEPS
+    steps_for_plan = 0 if steps == 0 else (min_steps if steps >= min_steps else 1)
+    limit = PIPELINE_MAX_STEP_MACS if needs_grad else PIPELINE_MAX_STEP_MACS_INFERENCE
+    per_row = max(1, rec_blocks * hidden * hidden)
+    if batch == 0:
+        batch_for_plan = 0
+    elif batch * per_row < limit:
+        batch_for_plan = 1
+    else:
+        batch_for_plan = -(-limit // per_row)  # the smallest batch at the limit
+    return steps_for_plan, batch_for_plan
+
+
 def _describe(xs, params, needs_grad: bool) -> LayerCall:
     """The plan's view of the directions ``xs`` with ``params[d] = (w_ih, w_hh, bias)``."""
     x = xs[0]
@@ -135,8 +165,10 @@ def _describe(xs, params, needs_grad: bool) -> LayerCall:
     uniform = len(xs) == 1 or (all(t.shape == x.shape for t in xs[1:])
                                and all(t is None or (t.is_cpu and t.dtype is x.dtype)
                                        for p in params for t in p))
-    return LayerCall(device, x.dtype, x.shape[0], x.shape[1], w_hh.shape[1],
-                     w_hh.shape[0] // max(1, w_hh.shape[1]), w_ih.numel(), len(xs), needs_grad,
+    H = w_hh.shape[1]
+    R = w_hh.shape[0] // max(1, H)
+    steps, batch = plan_sizes(x.shape[0], x.shape[1], R, H, needs_grad)
+    return LayerCall(device, x.dtype, steps, batch, H, R, w_ih.numel(), len(xs), needs_grad,
                      backend.num_threads(), backend.autocast_dtype(device), uniform)
 
 

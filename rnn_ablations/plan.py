@@ -369,7 +369,9 @@ CUDA_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 class LayerCall(NamedTuple):
     """What the plan needs to know of one layer call (no tensors).
 
-    device: ``"cpu"``, ``"cuda"``, ...; dtype: the input's dtype; steps, batch: T and B;
+    device: ``"cpu"``, ``"cuda"``, ...; dtype: the input's dtype; steps, batch: T and B (under
+    ``torch.compile`` / ``torch.export``: sizes on the same side of every threshold the plan
+    compares them with, see ``dispatch.plan_sizes``);
     hidden: H; rec_blocks: R, the blocks that read h_{t-1} (0 for a cell that reads none: the
     scan); proj_weight: entries of the input weight (of all directions together for the scan,
     which projects them in one GEMM); directions: directions submitted together;

@@ -33,6 +33,7 @@ import torch
 
 from . import backend as _backend
 from . import projection as _projection
+from . import dispatch as _dispatch
 from .backend import autocast_like
 from .plan import LayerCall, Plan, cached_plan, get_options, onednn_applies
 from .projection import _dnnl_linear, input_projection
@@ -263,7 +264,8 @@ def _scan_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[
     device = x.device.type
     uniform = all(t is None or (t.dtype == x.dtype and t.device == x.device)
                   for t in (bias, *weights))
-    call = LayerCall(device=device, dtype=x.dtype, steps=x.shape[0], batch=x.shape[1],
+    steps, batch = _dispatch.plan_sizes(x.shape[0], x.shape[1], 0, hidden, needs_grad)
+    call = LayerCall(device=device, dtype=x.dtype, steps=steps, batch=batch,
                      hidden=hidden, rec_blocks=0,
                      proj_weight=sum(w.numel() for w in weights), directions=len(weights),
                      needs_grad=needs_grad, threads=_backend.num_threads(),

@@ -50,6 +50,48 @@ def test_compile_fullgraph_aot_eager(variant, bidirectional, layers, threads):
     _assert_same(_loss_and_grads(compiled, rnn, x), _loss_and_grads(rnn, rnn, x))
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compile_fullgraph_dynamic_shapes(variant, bidirectional):
+    """One compiled model called with several sequence lengths and batch sizes (dynamo then
+    traces with symbolic sizes): every call equals eager, and the sizes cost no recompilation
+    per length (the plan guards on its thresholds, not on the sizes)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    rnn = _model(variant, bidirectional, 2)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(rnn, fullgraph=True, backend=counter)
+    for T, B in ((7, 3), (9, 3), (11, 4), (13, 2), (6, 5)):
+        x = torch.randn(T, B, 5, requires_grad=True)
+        _assert_same(_loss_and_grads(compiled, rnn, x), _loss_and_grads(rnn, rnn, x))
+    # the first call's static graph, one when the length turns symbolic, one when the batch
+    # does; the last two calls reuse the symbolic graph
+    assert counter.frame_count <= 3, counter.frame_count
+
+
+def test_threshold_sizes_give_the_plan_of_the_sizes():
+    """The sizes a traced plan sees (dispatch.threshold_sizes) lead to the same plan as the
+    exact sizes, across the policy's thresholds, for every schedule setting."""
+    from rnn_ablations import backend, dispatch
+    from rnn_ablations.plan import LayerCall, Options, plan_layer
+
+    kernels = backend.kernels()
+    policy = dispatch._policy()
+    for T in (0, 1, policy.min_steps - 1, policy.min_steps, 3 * policy.min_steps):
+        for B in (0, 1, 7, 64, 4096):
+            for H, R in ((8, 2), (256, 3), (650, 4)):
+                for needs_grad in (False, True):
+                    for threads in (1, 2, 4):
+                        for directions in (1, 2):
+                            steps, batch = dispatch.threshold_sizes(T, B, R, H, needs_grad)
+                            calls = [LayerCall("cpu", torch.float32, s, b, H, R, 8 * R * H,
+                                               directions, needs_grad, threads)
+                                     for s, b in ((T, B), (steps, batch))]
+                            plans = [plan_layer(Options(), c, kernels, policy) for c in calls]
+                            assert plans[0] == plans[1], (T, B, H, R, needs_grad, threads)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_compile_fullgraph_default_backend(variant):
     """Inductor compiles the graph around the operators (one shape per variant: each compile
