@@ -28,6 +28,9 @@ from rnn_ablations.commands.speed import EXPERIMENT_SHAPES  # noqa: E402
 
 def measure(shape, variant: str, rounds: int, warmup: int):
     name, layers, d_in, hidden, bi, batch, seq_len = shape
+    # each (shape, variant) compiles afresh: AblatedRNN.forward is one code object for every
+    # module, and dynamo's recompile limit (8 graphs per code object) counts them together
+    torch._dynamo.reset()
     torch.manual_seed(0)
     rnn = AblatedRNN(variant, d_in, hidden, num_layers=layers, bidirectional=bi, batch_first=True)
     compiled = torch.compile(rnn, fullgraph=True)

@@ -101,6 +101,8 @@ def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     (``Plan.onednn``; ``None``: the plan's rule for these tensors), else ``F.linear``."""
     if onednn is None:
         onednn = _onednn_projection_applies(x, weight)
-    if onednn:
+    # a compiled graph keeps F.linear: the compiler lowers it itself (inductor to its own
+    # oneDNN kernels), and its lowering of a direct oneDNN call fails
+    if onednn and not torch.compiler.is_compiling():
         return _OneDnnLinear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)

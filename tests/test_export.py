@@ -92,6 +92,24 @@ def test_threshold_sizes_give_the_plan_of_the_sizes():
                             assert plans[0] == plans[1], (T, B, H, R, needs_grad, threads)
 
 
+@pytest.mark.parametrize("variant", ["ran", "lstm_minus_srnn_minus_hidden"])
+def test_compile_default_backend_with_a_onednn_sized_weight(variant):
+    """Inference with an input weight large enough for the oneDNN projection (eager takes it):
+    the compiled graph keeps ``F.linear`` for the compiler to lower, and equals eager."""
+    from rnn_ablations import projection
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    hidden = 420  # 3 or 4 blocks of 420 x 420: above projection.ONEDNN_MIN_WEIGHT
+    rnn = AblatedRNN(variant, hidden, hidden, batch_first=True)
+    assert rnn.layer_parameters(0, 0)[0].numel() >= projection.ONEDNN_MIN_WEIGHT
+    x = torch.randn(4, 6, hidden)
+    with torch.no_grad():
+        want = rnn(x)
+        got = torch.compile(rnn, fullgraph=True)(x)
+    _assert_same([got[0], *got[1]], [want[0], *want[1]])
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_compile_fullgraph_default_backend(variant):
     """Inductor compiles the graph around the operators (one shape per variant: each compile
