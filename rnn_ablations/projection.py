@@ -41,7 +41,23 @@ def _onednn_usable() -> bool:
     return _onednn_state["ok"]
 
 
+@torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")
+def onednn_linear(x2d: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``x2d · weightᵀ + bias`` on oneDNN (x2d (N, K), weight (M, K) in any layout, bias (M) or
+    None): an operator of its own, so that a compiled graph calls it as it is (inductor's
+    lowering of the oneDNN op expects a weight it packed itself)."""
+    return torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x2d, weight, bias):
+    return x2d.new_empty(x2d.shape[0], weight.shape[0])
+
+
 def _dnnl_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return onednn_linear(x2d, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
 
 
@@ -101,8 +117,6 @@ def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     (``Plan.onednn``; ``None``: the plan's rule for these tensors), else ``F.linear``."""
     if onednn is None:
         onednn = _onednn_projection_applies(x, weight)
-    # a compiled graph keeps F.linear: the compiler lowers it itself (inductor to its own
-    # oneDNN kernels), and its lowering of a direct oneDNN call fails
-    if onednn and not torch.compiler.is_compiling():
+    if onednn:
         return _OneDnnLinear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)

@@ -153,8 +153,6 @@ def _rows_of(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
 def _use_onednn(x2d: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
     """The run plan's oneDNN rule (:func:`rnn_ablations.plan.onednn_applies`) for the
     directions' weights together."""
-    if torch.compiler.is_compiling():  # as projection.input_projection: the compiler's linear
-        return False
     return (all(w.dtype == x2d.dtype for w in weights)
             and onednn_applies(_backend.call_options(), x2d.device.type, x2d.dtype,
                                sum(w.numel() for w in weights),

@@ -95,7 +95,8 @@ def test_threshold_sizes_give_the_plan_of_the_sizes():
 @pytest.mark.parametrize("variant", ["ran", "lstm_minus_srnn_minus_hidden"])
 def test_compile_default_backend_with_a_onednn_sized_weight(variant):
     """Inference with an input weight large enough for the oneDNN projection (eager takes it):
-    the compiled graph keeps ``F.linear`` for the compiler to lower, and equals eager."""
+    the compiled graph calls it as the operator ``rnn_ablations::onednn_linear`` (the compiler's
+    lowering of the raw oneDNN op failed), and equals eager."""
     from rnn_ablations import projection
 
     torch._dynamo.reset()

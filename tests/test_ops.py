@@ -130,3 +130,19 @@ def test_the_profiler_records_the_operators():
     names = {e.name for e in prof.events()}
     ours = {n for n in names if n.startswith("rnn_ablations::")}
     assert any("forward" in n for n in ours) and any("backward" in n for n in ours), sorted(names)
+
+
+def test_opcheck_onednn_linear():
+    """The oneDNN input projection's operator (what a compiled graph calls), in the layouts the
+    projection uses: a weight as it is and transposed (the input gradient), with and without
+    bias."""
+    from rnn_ablations import projection
+
+    if not projection._onednn_usable():
+        pytest.skip("this torch build has no oneDNN linear")
+    torch.manual_seed(0)
+    x, w, b = torch.randn(7, 5), torch.randn(6, 5), torch.randn(6)
+    op = torch.ops.rnn_ablations.onednn_linear.default
+    torch.testing.assert_close(op(x, w, b), torch.nn.functional.linear(x, w, b))
+    for args in ((x, w, b), (x, w, None), (torch.randn(7, 6), w.t(), None)):
+        opcheck(op, args)
