@@ -42,17 +42,19 @@ def _onednn_usable() -> bool:
 
 
 @torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")
-def onednn_linear(x2d: torch.Tensor, weight: torch.Tensor,
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
                   bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``x2d · weightᵀ + bias`` on oneDNN (x2d (N, K), weight (M, K) in any layout, bias (M) or
-    None): an operator of its own, so that a compiled graph calls it as it is (inductor's
-    lowering of the oneDNN op expects a weight it packed itself)."""
-    return torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
+    """``x · weightᵀ + bias`` on oneDNN (x (..., K), weight (M, K) in any layout, bias (M) or
+    None → (..., M)): an operator of its own, so that a compiled graph calls it as it is
+    (inductor's lowering of the oneDNN op expects a weight it packed itself)."""
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(), weight,
+                                           bias, "none", [], "")
+    return y.view(*x.shape[:-1], weight.shape[0])
 
 
 @onednn_linear.register_fake
-def _(x2d, weight, bias):
-    return x2d.new_empty(x2d.shape[0], weight.shape[0])
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def _dnnl_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -73,7 +75,12 @@ class _OneDnnLinear(torch.autograd.Function):
         w = weight.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        y = _dnnl_linear(x2d, w, bias.contiguous() if bias is not None else None)
+        b = bias.contiguous() if bias is not None else None
+        if torch.compiler.is_compiling():
+            # no view of a tensor made here: the kernel then writes into the projections in
+            # place, which autograd forbids on a custom Function's view output
+            return onednn_linear(x, w, b)
+        y = _dnnl_linear(x2d, w, b)
         return y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
