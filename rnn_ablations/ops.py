@@ -84,13 +84,19 @@ def _sizes(proj_or_x: Tensor, w_hh: Tensor) -> Tuple[int, int, int, int]:
     return T, B, H, w_hh.shape[0] // H
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of what a forward saves for its backward: float32 for the half types (which
+    only the CUDA kernel takes), the input's dtype otherwise (``at::opmath_type``)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _forward_shapes(proj_or_x, w_hh, h0, highway, train):
     """The fake results (out, h_n, c_n, gates, cs, hin) of a forward: what it saves for the
     backward (gates, cs, hin) in the accumulation type (float32 for the half types, which only
     the CUDA kernel takes)."""
     T, B, H, R = _sizes(proj_or_x, w_hh)
     like = h0
-    acc = torch.float32 if h0.dtype in (torch.float16, torch.bfloat16) else h0.dtype
+    acc = accumulation_dtype(h0.dtype)
     return (like.new_empty(T, B, H), like.new_empty(B, H), like.new_empty(B, H),
             like.new_empty(T, B, R * H, dtype=acc),
             like.new_empty(T, B, H, dtype=acc) if train else like.new_empty(0, dtype=acc),
@@ -288,8 +294,7 @@ def register(raw) -> None:
     @scan_forward.register_fake
     def _(spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
         D, _, H = c0.shape
-        # the memories cs in the accumulation type (float32 for the half types: CUDA only)
-        acc = torch.float32 if proj.dtype in (torch.float16, torch.bfloat16) else proj.dtype
+        acc = accumulation_dtype(proj.dtype)  # the memories cs, as a forward saves them
         return (_like_layout(proj, D * H), c0.new_empty(c0.shape), c0.new_empty(c0.shape),
                 _like_layout(proj, D * H, acc) if save else proj.new_empty(0, dtype=acc))
 
@@ -332,10 +337,14 @@ def _plain_eager(first: Tensor) -> bool:
 
 class _Direct:
     """The operators' implementations called without the dispatcher (same functions, same
-    results), for the plain eager calls of :class:`CpuKernel`."""
+    results), for the plain eager calls of :class:`CpuKernel` (and of
+    :class:`rnn_ablations.ops_cuda.CudaKernel`, with its own table)."""
+
+    def __init__(self, implementations):
+        self._implementations = implementations
 
     def __getattr__(self, name):
-        return _IMPLEMENTATIONS[name]
+        return self._implementations[name]
 
 
 class CpuKernel:
@@ -353,7 +362,7 @@ class CpuKernel:
         register(raw)
         self.raw = raw
         self._dispatched = torch.ops.rnn_ablations
-        self._direct = _Direct()
+        self._direct = _Direct(_IMPLEMENTATIONS)
 
     def _ops(self, first: Tensor):
         """Where a call whose first tensor is ``first`` goes (see the class docstring)."""

@@ -140,11 +140,6 @@ def register_cuda(raw) -> bool:
     return True
 
 
-class _Direct:
-    def __getattr__(self, name):
-        return _IMPLEMENTATIONS[name]
-
-
 class CudaKernel:
     """``rnn_ablations._C_cuda`` with its computing entry points routed through the operators
     (same names, same arguments); everything else (``persistent_plan``, …) is the module's own.
@@ -158,7 +153,7 @@ class CudaKernel:
         self.raw = raw
         self.operators = register_cuda(raw)
         self._dispatched = torch.ops.rnn_ablations
-        self._direct = _Direct()
+        self._direct = ops._Direct(_IMPLEMENTATIONS)
 
     def _ops(self, first: Tensor):
         if not self.operators:
@@ -168,39 +163,29 @@ class CudaKernel:
     def __getattr__(self, name):
         return getattr(self.raw, name)
 
-    def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
-        route = self._ops(proj)
+    def _call(self, operator: str, entry: str, args):
+        """``entry`` of the module with ``args``, through ``operator`` where it is registered;
+        every entry's first tensor is its third argument (after spec and highway)."""
+        route = self._ops(args[2])
         if route is None:
-            return self.raw.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
-                                    keep_hin)
-        return list(route.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
-                                        rec_mask, keep_hin))
+            return getattr(self.raw, entry)(*args)
+        return list(getattr(route, operator)(*args))
+
+    # the CUDA module's entry points (same arguments as the operators)
+    def forward(self, *args):  # spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train
+        return self._call("plain_forward", "forward", args)
 
     def backward(self, *args):
-        route = self._ops(args[2])
-        return self.raw.backward(*args) if route is None else list(route.plain_backward(*args))
+        return self._call("plain_backward", "backward", args)
 
     def persistent_forward(self, *args):
-        route = self._ops(args[2])
-        if route is None:
-            return self.raw.persistent_forward(*args)
-        return list(route.persistent_forward(*args))
+        return self._call("persistent_forward", "persistent_forward", args)
 
     def persistent_backward(self, *args):
-        route = self._ops(args[2])
-        if route is None:
-            return self.raw.persistent_backward(*args)
-        return list(route.persistent_backward(*args))
+        return self._call("persistent_backward", "persistent_backward", args)
 
-    def scan_forward(self, *args):  # spec, highway, proj, ...
-        route = self._ops(args[2])
-        if route is None:
-            return self.raw.scan_forward(*args)
-        return list(route.scan_forward(*args))
+    def scan_forward(self, *args):
+        return self._call("scan_forward", "scan_forward", args)
 
-    def scan_backward(self, *args):  # spec, highway, g_out, ...
-        route = self._ops(args[2])
-        if route is None:
-            return self.raw.scan_backward(*args)
-        return list(route.scan_backward(*args))
-
+    def scan_backward(self, *args):
+        return self._call("scan_backward", "scan_backward", args)

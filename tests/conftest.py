@@ -14,6 +14,8 @@ that the reason a test did not run reads the same everywhere and names the fix:
 import contextlib
 import importlib.machinery
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,9 @@ def threads(n):
     finally:
         torch.set_num_threads(old)
 
+
+def run_python(code: str, *argv: str, env=None, timeout: int = 300):
+    """``python -c code argv...`` in a child process with this interpreter, the environment
+    updated with ``env``; returns the CompletedProcess (text output captured)."""
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})), timeout=timeout)

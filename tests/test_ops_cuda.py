@@ -7,10 +7,9 @@ The registration runs in a child process against a stand-in for ``rnn_ablations.
 entry points fail when called: under a fake mode the dispatcher must answer from the fake
 kernels, never call the kernel."""
 import json
-import subprocess
-import sys
 
 import pytest
+from conftest import run_python
 
 from rnn_ablations import kernel_available
 
@@ -72,8 +71,7 @@ print(json.dumps(report))
 
 @pytest.fixture(scope="module")
 def report():
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                          timeout=600)
+    proc = run_python(CHILD, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

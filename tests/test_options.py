@@ -1,9 +1,6 @@
 """rnn_ablations.options / set_options / get_options: nesting and restoring, per-thread
 isolation, the process-wide settings, validation, and the short forms (use_backend, ...)."""
 import dataclasses
-import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -11,7 +8,7 @@ import torch
 
 import rnn_ablations as ra
 
-from conftest import requires_kernel
+from conftest import requires_kernel, run_python
 from rnn_ablations import cuda_graphs, cuda_recurrence, dispatch
 from rnn_ablations.plan import Options
 
@@ -194,9 +191,7 @@ def test_kernel_backend_without_a_kernel_is_refused():
             "import rnn_ablations as ra\nassert not ra.kernel_available()\n"
             "try:\n    ra.set_options(backend='kernel')\n"
             "except RuntimeError as exc:\n    print('refused:', exc)\n")
-    env = dict(os.environ, RNN_ABLATIONS_NO_KERNEL="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = run_python(code, env={"RNN_ABLATIONS_NO_KERNEL": "1", "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused:" in proc.stdout and "no compiled kernel is available" in proc.stdout
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import rnn_ablations as ra
+from conftest import run_python
 from rnn_ablations import dispatch, plan as P
 from rnn_ablations.plan import Kernels, LayerCall, Options, Plan, Policy, plan_layer
 
@@ -251,12 +252,8 @@ def test_bad_environment_names_the_variable_and_the_values(env, match):
 
 def test_bad_environment_stops_the_import(tmp_path):
     """A bad value fails at import with the variable's name, not mid-run."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, RNN_ABLATIONS_CPU_SCHEDULE="sometimes", RNN_ABLATIONS_NO_KERNEL="1")
-    r = subprocess.run([sys.executable, "-c", "import rnn_ablations"], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = run_python("import rnn_ablations", env={"RNN_ABLATIONS_CPU_SCHEDULE": "sometimes",
+                                                "RNN_ABLATIONS_NO_KERNEL": "1"})
     assert r.returncode != 0
     assert "RNN_ABLATIONS_CPU_SCHEDULE must be one of auto, plain, pipelined" in r.stderr
 
@@ -264,9 +261,6 @@ def test_bad_environment_stops_the_import(tmp_path):
 def test_environment_reaches_the_layers(tmp_path):
     """RNN_ABLATIONS_BACKEND=generic and RNN_ABLATIONS_CPU_SCHEDULE=plain, set before import,
     are the defaults the plan of a real layer sees."""
-    import os
-    import subprocess
-    import sys
     script = ("import torch, rnn_ablations as ra\n"
               "from rnn_ablations import dispatch\n"
               "x, w = torch.randn(8, 2, 3), torch.randn(12, 3)\n"
@@ -275,9 +269,8 @@ def test_environment_reaches_the_layers(tmp_path):
               "ra.set_options(backend='auto')\n"
               "p = dispatch.layer_plan([x], [(w, w, None)])\n"
               "print(p.path, p.schedule if ra.kernel_available() else 'plain')\n")
-    env = dict(os.environ, RNN_ABLATIONS_BACKEND="generic", RNN_ABLATIONS_CPU_SCHEDULE="plain")
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = run_python(script, env={"RNN_ABLATIONS_BACKEND": "generic",
+                                "RNN_ABLATIONS_CPU_SCHEDULE": "plain"}, timeout=600)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
     assert lines[0] == "generic plain generic"
