@@ -1,15 +1,18 @@
 """A/B of two builds of the CPU kernel in ONE process: the plain kernel's forward
-(``_C.forward``: the step GEMM and the element-wise pass, no input projection) of the installed
-module against another compiled ``_C`` module (e.g. one built from an older commit), called in
-interleaved order so that machine load hits both alike.  Prints the median time of each, their
-ratio and the largest output difference (0 when the arithmetic is the same).
+(``_C.forward``: the step GEMM and the element-wise pass, no input projection), or with
+``--kernel scan`` the element-wise scan's forward and backward, of the installed module against
+another compiled ``_C`` module (e.g. one built from an older commit), called in interleaved order
+so that machine load hits both alike.  Prints the median time of each, their ratio and the
+largest output difference (0 when the arithmetic is the same).
 
     python benchmarks/ab_kernel_modules.py --other /path/to/old/_C.cpython-311-x86_64-linux-gnu.so
+    python benchmarks/ab_kernel_modules.py --other OLD_SO --kernel scan --isa portable
 
 Build the other module from a checkout of the older commit (``python setup.py build_ext
 --inplace`` there) and copy its ``rnn_ablations/_C*.so`` out first.  Both modules must have
 the same ``forward`` entry point (``spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
-keep_hin, in_place``): a module with another signature is refused by the call.
+keep_hin, in_place``; for the scan ``scan_forward`` / ``scan_backward`` with the kernel spec and
+highway flag first): a module with another signature is refused by the call.
 """
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ from rnn_ablations.commands.machine import describe
 
 SHAPES = [("ran", 650, 20, 35), ("lstm", 650, 20, 35), ("ran", 256, 32, 64), ("lstm", 256, 32, 64),
           ("lstm", 100, 40, 200)]
+# the element-wise scan (LSTM - S-RNN - HIDDEN): hidden, batch, steps, highway
+SCAN_SHAPES = [(256, 32, 100, False), (256, 32, 100, True), (650, 32, 100, False),
+               (650, 32, 100, True)]
+SCAN_VARIANT = "lstm_minus_srnn_minus_hidden"
 
 
 def _load(path: str):
@@ -42,35 +49,84 @@ def _load(path: str):
     return module
 
 
+def step_calls(dtype):
+    """(label, call(module)) for the plain step kernel's forward on SHAPES."""
+    for variant, hidden, batch, steps in SHAPES:
+        v = ra.get_variant(variant)
+        torch.manual_seed(0)
+        m = ra.AblatedRNN(variant, hidden, hidden).to(dtype)
+        w = m.weight_hh_l0.detach().contiguous()
+        proj0 = torch.randn(steps, batch, m.weight_ih_l0.shape[0], dtype=dtype)
+        h0 = torch.zeros(batch, hidden, dtype=dtype)
+        bs = torch.full((steps,), batch, dtype=torch.int64)
+        empty = torch.empty(0, dtype=dtype)
+
+        def run(module, v=v, proj0=proj0, w=w, h0=h0, bs=bs, empty=empty):
+            return [module.forward(v.kernel_spec, False, proj0.clone(), w, h0, h0, bs, empty,
+                                   False, True)[0]]
+
+        yield f"{variant:5s} H={hidden:4d} B={batch:3d} T={steps:4d}", run
+
+
+def scan_calls(dtype):
+    """(label, call(module)) for the element-wise scan's forward (saving the memories) and
+    forward + backward (with the bias gradient) on SCAN_SHAPES."""
+    v = ra.get_variant(SCAN_VARIANT)
+    for hidden, batch, steps, highway in SCAN_SHAPES:
+        torch.manual_seed(0)
+        width = len(v.blocks(highway)[1]) * hidden
+        proj = torch.randn(steps, batch, width, dtype=dtype)
+        bias = torch.randn(width, dtype=dtype)
+        zeros = torch.zeros(1, batch, hidden, dtype=dtype)
+        g_out = torch.randn(steps, batch, hidden, dtype=dtype)
+        bs = torch.full((steps,), batch, dtype=torch.int64)
+
+        def fwd(module, highway=highway, proj=proj, bias=bias, zeros=zeros, bs=bs):
+            return module.scan_forward(v.kernel_spec, highway, proj, zeros, zeros, bs, True, bias)
+
+        def bwd(module, highway=highway, proj=proj, bias=bias, zeros=zeros, bs=bs, g_out=g_out,
+                fwd=fwd):
+            cs = fwd(module)[3]
+            return module.scan_backward(v.kernel_spec, highway, g_out, zeros, zeros, proj, zeros,
+                                        cs, bs, bias, True)
+
+        label = f"scan H={hidden:4d} B={batch:3d} T={steps:4d} highway={int(highway)}"
+        yield label + " forward", fwd
+        yield label + " fwd+bwd", bwd
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--other", required=True, help="path of the other compiled _C module")
     p.add_argument("--calls", type=int, default=25, help="interleaved calls per module and shape")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--kernel", choices=("step", "scan"), default="step",
+                   help="the plain step kernel's forward, or the element-wise scan's forward "
+                        "and forward + backward")
+    p.add_argument("--isa", default=None,
+                   help="the kernels' vector path in both modules (e.g. portable; default: "
+                        "each module's own choice)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     a = p.parse_args(argv)
     if a.calls < 4 or a.threads < 1:
         raise SystemExit("--calls must be >= 4 and --threads >= 1")
     if backend._C is None:
         raise SystemExit("the installed package has no CPU kernel: run `bash scripts/setup.sh`")
     torch.set_num_threads(a.threads)
-    other, mine = _load(a.other), backend._C
+    other, mine = _load(a.other), backend._C.raw
+    dtype = getattr(torch, a.dtype)
+    if a.isa is not None:
+        for module in (other, mine):
+            if a.isa not in module.supported_isas():
+                raise SystemExit(f"--isa {a.isa!r}: not a vector path of "
+                                 f"{'this' if module is mine else 'the other'} module on this CPU "
+                                 f"(it has {', '.join(module.supported_isas())})")
+            module.set_kernel_isa(a.isa)
     print(f"# machine: {describe()}")
     print(f"# kernel vector path: this module {mine.kernel_isa()}, other {other.kernel_isa()}; "
-          f"{a.threads} thread(s), median of {a.calls - 3} interleaved calls")
-    for variant, hidden, batch, steps in SHAPES:
-        v = ra.get_variant(variant)
-        torch.manual_seed(0)
-        m = ra.AblatedRNN(variant, hidden, hidden)
-        w = m.weight_hh_l0.detach().contiguous()
-        proj0 = torch.randn(steps, batch, m.weight_ih_l0.shape[0])
-        h0, c0 = torch.zeros(batch, hidden), torch.zeros(batch, hidden)
-        bs = torch.full((steps,), batch, dtype=torch.int64)
-        empty = torch.empty(0)
-
-        def run(module):
-            return module.forward(v.kernel_spec, False, proj0.clone(), w, h0, c0, bs, empty,
-                                  False, True)[0]
-
+          f"{a.threads} thread(s), {a.dtype}, median of {a.calls - 3} interleaved calls")
+    calls = step_calls(dtype) if a.kernel == "step" else scan_calls(dtype)
+    for label, run in calls:
         times = {"this": [], "other": []}
         with torch.no_grad():
             for r in range(a.calls):
@@ -79,12 +135,12 @@ def main(argv=None) -> int:
                     t0 = time.perf_counter()
                     run(module)
                     times[name].append(time.perf_counter() - t0)
-            diff = (run(mine) - run(other)).abs().max().item()
+            diff = max(((x - y).abs().max().item() for x, y in zip(run(mine), run(other))
+                        if x.numel()), default=0.0)
         this_ms = 1e3 * statistics.median(times["this"][3:])
         other_ms = 1e3 * statistics.median(times["other"][3:])
-        print(f"{variant:5s} H={hidden:4d} B={batch:3d} T={steps:4d}: this {this_ms:7.2f} ms, "
-              f"other {other_ms:7.2f} ms, this/other {this_ms / other_ms:.3f}, "
-              f"max |diff| {diff:.2e}")
+        print(f"{label}: this {this_ms:7.2f} ms, other {other_ms:7.2f} ms, "
+              f"this/other {this_ms / other_ms:.3f}, max |diff| {diff:.2e}")
     return 0
 
 

@@ -107,9 +107,8 @@ def test_every_kernel_family_runs_the_shared_templates():
         "cpu/vec_impl.h": ("cell_output", "cell_grad", "with_output_rule"),
         "cuda/forward_element.h": ("cell_output",),
         "cuda/backward_element.h": ("cell_grad",),
-        "cpu/scan.cpp": ("scan_forward_element", "scan_backward_element", "with_output_rule"),
-        "cpu/scan_rows_avx2.cpp": ("scan_forward_element", "scan_backward_element",
-                                   "with_output_rule"),
+        "cpu/scan_rows_impl.h": ("scan_forward_element", "scan_backward_element",
+                                 "with_output_rule"),
         "cuda/scan_kernel.cu": ("scan_forward_element", "scan_backward_element",
                                 "with_output_rule"),
     }
@@ -117,6 +116,11 @@ def test_every_kernel_family_runs_the_shared_templates():
         text = (CSRC / path).read_text()
         for name in called:
             assert re.search(rf"\b{name}\b\s*(<[^;()]*>)?\s*\(", text), f"{path} does not call {name}"
+    # both CPU lane types run those row loops
+    for path in ("cpu/scan.cpp", "cpu/scan_rows_avx2.cpp"):
+        text = (CSRC / path).read_text()
+        assert '#include "scan_rows_impl.h"' in text, f"{path} does not include the row loops"
+        assert re.search(r"\brun_(forward|backward)_rows\s*<", text), f"{path} runs no row loop"
     # the scan has no numbering of its own
     assert not re.search(r"\bScanOutput\b|\bscan_layout\s*\(|OUTPUT_CODES",
                          "".join(p.read_text() for p in _sources())

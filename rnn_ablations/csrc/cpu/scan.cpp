@@ -30,10 +30,10 @@
 // (at::parallel_for), each runs its steps in order with a loop over the H units; its running c
 // stays in its c_n row (L1-resident).  The backward recomputes the activations from proj
 // (cheaper than storing them: the pass is memory-bound) and reads the saved memories c_t.
-// float32 rows run the AVX2 + FMA copy in scan_rows_avx2.cpp when the kernel's vector path executes
-// AVX2 (avx2 or avx512: rnn_ablations::isa_runs_avx2(); RNN_ABLATIONS_ISA=portable not); the
-// loops here are the portable path (any CPU, and float64).  Both run the per-element maths of
-// common/elementwise.h.
+// The row loops are scan_rows_impl.h's, on a lane type: float32 rows run 8 AVX2 + FMA lanes
+// (scan_rows_avx2.cpp) when the kernel's vector path executes AVX2 (avx2 or avx512:
+// rnn_ablations::isa_runs_avx2(); RNN_ABLATIONS_ISA=portable not), otherwise the portable lanes
+// defined here (any CPU, and float64).  Both run the per-element maths of common/elementwise.h.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -55,46 +55,89 @@ namespace {
 using namespace rnn_ablations;
 using namespace rnn_ablations::scan;
 
-// float: a branch-free exp (Cephes polynomial, relative error about 2e-7) that GCC vectorises
-// inside the loops over H; double: libm (gradcheck and float64 users).
-// always_inline: these are called from many instantiations of the rows, and GCC's inliner,
-// left to itself, calls them instead, which leaves the loops over H scalar (several times
-// slower).
-inline __attribute__((always_inline)) float scan_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  // k = floor(x log2(e) + 0.5), written as a truncation of a positive number (x log2(e) + 0.5
-  // lies in [-125, 128)): a conversion SSE2 vectorises, where std::floor needs SSE4.1 and, in
-  // this portable build, became a libm call per element that kept the whole loop scalar.
-  const int32_t ki = static_cast<int32_t>(x * 1.44269504088896341f + 128.5f) - 128;
-  const float k = static_cast<float>(ki);
-  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  int32_t bits = (ki + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-inline __attribute__((always_inline)) double scan_exp(double x) { return std::exp(x); }
+// The portable rows' lane policy (scan_rows_impl.h): GCC vector extensions of N lanes of S in
+// 16 bytes (4 floats, 2 doubles), which the compiler lowers to the build's baseline vector
+// instructions (SSE2 on x86-64, NEON on aarch64).  float: a branch-free exp (Cephes
+// polynomial, relative error about 2e-7, the AVX2 rows' polynomial); double: libm's exp per
+// lane (gradcheck and float64 users).
+// (The vector types are spelled out per scalar: GCC drops vector_size on a dependent type.)
+typedef float Float4 __attribute__((vector_size(16)));
+typedef double Double2 __attribute__((vector_size(16)));
+typedef int32_t Int4 __attribute__((vector_size(16)));
+template <typename S> struct RawLanes;
+template <> struct RawLanes<float> { using Raw = Float4; using Int = Int4; };
+template <> struct RawLanes<double> { using Raw = Double2; using Int = void; };
 
-// The portable rows' activations (the Act of common/elementwise.h's scan elements).
-struct PortableAct {
-  template <typename T> static inline __attribute__((always_inline)) T sigmoid(T x) {
-    return T(1) / (T(1) + scan_exp(-x));
+template <typename S_>
+struct PortableLanes {
+  using S = S_;
+  using Raw = typename RawLanes<S>::Raw;
+  using Int = typename RawLanes<S>::Int;  // float's exponent arithmetic
+  static constexpr int64_t N = 16 / sizeof(S);
+
+  // N lanes as a value (elementwise.h's T): construction from an S broadcasts it
+  struct V {
+    Raw v;
+    V() = default;
+    V(Raw x) : v(x) {}
+    V(S x) : v(Raw{} + x) {}
+    friend V operator+(V a, V b) { return a.v + b.v; }
+    friend V operator-(V a, V b) { return a.v - b.v; }
+    friend V operator*(V a, V b) { return a.v * b.v; }
+  };
+
+  static inline Raw exp(Raw x) {
+    if constexpr (std::is_same<S, float>::value) {
+      x = x < -87.0f ? Raw{} - 87.0f : x;
+      x = x > 88.0f ? Raw{} + 88.0f : x;
+      // k = floor(x log2(e) + 0.5), as a truncation of a positive number (x log2(e) + 0.5
+      // lies in [-125, 128)): a conversion SSE2 has, where a floor needs SSE4.1
+      const Int ki = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, Int) - 128;
+      const Raw k = __builtin_convertvector(ki, Raw);
+      const Raw r = x - k * 0.693359375f + k * 2.12194440e-4f;
+      Raw p = Raw{} + 1.9875691500e-4f;
+      p = p * r + 1.3981999507e-3f;
+      p = p * r + 8.3334519073e-3f;
+      p = p * r + 4.1665795894e-2f;
+      p = p * r + 1.6666665459e-1f;
+      p = p * r + 5.0000001201e-1f;
+      p = p * (r * r) + r + 1.0f;
+      return p * (Raw)((ki + 127) << 23);  // 2^k: the exponent bits of a float
+    } else {
+      for (int64_t l = 0; l < N; ++l) x[l] = std::exp(x[l]);
+      return x;
+    }
   }
-  template <typename T> static inline __attribute__((always_inline)) T tanh(T x) {
-    // tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})
-    const T e = scan_exp(T(-2) * std::fabs(x));
-    return std::copysign((T(1) - e) / (T(1) + e), x);
+
+  // the activations of elementwise.h's scan elements: sigmoid(x) = 1 / (1 + exp(-x)),
+  // tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})
+  struct Act {
+    static inline V sigmoid(V x) { return S(1) / (S(1) + exp(-x.v)); }
+    static inline V tanh(V x) {
+      const Raw e = exp(S(-2) * (x.v < 0 ? -x.v : x.v));
+      const Raw t = (S(1) - e) / (S(1) + e);
+      return x.v < 0 ? -t : t;
+    }
+  };
+
+  // a row's last H mod N units: `rem` lanes, loaded into zeroed lanes and stored back alone
+  using Mask = int64_t;
+  static inline Mask mask(int64_t rem) { return rem; }
+  static inline Mask all() { return N; }
+  template <bool Tail>
+  static inline Raw ld(const S* p, Mask m) {
+    Raw v{};
+    std::memcpy(&v, p, sizeof(S) * (Tail ? m : N));
+    return v;
+  }
+  template <bool Tail>
+  static inline void st(S* p, Mask m, V v) {
+    std::memcpy(p, &v.v, sizeof(S) * (Tail ? m : N));
   }
 };
 
 #include "../common/elementwise.h"  // scan_forward_element, scan_backward_element
+#include "scan_rows_impl.h"         // the row loops
 
 // Dimensions of one call: T steps, B rows, D directions, H units, G blocks per direction.
 struct ScanDims {
@@ -118,86 +161,6 @@ std::vector<int64_t> row_lengths(const at::Tensor& batch_sizes, int64_t B) {
 int64_t grain_rows(const ScanDims& n) {
   const int64_t tasks = n.D * n.B;
   return tasks * n.T * n.H < 32768 ? std::max<int64_t>(tasks, 1) : 1;
-}
-
-// The portable rows (any CPU, float32 and float64): the loops over the H units are written for
-// the compiler's vectoriser in the build's baseline instruction set; the maths is
-// common/elementwise.h's (scan_forward_element, scan_backward_element).  Tasks k in [k0, k1):
-// direction k / B, row k % B.  See scan_rows.h for the arguments.
-template <typename T, int Out, bool HW, bool SAVE>
-void forward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
-  const int64_t H = a.H, GH = a.G * H;
-  const ScanSpec sp = a.spec;
-  for (int64_t k = k0; k < k1; ++k) {
-    const int64_t d = k / a.nB, b = k % a.nB;
-    const T* __restrict__ bias = a.bias ? a.bias + d * GH : a.zeros;
-    T* c = a.c_n + k * H;
-    std::memcpy(c, a.c0 + k * H, sizeof(T) * H);
-    const int64_t steps = a.len[b];
-    const T* last = a.h0 + k * H;
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t t = d == 0 ? s : steps - 1 - s;
-      const T* __restrict__ p = a.proj + t * a.p_st + b * a.p_sb + d * GH;
-      const int64_t o = t * a.o_st + b * a.o_sb + d * H;
-      T* __restrict__ h = a.out + o;
-      T* __restrict__ saved = SAVE ? a.cs + o : nullptr;
-      T* __restrict__ cc = c;
-#pragma omp simd
-      for (int64_t j = 0; j < H; ++j) {
-        const auto pre = [&, j](int role) {
-          const int64_t at = sp.block[role] * H + j;
-          return p[at] + bias[at];
-        };
-        T cn = cc[j];
-        const T hv = scan_forward_element<Out, HW, PortableAct>(pre, cn);
-        cc[j] = cn;
-        if (SAVE) saved[j] = cn;
-        h[j] = hv;
-      }
-      last = h;
-    }
-    std::memcpy(a.h_n + k * H, last, sizeof(T) * H);
-  }
-}
-
-template <typename T, int Out, bool HW, bool DB>
-void backward_rows(const ScanArgs<T>& a, int64_t k0, int64_t k1) {
-  const int64_t H = a.H, GH = a.G * H;
-  const ScanSpec sp = a.spec;
-  for (int64_t k = k0; k < k1; ++k) {
-    const int64_t d = k / a.nB, b = k % a.nB;
-    const T* __restrict__ bias = a.bias ? a.bias + d * GH : a.zeros;
-    // per-(direction, row) bias-gradient sums
-    T* __restrict__ db = DB ? a.dbias_rows + k * GH : nullptr;
-    T* __restrict__ dc = a.dc + k * H;  // dL/dc, carried backwards; ends as dL/dc_0
-    const int64_t steps = a.len[b];
-    for (int64_t s = steps - 1; s >= 0; --s) {
-      const int64_t t = d == 0 ? s : steps - 1 - s;
-      const int64_t pr_off = t * a.p_st + b * a.p_sb + d * GH;
-      const T* __restrict__ p = a.proj + pr_off;
-      T* __restrict__ dq = a.dproj + pr_off;
-      const int64_t o = t * a.o_st + b * a.o_sb + d * H;
-      const T* __restrict__ go = a.g_out + t * a.g_st + b * a.g_sb + d * H;
-      const T* __restrict__ gh = s == steps - 1 ? a.g_hn + k * H : a.zeros;
-      const T* __restrict__ ct = a.cs_in + o;
-      const int64_t tp = d == 0 ? s - 1 : steps - s;  // the previous step's position
-      const T* __restrict__ cp = s > 0 ? a.cs_in + tp * a.o_st + b * a.o_sb + d * H : a.c0 + k * H;
-#pragma omp simd
-      for (int64_t j = 0; j < H; ++j) {
-        const auto pre = [&, j](int role) {
-          const int64_t at = sp.block[role] * H + j;
-          return p[at] + bias[at];
-        };
-        const auto put = [&, j](int role, T v) {
-          const int64_t at = sp.block[role] * H + j;
-          dq[at] = v;
-          if (DB) db[at] += v;
-        };
-        dc[j] = scan_backward_element<Out, HW, PortableAct>(pre, put, go[j] + gh[j], ct[j], cp[j],
-                                                            dc[j]);
-      }
-    }
-  }
 }
 
 // Zero the rows' inactive steps of a (T, B, W) tensor with row strides (st, sb).
@@ -255,16 +218,6 @@ bool check_bias(const c10::optional<at::Tensor>& bias, const at::Tensor& proj, c
 ScanDims dims_of(const at::Tensor& proj, const at::Tensor& c0) {
   const int64_t D = c0.size(0), H = c0.size(2);
   return ScanDims{proj.size(0), proj.size(1), D, H, proj.size(2) / (D * H)};
-}
-
-// f(std::integral_constant<int, Out>, std::integral_constant<bool, HW>) for the spec's output
-// rule (kernel_spec.h with_output_rule) and highway.
-template <typename F>
-void dispatch_rule(const ScanSpec& sp, F&& f) {
-  with_output_rule(sp.output, [&](auto out) {
-    if (sp.highway) f(out, std::integral_constant<bool, true>());
-    else f(out, std::integral_constant<bool, false>());
-  });
 }
 
 // Whether float32 rows run the AVX2 + FMA copy (scan_rows_avx2.cpp): the kernel's vector path is one
@@ -336,12 +289,7 @@ std::vector<at::Tensor> scan_forward(int64_t spec, bool highway, const at::Tenso
     a.cs = save ? cs.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n.D * n.B, grain_rows(n), [&](int64_t k0, int64_t k1) {
       if (avx2 && avx2_forward(a, k0, k1)) return;
-      dispatch_rule(sp, [&](auto out_rule, auto hw) {
-        constexpr int OUT = decltype(out_rule)::value;
-        constexpr bool HW = decltype(hw)::value;
-        if (save) forward_rows<scalar_t, OUT, HW, true>(a, k0, k1);
-        else forward_rows<scalar_t, OUT, HW, false>(a, k0, k1);
-      });
+      run_forward_rows<PortableLanes<scalar_t>>(a, k0, k1);
     });
     zero_padding(a.out, len, n.T, n.B, n.out_row(), a.o_st, a.o_sb);
   });
@@ -396,12 +344,7 @@ std::vector<at::Tensor> scan_backward(int64_t spec, bool highway, const at::Tens
     a.dbias_rows = bias_grad ? dbias_rows.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n.D * n.B, grain_rows(n), [&](int64_t k0, int64_t k1) {
       if (avx2 && avx2_backward(a, k0, k1)) return;
-      dispatch_rule(sp, [&](auto out_rule, auto hw) {
-        constexpr int OUT = decltype(out_rule)::value;
-        constexpr bool HW = decltype(hw)::value;
-        if (bias_grad) backward_rows<scalar_t, OUT, HW, true>(a, k0, k1);
-        else backward_rows<scalar_t, OUT, HW, false>(a, k0, k1);
-      });
+      run_backward_rows<PortableLanes<scalar_t>>(a, k0, k1);
     });
     // every block of the spec is written at the active steps (G = the spec's blocks)
     zero_padding(a.dproj, len, n.T, n.B, n.proj_row(), a.p_st, a.p_sb);
