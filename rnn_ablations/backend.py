@@ -230,13 +230,15 @@ def num_threads() -> int:
 @torch.compiler.assume_constant_result
 def call_options():
     """The settings a layer call runs under: this thread's (:func:`rnn_ablations.get_options`),
-    except under ``torch.jit.trace`` and ONNX export (``torch.onnx.export(..., dynamo=False)``),
+    except under ``torch.jit.trace`` and ONNX export (``torch.onnx.export``, either exporter),
     where every layer takes the generic path (a loop of standard operators, which those
     exporters record; the kernels' operators have no ONNX form).  Under ``torch.compile`` / ``torch.export`` they are read when the graph is
     traced."""
     opts = get_options()
-    # the TorchScript-based ONNX exporter traces too; the dynamo-based one is not supported
-    if opts.backend != "generic" and torch._C._get_tracing_state() is not None:
+    # torch.jit.trace and the TorchScript-based ONNX exporter record a trace; the dynamo-based
+    # ONNX exporter (torch.onnx.export's default) runs torch.export under its export flag
+    if opts.backend != "generic" and (torch._C._get_tracing_state() is not None
+                                      or torch.onnx.is_in_onnx_export()):
         return dataclasses.replace(opts, backend="generic")
     return opts
 

@@ -87,13 +87,25 @@ def pointwise(variant: Variant, highway: bool, a: torch.Tensor, xo: Optional[tor
 
 def generic_layer(variant: Variant, highway: bool, xr: torch.Tensor, xo: Optional[torch.Tensor],
                   w_hh: Optional[torch.Tensor], h0: torch.Tensor, c0: torch.Tensor,
-                  batch_sizes: Sequence[int], rec_mask: Optional[torch.Tensor] = None,
+                  batch_sizes, rec_mask: Optional[torch.Tensor] = None,
                   keep_steps: bool = False):
     """Run one layer/direction; returns ``(output (T,B,H), h_n, c_n, steps)``.
 
+    ``batch_sizes``: a sequence of ints, or the CPU int64 tensor of the kernels' calls.
     ``steps`` is the list of :class:`StepResult` per time step (for ``weighted_sum``) when
     ``keep_steps`` is true, else ``None``.
+
+    Eagerly, step t runs on its ``batch_sizes[t]`` active rows.  Under ``torch.compile`` /
+    ``torch.export`` (and so the dynamo-based ONNX exporter), where reading a tensor's values
+    would make the graph depend on data, a tensor ``batch_sizes`` is not read: every step runs
+    on all rows and an inactive row's state and output are selected away (``torch.where``), which
+    gives the same numbers.
     """
+    if isinstance(batch_sizes, torch.Tensor):
+        if torch.compiler.is_compiling() and not keep_steps:
+            return _generic_layer_masked(variant, highway, xr, xo, w_hh, h0, c0, batch_sizes,
+                                         rec_mask)
+        batch_sizes = batch_sizes.tolist()
     seq_len, batch = xr.shape[0], xr.shape[1]
     h, c = h0, c0
     outputs: List[torch.Tensor] = []
@@ -117,3 +129,27 @@ def generic_layer(variant: Variant, highway: bool, xr: torch.Tensor, xo: Optiona
             outputs.append(res.h)
             h, c = res.h, res.c
     return torch.stack(outputs), h, c, steps
+
+
+def _generic_layer_masked(variant: Variant, highway: bool, xr: torch.Tensor,
+                          xo: Optional[torch.Tensor], w_hh: Optional[torch.Tensor],
+                          h0: torch.Tensor, c0: torch.Tensor, batch_sizes: torch.Tensor,
+                          rec_mask: Optional[torch.Tensor] = None):
+    """:func:`generic_layer` without reading ``batch_sizes``' values (for traced graphs): every
+    step runs on all B rows; row b is active at step t when ``b < batch_sizes[t]``."""
+    seq_len, batch = xr.shape[0], xr.shape[1]
+    active = (torch.arange(batch).unsqueeze(0) < batch_sizes.unsqueeze(1)).to(xr.device)
+    h, c = h0, c0
+    outputs: List[torch.Tensor] = []
+    w_t = None if w_hh is None else w_hh.t()
+    for t in range(seq_len):
+        if w_t is None:  # no recurrent block: nothing reads h_{t-1}
+            a = xr[t]
+        else:
+            a = torch.addmm(xr[t], h if rec_mask is None else h * rec_mask, w_t)
+        res = pointwise(variant, highway, a, None if xo is None else xo[t], c)
+        on = active[t].unsqueeze(1)
+        outputs.append(torch.where(on, res.h, torch.zeros_like(res.h)))
+        h = torch.where(on, res.h, h)
+        c = torch.where(on, res.c, c)
+    return torch.stack(outputs), h, c, None

@@ -42,7 +42,7 @@ def _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, 
     rh = w_hh.shape[0]
     xo = proj[..., rh:] if proj.shape[-1] > rh else None
     out, h_n, c_n, _ = generic_layer(variant, highway, proj[..., :rh], xo, w_hh, h0, c0,
-                                     batch_sizes.tolist(), rec_mask)
+                                     batch_sizes, rec_mask)
     return out, h_n, c_n
 
 

@@ -22,17 +22,23 @@ _onednn_state = {"ok": None}
 
 
 def _onednn_usable() -> bool:
-    """Whether oneDNN's linear runs here (probed once, on tiny tensors; the probe is never
-    recorded by ``torch.jit.trace``, which may be what makes the first layer call)."""
+    """Whether oneDNN's linear runs here (probed once, on tiny real tensors; the probe is never
+    recorded by ``torch.jit.trace`` and runs outside the fake-tensor and tracing modes of
+    ``torch.export``, either of which may be what makes the first layer call)."""
     if _onednn_state["ok"] is None:
+        from torch.utils._python_dispatch import _disable_current_modes
+
         ok = False
         tracing = torch._C._get_tracing_state()
         torch._C._set_tracing_state(None)
         try:
-            if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-                a = torch.ones(2, 3)
-                y = torch.ops.mkldnn._linear_pointwise(a, torch.ones(4, 3), torch.zeros(4), "none", [], "")
-                ok = bool(torch.allclose(y, torch.full((2, 4), 3.0)))
+            with _disable_current_modes():
+                if (torch.backends.mkldnn.is_available()
+                        and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+                    a = torch.ones(2, 3)
+                    y = torch.ops.mkldnn._linear_pointwise(a, torch.ones(4, 3), torch.zeros(4),
+                                                           "none", [], "")
+                    ok = bool(torch.allclose(y, torch.full((2, 4), 3.0)))
         except Exception:  # pragma: no cover - builds without oneDNN
             ok = False
         finally:

@@ -111,7 +111,6 @@ def _generic_directions(variant, highway, proj, h0, c0, batch_sizes):
     row within its length, runs :func:`generic_layer` and reverses the outputs back."""
     dirs, seq_len = h0.shape[0], proj.shape[0]
     width = proj.shape[-1] // dirs
-    sizes = batch_sizes.tolist()
     outs, hs, cs = [], [], []
     rev = None
     for d in range(dirs):
@@ -120,7 +119,8 @@ def _generic_directions(variant, highway, proj, h0, c0, batch_sizes):
             lengths = (batch_sizes.unsqueeze(0) > torch.arange(proj.shape[1]).unsqueeze(1)).sum(1)
             rev = reversal_index(lengths, seq_len).to(proj.device).unsqueeze(-1)
             p = p.gather(0, rev.expand_as(p))
-        out, h_n, c_n, _ = generic_layer(variant, highway, p[..., :0], p, None, h0[d], c0[d], sizes)
+        out, h_n, c_n, _ = generic_layer(variant, highway, p[..., :0], p, None, h0[d], c0[d],
+                                         batch_sizes)
         if d == 1:
             out = out.gather(0, rev.expand_as(out))
         outs.append(out)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run_python
 from rnn_ablations import AblatedRNN, VARIANTS, kernel_available, options
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="the CPU kernel is not built")
@@ -201,3 +202,97 @@ def test_onnx_through_the_generic_path(variant, tmp_path):
         want = model(x)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# The dynamo-based exporter is torch.onnx.export's default; one variant per output rule / kernel
+# family keeps its cost (several seconds an export) within the suite's budget, the TorchScript
+# exporter above covers every variant.
+@pytest.mark.parametrize("variant", ["lstm", "srnn", "identity_ran", "lstm_minus_srnn_minus_hidden"])
+def test_onnx_dynamo_exporter_through_the_generic_path(variant, tmp_path):
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed "
+                              "(requirements/core.txt installs it)")
+    pytest.importorskip("onnxscript", reason="onnxscript is not installed "
+                        "(requirements/core.txt installs it)")
+    model = _Encoder(variant).eval()
+    x = torch.randn(6, 3, 5)
+    path = tmp_path / "encoder.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=True, verbose=False)
+    import onnx
+    graph_ops = {n.domain + "::" + n.op_type for n in onnx.load(str(path)).graph.node}
+    assert not any("rnn_ablations" in op for op in graph_ops), graph_ops
+    runner = ort.InferenceSession(str(path))
+    got = runner.run(None, {runner.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        want = model(x)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+_FIRST_CALL = """
+import sys, numpy as np, onnxruntime, torch
+from rnn_ablations import AblatedRNN
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = AblatedRNN(sys.argv[1], 5, 4, num_layers=2, bidirectional=True)
+
+    def forward(self, x):
+        out, (h_n, c_n) = self.rnn(x)
+        return out, h_n, c_n
+
+
+torch.manual_seed(0)
+model = Encoder().eval()
+x = torch.randn(6, 3, 5)
+torch.onnx.export(model, (x,), sys.argv[2], dynamo=True, verbose=False)  # the first layer call
+runner = onnxruntime.InferenceSession(sys.argv[2])
+got = runner.run(None, {runner.get_inputs()[0].name: x.numpy()})
+with torch.no_grad():
+    want = model(x)
+for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("variant", ["lstm", "lstm_minus_srnn_minus_hidden"])
+def test_onnx_export_as_the_first_layer_call_of_a_process(variant, tmp_path):
+    """The dynamo-based ONNX export before any eager call: what the plan probes once per process
+    (oneDNN's linear) runs on real tensors, not on the exporter's fake ones."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed "
+                        "(requirements/core.txt installs it)")
+    pytest.importorskip("onnxscript", reason="onnxscript is not installed "
+                        "(requirements/core.txt installs it)")
+    done = run_python(_FIRST_CALL, variant, str(tmp_path / "encoder.onnx"))
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_masked_generic_layer_gives_the_sliced_numbers():
+    """Traced, the generic path does not read batch_sizes' values (every step runs on all rows,
+    inactive ones selected away); compiled with ragged lengths it gives the eager numbers, which
+    slice the active rows."""
+    from rnn_ablations.functional import generic_layer
+    from rnn_ablations.variants import get_variant
+
+    torch.manual_seed(0)
+    T, B, H = 5, 4, 3
+    batch_sizes = torch.tensor([4, 3, 3, 1, 1])
+    for name in ("lstm", "srnn", "lstm_minus_srnn_minus_hidden"):
+        v = get_variant(name)
+        rec, inp = v.blocks(False)
+        xr = torch.randn(T, B, len(rec) * H)
+        xo = torch.randn(T, B, len(inp) * H) if inp else None
+        w_hh = torch.randn(len(rec) * H, H) if rec else None
+        h0, c0 = torch.randn(B, H), torch.randn(B, H)
+
+        def run(batch_sizes):
+            return generic_layer(v, False, xr, xo, w_hh, h0, c0, batch_sizes)[:3]
+
+        torch._dynamo.reset()
+        got = torch.compile(run, backend="aot_eager", fullgraph=True)(batch_sizes)
+        want = run(batch_sizes.tolist())
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+        assert float(got[0][3:, 1:].abs().max()) == 0.0  # inactive rows output zeros
