@@ -72,8 +72,28 @@ def cpu_link_args() -> List[str]:
 
 
 def cpu_define_macros(torch_version: str) -> List[tuple]:
-    # The value is passed as one argument (no shell), so the quotes make a C string literal.
-    return [("RNN_ABLATIONS_TORCH_VERSION", '"%s"' % torch_version)]
+    # The values are passed as one argument each (no shell), so the quotes make C string
+    # literals.  The module reports both (`torch_version`, `sources_digest`), so that the loader
+    # can refuse a module built for another torch or from other sources.
+    return [("RNN_ABLATIONS_TORCH_VERSION", '"%s"' % torch_version),
+            ("RNN_ABLATIONS_SOURCES_DIGEST", '"%s"' % sources_digest())]
+
+
+def sources_digest() -> str:
+    """SHA-256 (16 hex digits) of what the CPU module is compiled from: its C++ sources and
+    headers, this file and the compiler flags.  Empty when the sources are absent."""
+    import hashlib
+
+    files = cpu_sources() + cpu_headers()
+    if not files:
+        return ""
+    h = hashlib.sha256()
+    for path in files + [os.path.abspath(__file__)]:
+        h.update(os.path.relpath(path, HERE).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    h.update(" ".join(cpu_compile_args() + cpu_link_args()).encode())
+    return h.hexdigest()[:16]
 
 
 def cpu_extension(name: str = "rnn_ablations._C", relative_to: str = ""):
@@ -96,18 +116,10 @@ def cpu_extension(name: str = "rnn_ablations._C", relative_to: str = ""):
 
 def fingerprint() -> Dict[str, str]:
     """What the compiled module depends on: the cache key of a first-use build."""
-    import hashlib
-
     import torch
 
-    h = hashlib.sha256()
-    for path in cpu_sources() + cpu_headers() + [os.path.abspath(__file__)]:
-        h.update(os.path.relpath(path, HERE).encode())
-        with open(path, "rb") as f:
-            h.update(f.read())
-    h.update(" ".join(cpu_compile_args() + cpu_link_args()).encode())
     return {
-        "sources": h.hexdigest()[:16],
+        "sources": sources_digest(),
         "torch": torch.__version__,
         "torch_git": getattr(torch.version, "git_version", "") or "",
         "python": "%s-%d.%d" % (sys.implementation.cache_tag, *sys.version_info[:2]),

@@ -97,7 +97,26 @@ def _installed() -> Tuple[Optional[ModuleType], str]:
         sys.modules.pop(MODULE, None)
         return None, (f"the kernel installed with the package was built for torch {built_for}, "
                       f"this is torch {torch.__version__}")
+    stale = _stale_sources(module)
+    if stale:
+        sys.modules.pop(MODULE, None)
+        return None, stale
     return module, ""
+
+
+def _stale_sources(module: ModuleType) -> str:
+    """Why ``module`` was not compiled from the C++ sources beside it (an in-place or editable
+    build that predates an edit of ``csrc/``), or "" when it was (or no sources are here)."""
+    from . import _build
+
+    now = _build.sources_digest()
+    built_from = getattr(module, "sources_digest", None)
+    if not now or built_from == now:
+        return ""
+    return (f"the kernel module {module.__file__} was compiled from other sources than the "
+            f"C++ files in {_build.CSRC} (digest {built_from or 'not recorded'}, the files now: "
+            f"{now}); rebuild it (`python setup.py build_ext --inplace`, `bash scripts/setup.sh` "
+            "or `pip install --no-build-isolation -e .`)")
 
 
 def _cache_dir() -> str:

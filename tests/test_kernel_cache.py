@@ -242,3 +242,39 @@ def test_publish_replaces_module_and_record_together(tmp_path):
     assert _kernel_loader.cached_module(str(folder)) == (str(old), None)
     assert old.read_bytes() == b"\x7fELF new module" * 50
     assert sorted(p.name for p in folder.iterdir()) == [".out-x", old.name, "build.json"]
+
+
+# --------------------------------------------------------------------------- the installed module
+class _Module:
+    """Stands for a compiled module: what the loader reads of it."""
+
+    def __init__(self, digest):
+        self.__file__ = "/somewhere/_C.so"
+        if digest is not None:
+            self.sources_digest = digest
+
+
+def test_installed_module_compiled_from_other_sources_is_refused(monkeypatch):
+    """An in-place or editable build that predates an edit of csrc/ (its recorded digest differs
+    from the files beside it) is not used: the reason names the rebuild command; a module from
+    the same sources, or where no sources are shipped, is."""
+    from rnn_ablations import _build
+
+    monkeypatch.setattr(_build, "sources_digest", lambda: "0123456789abcdef")
+    assert _kernel_loader._stale_sources(_Module("0123456789abcdef")) == ""
+    for recorded in ("fedcba9876543210", None):
+        why = _kernel_loader._stale_sources(_Module(recorded))
+        assert "compiled from other sources" in why and "build_ext --inplace" in why, why
+        assert (recorded or "not recorded") in why
+    monkeypatch.setattr(_build, "sources_digest", lambda: "")
+    assert _kernel_loader._stale_sources(_Module(None)) == ""
+
+
+def test_this_checkout_s_module_records_its_sources():
+    """The module built by scripts/setup.sh records the digest of the sources it came from, and
+    the loader took it (so the digest of the files now is the same)."""
+    from rnn_ablations import _build, backend
+
+    if backend._KERNEL_SOURCE != "installed":
+        pytest.skip(f"the kernel in use did not come from the install ({backend._KERNEL_SOURCE!r})")
+    assert backend._C.raw.sources_digest == _build.sources_digest()

@@ -102,6 +102,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef RNN_ABLATIONS_TORCH_VERSION
   m.attr("torch_version") = RNN_ABLATIONS_TORCH_VERSION;  // the torch this module was built for
 #endif
+#ifdef RNN_ABLATIONS_SOURCES_DIGEST
+  // rnn_ablations/_build.py sources_digest() of the sources this module was compiled from
+  m.attr("sources_digest") = RNN_ABLATIONS_SOURCES_DIGEST;
+#endif
   register_scan(m);
   m.def("forward", &rnn_forward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: forward from the input projections; with in_place=True the "
