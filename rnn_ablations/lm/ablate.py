@@ -3,6 +3,12 @@
 ``OUT/`` receives one run directory per variant (``OUT/<variant>/``, see
 :mod:`rnn_ablations.lm.checkpoints`) and ``ablation.json`` (what was asked: config, seed, data),
 ``results.csv``, ``results.json``, ``results.md`` and ``results.png`` (bar chart).
+
+A run whose final validation perplexity is not finite or worse than a uniform guess over the
+vocabulary (:func:`diverged`) has no perplexity to compare: the table shows ``diverged (epoch
+N)`` in its valid column, N the epoch from which it stayed diverged, and the note under the table
+gives the value and any earlier epoch that was over the limit.  Every variant still trains under
+the same config and seed; nothing is retuned for a variant that diverges.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from .rundir import prepare_out
 from .trainer import _default_log, train_lm
 
 __all__ = ["run_ablation", "format_table", "write_results", "parse_variants", "diverged",
-           "ablation_figure"]
+           "diverged_epochs", "diverged_since", "divergence_note", "ablation_figure"]
 
 MANIFEST = "ablation.json"
 OUTPUTS = ("results.csv", "results.json", "results.md", "results.png")
@@ -62,7 +68,7 @@ def _columns(results: List[Dict]):
             ("paper name", lambda r: r["paper_name"]),
             ("recurrent params", lambda r: f"{r['recurrent_params'] / 1e6:.3f}M"),
             ("lr", lambda r: f"{r['hyper_parameters']['learning_rate']:g}"),
-            ("valid ppl", lambda r: _fmt_ppl(r["valid_ppl"])),
+            ("valid ppl", _valid_cell),
             ("test ppl", lambda r: _fmt_ppl(r["test_ppl"]))]
     if any(r.get("valid_long_range_acc") is not None for r in results):
         cols.append(("agreement acc (valid)", lambda r: _fmt(r.get("valid_long_range_acc"), ".1%")))
@@ -92,14 +98,96 @@ _SHORT = {"lstm": "LSTM", "srnn": "−GATES\n(S-RNN)", "lstm_minus_srnn": "−S-
           "lstm_minus_srnn_minus_hidden": "−S-RNN\n−HIDDEN"}
 
 
+def _limit(r: Dict) -> float:
+    return r.get("vocab_size") or DIVERGED_PPL
+
+
+def _over(p, limit: float) -> bool:
+    return p is None or not math.isfinite(p) or p > limit
+
+
 def diverged(r: Dict) -> bool:
     """A run whose validation perplexity is not finite or worse than guessing uniformly over the
     vocabulary (above :data:`DIVERGED_PPL` when the result does not give the vocabulary size)."""
-    p = r.get("valid_ppl")
-    if p is None or not math.isfinite(p):
-        return True
-    limit = r.get("vocab_size") or DIVERGED_PPL
-    return p > limit
+    return _over(r.get("valid_ppl"), _limit(r))
+
+
+def diverged_epochs(r: Dict) -> List[int]:
+    """The epochs of ``r["history"]`` whose validation perplexity counts as diverged (the rule of
+    :func:`diverged`)."""
+    limit = _limit(r)
+    return [h["epoch"] for h in r.get("history") or ()
+            if h.get("valid_ppl") is not None and _over(h["valid_ppl"], limit)]
+
+
+def diverged_since(r: Dict) -> Optional[int]:
+    """For a diverged run, the first epoch of the stretch of diverged epochs that lasts to the end
+    of its history; ``None`` for a run that did not diverge or whose last epoch was not over the
+    limit (then only the final evaluation was)."""
+    if not diverged(r):
+        return None
+    bad = set(diverged_epochs(r))
+    since = None
+    for h in reversed(r.get("history") or ()):
+        if h.get("epoch") not in bad:
+            break
+        since = h["epoch"]
+    return since
+
+
+def _epochs_text(epochs: List[int]) -> str:
+    """``[2, 4, 5, 6]`` → ``"2, 4–6"``."""
+    spans: List[List[int]] = []
+    for e in epochs:
+        if spans and e == spans[-1][1] + 1:
+            spans[-1][1] = e
+        else:
+            spans.append([e, e])
+    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in spans)
+
+
+def _valid_cell(r: Dict) -> str:
+    if not diverged(r):
+        return _fmt_ppl(r["valid_ppl"])
+    since = diverged_since(r)
+    return "diverged" + (f" (epoch {since})" if since is not None else "")
+
+
+def divergence_note(results: List[Dict]) -> str:
+    """The lines under the table: each diverged run (from which epoch, its final validation
+    perplexity) and each run that was over the limit at some epoch but not at the end."""
+    lines = []
+    for r in results:
+        limit = _limit(r)
+        what = (f"the vocabulary size ({limit:g}, a uniform guess)" if r.get("vocab_size")
+                else f"{limit:g}")
+        epochs = diverged_epochs(r)
+        if diverged(r):
+            since = diverged_since(r)
+            earlier = [e for e in epochs if since is None or e < since]
+            when = (f"from epoch {since} to the end" if since is not None
+                    else "at the final evaluation")
+            final = r.get("valid_ppl")
+            how = (f"above {what}" if final is not None and math.isfinite(final)
+                   else "not finite")
+            lines.append(
+                f"{r['variant']} diverged: its validation perplexity was {how} {when} "
+                f"({_fmt_ppl(final)} after training"
+                + (f"; also at epoch {_epochs_text(earlier)}" if earlier else "")
+                + "), so it has no validation perplexity to compare; its other columns are "
+                  "as measured. Every epoch's value: results.json (history).")
+        elif epochs:
+            lines.append(f"{r['variant']}: validation perplexity above {what} at epoch "
+                         f"{_epochs_text(epochs)}, not at the end; the row is the final model's.")
+    if any(diverged(r) for r in results):
+        lines.append("Every variant ran under the same config and seed; none was retuned.")
+    return "\n".join(lines)
+
+
+def _annotate(r: Dict) -> Dict:
+    """``r`` with ``diverged``, ``diverged_from_epoch`` and ``diverged_epochs``."""
+    return dict(r, diverged=diverged(r), diverged_from_epoch=diverged_since(r),
+                diverged_epochs=diverged_epochs(r))
 
 
 def _split_axis(values: List[float]):
@@ -203,6 +291,8 @@ def ablation_figure(results: List[Dict], title: str):
         if b:
             p = r.get("valid_ppl")
             val = _fmt_ppl(p) if p is not None else "n/a"
+            since = diverged_since(r)
+            val += f"\nfrom epoch {since}" if since is not None else ""
             top_ax.plot([x], [0.97], marker="^", color=red, ms=9, transform=trans, clip_on=False)
             top_ax.text(x, 0.90, f"diverged\nvalid ppl\n{val}", transform=trans, ha="center",
                         va="top", fontsize=7.5, color=red)
@@ -259,20 +349,22 @@ def ablation_figure(results: List[Dict], title: str):
 
 def write_results(results: List[Dict], out: Path, title: str, note: str = "") -> Dict[str, Path]:
     out = Path(out)
+    results = [_annotate(r) for r in results]
     paths = {name: out / name for name in OUTPUTS}
-    cols = _columns(results)
     with open(paths["results.csv"], "w", newline="") as f:
         w = csv.writer(f)
         keys = ["variant", "paper_name", "recurrent_params", "learning_rate", "valid_ppl",
-                "test_ppl", "valid_long_range_acc", "test_long_range_acc", "train_words_per_sec",
-                "train_time_s", "epochs", "config", "seed", "corpus"]
+                "test_ppl", "diverged", "diverged_from_epoch", "valid_long_range_acc",
+                "test_long_range_acc", "train_words_per_sec", "train_time_s", "epochs", "config",
+                "seed", "corpus"]
         w.writerow(keys)
         for r in results:
             row = dict(r, learning_rate=r["hyper_parameters"]["learning_rate"])
             w.writerow(["" if row.get(k) is None else row.get(k) for k in keys])
     write_json({"title": title, "note": note, "results": results}, paths["results.json"])
+    md_note = "".join(f"\n{line}\n" for line in note.splitlines())   # one paragraph each
     paths["results.md"].write_text(f"{title}\n\n{format_table(results, markdown=True)}\n"
-                                   + (f"\n{note}\n" if note else ""))
+                                   + md_note)
     _plot(results, paths["results.png"], title)
     return paths
 
@@ -311,9 +403,14 @@ def run_ablation(config: LMConfig, corpus: Corpus, out, *, variants: Optional[Se
         results.append(r)
     if not ctx.is_main:
         return []
-    note = ""
+    results = [_annotate(r) for r in results]
+    notes = []
     if corpus.test is None:
-        note = (f"The data ({corpus.source}) has no test file: only valid perplexity is reported.")
+        notes.append(f"The data ({corpus.source}) has no test file: only valid perplexity is "
+                     "reported.")
+    if divergence_note(results):
+        notes.append(divergence_note(results))
+    note = "\n".join(notes)
     title = title or (f"LSTM ablations, config {config.name} ({config.num_layers} × "
                       f"{config.hidden_size}, {config.epochs} epoch{'s' if config.epochs != 1 else ''}), "
                       f"seed {seed}, "
