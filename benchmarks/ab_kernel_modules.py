@@ -19,9 +19,13 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import importlib.util
+import json
 import os
+import shlex
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -107,6 +111,10 @@ def main(argv=None) -> int:
                    help="the kernels' vector path in both modules (e.g. portable; default: "
                         "each module's own choice)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--out", type=Path,
+                   help="also write OUT.json and OUT.md (the rows, the machine, the command)")
+    p.add_argument("--other-label", default=None,
+                   help="what the other module is, for --out (e.g. the commit it was built from)")
     a = p.parse_args(argv)
     if a.calls < 4 or a.threads < 1:
         raise SystemExit("--calls must be >= 4 and --threads >= 1")
@@ -122,9 +130,12 @@ def main(argv=None) -> int:
                                  f"{'this' if module is mine else 'the other'} module on this CPU "
                                  f"(it has {', '.join(module.supported_isas())})")
             module.set_kernel_isa(a.isa)
-    print(f"# machine: {describe()}")
-    print(f"# kernel vector path: this module {mine.kernel_isa()}, other {other.kernel_isa()}; "
-          f"{a.threads} thread(s), {a.dtype}, median of {a.calls - 3} interleaved calls")
+    machine = describe()
+    setting = (f"kernel vector path: this module {mine.kernel_isa()}, other {other.kernel_isa()}; "
+               f"{a.threads} thread(s), {a.dtype}, median of {a.calls - 3} interleaved calls")
+    print(f"# machine: {machine}")
+    print(f"# {setting}")
+    rows = []
     calls = step_calls(dtype) if a.kernel == "step" else scan_calls(dtype)
     for label, run in calls:
         times = {"this": [], "other": []}
@@ -141,7 +152,28 @@ def main(argv=None) -> int:
         other_ms = 1e3 * statistics.median(times["other"][3:])
         print(f"{label}: this {this_ms:7.2f} ms, other {other_ms:7.2f} ms, "
               f"this/other {this_ms / other_ms:.3f}, max |diff| {diff:.2e}")
+        rows.append({"call": label.strip(), "this_ms": round(this_ms, 3),
+                     "other_ms": round(other_ms, 3), "this_over_other": round(this_ms / other_ms, 3),
+                     "max_abs_diff": diff})
+    if a.out is not None:
+        _write(a, rows, machine, setting)
     return 0
+
+
+def _write(a, rows, machine, setting) -> None:
+    command = "python benchmarks/ab_kernel_modules.py " + shlex.join(sys.argv[1:])
+    other = a.other_label or os.path.basename(a.other)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.with_suffix(".json").write_text(json.dumps(
+        {"machine": machine, "setting": setting, "other": other, "command": command,
+         "rows": rows}, indent=2) + "\n")
+    lines = [f"# {a.kernel} kernel: this build against {other}, one process", "",
+             f"Machine: {machine}. {setting[0].upper() + setting[1:]}. Command: `{command}`. "
+             "this/other < 1: this build is faster.", "",
+             "| call | this ms | other ms | this / other | max abs diff |", "|---|---|---|---|---|"]
+    lines += [f"| {r['call']} | {r['this_ms']:.2f} | {r['other_ms']:.2f} | "
+              f"{r['this_over_other']:.3f} | {r['max_abs_diff']:.1e} |" for r in rows]
+    a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -145,3 +145,29 @@ def test_compile_speed_measures_both_modes():
         assert r["eager_over_compiled"] == pytest.approx(r["eager_ms"] / r["compiled_ms"], rel=0.01)
     with pytest.raises(SystemExit):
         cs.main(["--shapes", "no such shape"])
+
+
+@requires_kernel
+@pytest.mark.parametrize("kernel", ["step", "scan"])
+def test_ab_kernel_modules_end_to_end(kernel, capsys, tmp_path):
+    """``benchmarks/ab_kernel_modules.py`` with a copy of this build as the other module: every
+    row is timed on both and gives the same numbers; --out writes the rows; an --isa the CPU
+    lacks and a path that is not a module are refused."""
+    from rnn_ablations import backend
+
+    other = tmp_path / Path(backend._C.raw.__file__).name
+    shutil.copy(backend._C.raw.__file__, other)
+    ab = _load("ab_kernel_modules")  # a fresh copy of the script: its shapes can be cut
+    ab.SHAPES, ab.SCAN_SHAPES = ab.SHAPES[-1:], ab.SCAN_SHAPES[:1]
+    assert ab.main(["--other", str(other), "--kernel", kernel, "--calls", "4", "--isa",
+                    "portable", "--out", str(tmp_path / "ab"), "--other-label", "a copy"]) == 0
+    saved = json.loads((tmp_path / "ab.json").read_text())
+    assert len(saved["rows"]) == (1 if kernel == "step" else 2)
+    for row in saved["rows"]:
+        assert row["this_ms"] > 0 and row["other_ms"] > 0 and row["max_abs_diff"] == 0.0
+    assert "against a copy" in (tmp_path / "ab.md").read_text()
+    assert "vector path: this module portable, other portable" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not a vector path"):
+        ab.main(["--other", str(other), "--isa", "no-such-isa"])
+    with pytest.raises(SystemExit, match="no such file"):
+        ab.main(["--other", str(tmp_path / "missing.so")])
