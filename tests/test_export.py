@@ -119,12 +119,14 @@ def test_compile_with_a_onednn_sized_weight(variant):
         _assert_same(_loss_and_grads(compiled, rnn, x), _loss_and_grads(rnn, rnn, x))
 
 
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_compile_fullgraph_default_backend(variant):
-    """Inductor compiles the graph around the operators (one shape per variant: each compile
-    takes seconds)."""
+def test_compile_fullgraph_default_backend(variant, bidirectional, layers, threads):
+    """Inductor compiles the graph around the operators, forward and backward."""
     torch._dynamo.reset()
-    rnn = _model(variant, True, 2)
+    rnn = _model(variant, bidirectional, layers)
     x = torch.randn(6, 3, 5, requires_grad=True)
     compiled = torch.compile(rnn, fullgraph=True)
     _assert_same(_loss_and_grads(compiled, rnn, x), _loss_and_grads(rnn, rnn, x))
@@ -257,7 +259,7 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("variant", ["lstm", "lstm_minus_srnn_minus_hidden"])
+@pytest.mark.parametrize("variant", ["lstm"])
 def test_onnx_export_as_the_first_layer_call_of_a_process(variant, tmp_path):
     """The dynamo-based ONNX export before any eager call: what the plan probes once per process
     (oneDNN's linear) runs on real tensors, not on the exporter's fake ones."""
