@@ -70,6 +70,18 @@ OPERATORS = ("plain_forward", "plain_forward_", "plain_backward", "pipelined_for
              "scan_backward", "weight_grad")
 
 _registered = None  # the raw module the operators were registered for
+_LIBRARY = torch.library.Library("rnn_ablations", "FRAGMENT")  # the operators' definitions
+
+
+class _Operator:
+    """What ``register``'s decorator returns for an operator: its fake kernel is registered
+    with ``@op.register_fake`` (as on a ``torch.library.custom_op``)."""
+
+    def __init__(self, qualname: str):
+        self.qualname = qualname
+
+    def register_fake(self, fn):
+        return torch.library.register_fake(self.qualname, lib=_LIBRARY)(fn)
 _IMPLEMENTATIONS = {}  # operator name -> its CPU implementation (a Python function)
 
 
@@ -113,12 +125,21 @@ def register(raw) -> None:
     _registered = raw
 
     def _op(name, mutates_args):
-        """Register ``fn`` as the CPU implementation of ``rnn_ablations::<name>`` (its schema
-        from the annotations) and keep it for the direct eager calls of :class:`CpuKernel`."""
+        """Define ``rnn_ablations::<name>`` (its schema from ``fn``'s annotations) with ``fn``
+        as its CPU kernel, and keep ``fn`` for the direct eager calls of :class:`CpuKernel`.
+
+        Defined on a ``torch.library.Library`` rather than with ``torch.library.custom_op``: the
+        dispatcher then calls ``fn`` directly, where a ``custom_op`` adds a Python autograd
+        layer and an argument-filling wrapper to every call (tens of microseconds a call, which
+        a compiled graph pays per operator).  The operators need no autograd kernel of their
+        own: the layers call them inside their ``torch.autograd.Function``s (grad mode off) or
+        inside compiled graphs, whose backward calls the backward operators."""
         def deco(fn):
             _IMPLEMENTATIONS[name] = fn
-            return torch.library.custom_op("rnn_ablations::" + name, mutates_args=mutates_args,
-                                           device_types="cpu")(fn)
+            schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
+            _LIBRARY.define(name + schema)
+            _LIBRARY.impl(name, fn, "CPU")
+            return _Operator("rnn_ablations::" + name)
         return deco
 
     # -- the plain kernel ------------------------------------------------------------------
