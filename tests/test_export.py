@@ -187,38 +187,25 @@ class _Encoder(torch.nn.Module):
         return out, h_n, c_n
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_onnx_through_the_generic_path(variant, tmp_path):
+# Both exporters of torch.onnx.export: the dynamo-based one (its default) on one variant per
+# output rule / kernel family, which keeps its cost (several seconds an export) within the suite's
+# budget; the TorchScript-based one on every variant.
+_ONNX_CASES = ([(v, False) for v in VARIANTS]
+               + [(v, True) for v in ("lstm", "srnn", "identity_ran",
+                                      "lstm_minus_srnn_minus_hidden")])
+
+
+@pytest.mark.parametrize("variant,dynamo", _ONNX_CASES)
+def test_onnx_through_the_generic_path(variant, dynamo, tmp_path):
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed "
                               "(requirements/core.txt installs it)")
+    if dynamo:
+        pytest.importorskip("onnxscript", reason="onnxscript is not installed "
+                            "(requirements/core.txt installs it)")
     model = _Encoder(variant).eval()
     x = torch.randn(6, 3, 5)
     path = tmp_path / "encoder.onnx"
-    torch.onnx.export(model, (x,), str(path), dynamo=False)
-    import onnx
-    graph_ops = {n.op_type for n in onnx.load(str(path)).graph.node}
-    assert not any("rnn_ablations" in op for op in graph_ops)
-    runner = ort.InferenceSession(str(path))
-    got = runner.run(None, {runner.get_inputs()[0].name: x.numpy()})
-    with torch.no_grad():
-        want = model(x)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5)
-
-
-# The dynamo-based exporter is torch.onnx.export's default; one variant per output rule / kernel
-# family keeps its cost (several seconds an export) within the suite's budget, the TorchScript
-# exporter above covers every variant.
-@pytest.mark.parametrize("variant", ["lstm", "srnn", "identity_ran", "lstm_minus_srnn_minus_hidden"])
-def test_onnx_dynamo_exporter_through_the_generic_path(variant, tmp_path):
-    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed "
-                              "(requirements/core.txt installs it)")
-    pytest.importorskip("onnxscript", reason="onnxscript is not installed "
-                        "(requirements/core.txt installs it)")
-    model = _Encoder(variant).eval()
-    x = torch.randn(6, 3, 5)
-    path = tmp_path / "encoder.onnx"
-    torch.onnx.export(model, (x,), str(path), dynamo=True, verbose=False)
+    torch.onnx.export(model, (x,), str(path), dynamo=dynamo, verbose=False)
     import onnx
     graph_ops = {n.domain + "::" + n.op_type for n in onnx.load(str(path)).graph.node}
     assert not any("rnn_ablations" in op for op in graph_ops), graph_ops
