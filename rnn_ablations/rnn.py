@@ -436,6 +436,14 @@ class AblatedRNN(nn.Module):
         return h0, c0
 
     # ------------------------------------------------------------------ forward
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every module it is asked to compile, submodules included
+        raise RuntimeError(
+            "torch.jit.script cannot compile AblatedRNN (its forward takes keyword-only "
+            "arguments and chooses its kernel in Python). Use torch.jit.trace(model, "
+            "example_inputs), which records the generic path, or torch.compile / "
+            "torch.export.export, which keep the kernels; torch.onnx.export works too.")
+
     def forward(self, input, hx: Optional[HiddenState] = None, *, mask=None, lengths=None):
         packed = isinstance(input, PackedSequence)
         unbatched = False

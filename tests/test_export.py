@@ -175,6 +175,14 @@ def test_jit_trace(variant):
     _assert_same([got[0], *got[1]], [want[0], *want[1]])
 
 
+def test_jit_script_names_the_alternatives():
+    """torch.jit.script of AblatedRNN, alone or inside a model, fails saying what works instead."""
+    for model in (_model("ran", False, 1), torch.nn.Sequential(torch.nn.Identity(),
+                                                                _model("lstm", True, 1))):
+        with pytest.raises(RuntimeError, match=r"torch\.jit\.trace.*torch\.compile"):
+            torch.jit.script(model)
+
+
 class _Encoder(torch.nn.Module):
     """What one exports to ONNX: a module whose forward takes tensors only."""
 
