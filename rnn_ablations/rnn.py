@@ -378,15 +378,25 @@ class AblatedRNN(nn.Module):
             if tuple(mask.shape) != (batch, seq_len):
                 raise ValueError(f"mask has shape {tuple(mask.shape)} but the input has batch "
                                  f"{batch} and seq_len {seq_len}: it must be (batch, seq_len)")
+            traced = torch.compiler.is_compiling()
             if mask.dtype != torch.bool:
-                if mask.is_floating_point() or not ((mask == 0) | (mask == 1)).all():
+                if mask.is_floating_point():
+                    raise ValueError(f"mask must be boolean (or 0/1 integers), got {mask.dtype}")
+                if traced:
+                    torch._assert_async(((mask == 0) | (mask == 1)).all(),
+                                        "mask must be boolean (or 0/1 integers)")
+                elif not ((mask == 0) | (mask == 1)).all():
                     raise ValueError(f"mask must be boolean (or 0/1 integers), got {mask.dtype}")
                 mask = mask.bool()
             lengths = mask.sum(dim=1)
             positions = torch.arange(seq_len, device=mask.device).unsqueeze(0)
-            if not torch.equal(mask, positions < lengths.unsqueeze(1)):
-                raise ValueError("mask must be left-aligned (True for the first n tokens of a row, "
-                                 "then False); right-pad your sequences")
+            aligned = mask == (positions < lengths.unsqueeze(1))
+            message = ("mask must be left-aligned (True for the first n tokens of a row, then "
+                       "False); right-pad your sequences")
+            if traced:
+                torch._assert_async(aligned.all(), message)
+            elif not bool(aligned.all()):
+                raise ValueError(message)
         elif lengths is None:
             return None
         else:
@@ -398,6 +408,14 @@ class AblatedRNN(nn.Module):
             if lengths.is_floating_point() or lengths.dtype == torch.bool:
                 raise ValueError(f"lengths must be integers, got {lengths.dtype}")
         lengths = lengths.to("cpu", torch.int64)
+        if torch.compiler.is_compiling():
+            # a traced graph cannot branch on the values: it checks them when it runs
+            if batch:
+                torch._assert_async(lengths.min() >= 1, "every sequence needs at least one token "
+                                    "(drop empty rows before the RNN)")
+                torch._assert_async(lengths.max() <= seq_len,
+                                    "a length exceeds the input's seq_len")
+            return lengths
         if batch and int(lengths.min()) < 1:
             raise ValueError(f"every sequence needs at least one token; got a length of "
                              f"{int(lengths.min())} (drop empty rows before the RNN)")
@@ -499,7 +517,22 @@ class AblatedRNN(nn.Module):
         (:meth:`layer_input`)."""
         seq_len, batch = x.shape[0], x.shape[1]
         order = None
-        if lengths is None or bool((lengths == seq_len).all()):
+        if lengths is None:
+            batch_sizes = torch.full((seq_len,), batch, dtype=torch.int64)
+            rev_index = None
+            t_eff = seq_len
+        elif torch.compiler.is_compiling():
+            # traced (torch.compile / torch.export): nothing here reads the lengths' values; the
+            # batch is always reordered and every step runs (trailing steps with no active row
+            # output zeros), which gives the eager numbers
+            sorted_len, order = torch.sort(lengths, descending=True, stable=True)
+            dev_order = order.to(x.device)
+            x = x.index_select(1, dev_order)
+            h0, c0 = h0.index_select(1, dev_order), c0.index_select(1, dev_order)
+            t_eff = seq_len
+            batch_sizes = (torch.arange(seq_len).unsqueeze(1) < sorted_len.unsqueeze(0)).sum(1)
+            rev_index = reversal_index(sorted_len, seq_len).to(x.device)
+        elif bool((lengths == seq_len).all()):
             batch_sizes = torch.full((seq_len,), batch, dtype=torch.int64)
             rev_index = None
             t_eff = seq_len

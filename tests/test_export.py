@@ -293,3 +293,44 @@ def test_masked_generic_layer_gives_the_sliced_numbers():
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
         assert float(got[0][3:, 1:].abs().max()) == 0.0  # inactive rows output zeros
+
+
+@pytest.mark.parametrize("variant,bidirectional",
+                         [(v, True) for v in VARIANTS] + [("lstm", False), ("ran", False)])
+def test_padded_batches_compile_and_export(variant, bidirectional):
+    """Padded batches (lengths or a mask) under torch.compile(fullgraph=True) and torch.export:
+    the traced graph reads no length's value (it reorders the batch and runs every step), so
+    one graph serves other lengths, with the eager numbers, forward and backward."""
+    torch.manual_seed(0)
+    rnn = AblatedRNN(variant, 5, 4, num_layers=2, bidirectional=bidirectional, batch_first=True)
+    x = torch.randn(3, 6, 5, requires_grad=True)
+    lengths = torch.tensor([4, 3, 2])
+    torch._dynamo.reset()
+    compiled = torch.compile(rnn, fullgraph=True, backend="aot_eager")
+
+    def with_lengths(fn):
+        return lambda inp: fn(inp, lengths=lengths)
+
+    _assert_same(_loss_and_grads(with_lengths(compiled), rnn, x),
+                 _loss_and_grads(with_lengths(rnn), rnn, x))
+    with torch.no_grad():
+        program = torch.export.export(rnn, (x.detach(),), {"lengths": lengths})
+        for other in (lengths, torch.tensor([5, 1, 3]), torch.tensor([6, 6, 6])):
+            want = rnn(x, lengths=other)
+            for got in (program.module()(x.detach(), lengths=other), compiled(x, lengths=other)):
+                _assert_same([got[0], *got[1]], [want[0], *want[1]])
+        mask = torch.arange(6).unsqueeze(0) < torch.tensor([5, 2, 6]).unsqueeze(1)
+        got, want = compiled(x, mask=mask), rnn(x, mask=mask)
+        _assert_same([got[0], *got[1]], [want[0], *want[1]])
+
+
+def test_compiled_model_refuses_bad_lengths():
+    """Traced, the lengths are checked when the graph runs (the values are unknown when it is
+    traced): a length beyond seq_len or of zero fails, as in eager."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_model("ran", False, 1), fullgraph=True, backend="aot_eager")
+    x = torch.randn(6, 3, 5)
+    with pytest.raises(RuntimeError, match="exceeds the input's seq_len"):
+        compiled(x, lengths=torch.tensor([7, 2, 1]))
+    with pytest.raises(RuntimeError, match="at least one token"):
+        compiled(x, lengths=torch.tensor([6, 0, 1]))
