@@ -517,34 +517,24 @@ class AblatedRNN(nn.Module):
         (:meth:`layer_input`)."""
         seq_len, batch = x.shape[0], x.shape[1]
         order = None
-        if lengths is None:
-            batch_sizes = torch.full((seq_len,), batch, dtype=torch.int64)
-            rev_index = None
-            t_eff = seq_len
-        elif torch.compiler.is_compiling():
-            # traced (torch.compile / torch.export): nothing here reads the lengths' values; the
-            # batch is always reordered and every step runs (trailing steps with no active row
-            # output zeros), which gives the eager numbers
-            sorted_len, order = torch.sort(lengths, descending=True, stable=True)
-            dev_order = order.to(x.device)
-            x = x.index_select(1, dev_order)
-            h0, c0 = h0.index_select(1, dev_order), c0.index_select(1, dev_order)
-            t_eff = seq_len
-            batch_sizes = (torch.arange(seq_len).unsqueeze(1) < sorted_len.unsqueeze(0)).sum(1)
-            rev_index = reversal_index(sorted_len, seq_len).to(x.device)
-        elif bool((lengths == seq_len).all()):
+        # traced (torch.compile / torch.export) nothing here reads the lengths' values: the batch
+        # is always reordered and every step runs (trailing steps with no active row output
+        # zeros), which gives the eager numbers; eagerly, a full batch or an ordered one skips
+        # the reordering and the steps no row reaches are trimmed
+        traced = torch.compiler.is_compiling()
+        if lengths is None or (not traced and bool((lengths == seq_len).all())):
             batch_sizes = torch.full((seq_len,), batch, dtype=torch.int64)
             rev_index = None
             t_eff = seq_len
         else:
             sorted_len, order = torch.sort(lengths, descending=True, stable=True)
-            if torch.equal(order, torch.arange(batch)):
+            if not traced and torch.equal(order, torch.arange(batch)):
                 order = None
             else:
                 dev_order = order.to(x.device)
                 x = x.index_select(1, dev_order)
                 h0, c0 = h0.index_select(1, dev_order), c0.index_select(1, dev_order)
-            t_eff = int(sorted_len[0])
+            t_eff = seq_len if traced else int(sorted_len[0])
             x = x[:t_eff]
             steps = torch.arange(t_eff).unsqueeze(1)
             batch_sizes = (steps < sorted_len.unsqueeze(0)).sum(1)
