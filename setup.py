@@ -57,7 +57,9 @@ if _cpu_kernel or _cuda_kernel:
             extra_link_args=["-Wl,--strip-debug"],
             libraries=["cublas"],
         ))
-    cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
+    # the CPU module's size and SHA-256 are recorded beside it (_build.INSTALLED_RECORD): the
+    # loader maps no module that does not match (a truncated one would kill the process)
+    cmdclass = {"build_ext": _build.recording_build_ext(BuildExtension.with_options(use_ninja=False))}
 
 from setuptools.command.build_py import build_py as _build_py
 

@@ -114,6 +114,68 @@ def cpu_extension(name: str = "rnn_ablations._C", relative_to: str = ""):
     )
 
 
+#: The record written beside the module installed inside the package (by ``setup.py``'s
+#: ``build_ext``, also ``--inplace``): its file name, size and SHA-256, and the torch it was built
+#: for.  The loader maps the module only when it matches (a truncated shared library kills the
+#: process with SIGBUS when it is loaded).
+INSTALLED_RECORD = "_C.build.json"
+
+
+def file_digest(path: str):
+    """``(size in bytes, SHA-256 hex digest)`` of a file."""
+    import hashlib
+
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            size += len(block)
+    return size, h.hexdigest()
+
+
+def write_installed_record(module_path: str, torch_version: str) -> str:
+    """Write :data:`INSTALLED_RECORD` beside ``module_path`` (flushed, then renamed into place);
+    returns its path."""
+    import json
+
+    folder = os.path.dirname(os.path.abspath(module_path))
+    size, sha = file_digest(module_path)
+    record = {"module": os.path.basename(module_path), "size": size, "sha256": sha,
+              "torch": torch_version, "sources": sources_digest()}
+    final = os.path.join(folder, INSTALLED_RECORD)
+    temp = final + ".tmp"
+    with open(temp, "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, final)
+    return final
+
+
+def recording_build_ext(base):
+    """``base`` (a ``build_ext`` command class) that also writes :data:`INSTALLED_RECORD` beside
+    the CPU kernel it builds."""
+
+    class build_ext_with_record(base):
+        def build_extension(self, ext):
+            super().build_extension(ext)
+            if ext.name.split(".")[-1] == "_C":
+                import torch
+
+                write_installed_record(self.get_ext_fullpath(ext.name), torch.__version__)
+
+        def get_outputs(self):
+            outputs = list(super().get_outputs())
+            for ext in self.extensions:
+                if ext.name.split(".")[-1] == "_C":
+                    outputs.append(os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)),
+                                                INSTALLED_RECORD))
+            return outputs
+
+    return build_ext_with_record
+
+
 def fingerprint() -> Dict[str, str]:
     """What the compiled module depends on: the cache key of a first-use build."""
     import torch

@@ -18,13 +18,18 @@ a killed process leaves either no module or one that does not match its record, 
 truncated file that the loader maps (loading a truncated shared library kills the process with
 SIGBUS).  A module that does not match its record, or that has none, is compiled again.
 
-Environment: ``RNN_ABLATIONS_NO_KERNEL=1`` (or ``RNN_ABLATIONS_DISABLE_KERNEL=1``) skips (2)-(3);
+The module installed inside the package is checked the same way before it is mapped: ``setup.py``
+writes its size and SHA-256 beside it (``_C.build.json``, :data:`_build.INSTALLED_RECORD`); a
+module without that record, or that does not match it, is not loaded (the cache is used instead).
+
+Environment (parsed by :mod:`rnn_ablations._env`, before any module is touched):
+``RNN_ABLATIONS_NO_KERNEL=1`` (also accepted as ``RNN_ABLATIONS_DISABLE_KERNEL=1``) loads and
+compiles nothing, the installed module included; another value than ``1``/``0`` is refused.
 ``RNN_ABLATIONS_CACHE`` sets the cache directory (default ``$XDG_CACHE_HOME/rnn_ablations`` or
 ``~/.cache/rnn_ablations``).
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -40,6 +45,8 @@ from types import ModuleType
 from typing import Optional, Tuple
 
 import torch
+
+from . import _env
 
 logger = logging.getLogger("rnn_ablations")
 
@@ -61,16 +68,11 @@ class KernelCacheError(RuntimeError):
 
 
 def cache_root() -> str:
-    env = os.environ.get("RNN_ABLATIONS_CACHE")
-    if env:
-        return os.path.abspath(os.path.expanduser(env))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "rnn_ablations")
+    return _env.cache_root()
 
 
 def _kernel_disabled() -> bool:
-    return (os.environ.get("RNN_ABLATIONS_NO_KERNEL") == "1"
-            or os.environ.get("RNN_ABLATIONS_DISABLE_KERNEL") == "1")
+    return _env.kernel_disabled()
 
 
 def _load_file(path: str) -> ModuleType:
@@ -82,8 +84,62 @@ def _load_file(path: str) -> ModuleType:
     return module
 
 
+def _installed_file() -> Optional[str]:
+    """The path of the module installed inside the package (found, not loaded), or None."""
+    try:
+        spec = importlib.util.find_spec(MODULE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not isinstance(
+            spec.loader, importlib.machinery.ExtensionFileLoader):
+        return None
+    return spec.origin
+
+
+def installed_record_problem(path: str) -> Optional[str]:
+    """What is wrong with the installed module ``path`` against the size and SHA-256 recorded
+    beside it at build time (no record, another size or digest), or None when it matches."""
+    from . import _build
+
+    record_path = os.path.join(os.path.dirname(path), _build.INSTALLED_RECORD)
+    rebuild = ("rebuild it (`python setup.py build_ext --inplace`, `bash scripts/setup.sh` or "
+               "`pip install --no-build-isolation .`), or delete it to compile into the cache")
+    try:
+        with open(record_path) as f:
+            record = json.load(f)
+        name, size, sha = record["module"], int(record["size"]), str(record["sha256"])
+    except FileNotFoundError:
+        return (f"the kernel module {path} has no size and SHA-256 record ({record_path}), so it "
+                f"is not loaded (a damaged one would kill the process); {rebuild}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return (f"the record {record_path} of the kernel module {path} cannot be read "
+                f"({type(exc).__name__}: {exc}); {rebuild}")
+    if name != os.path.basename(path):
+        return f"the record {record_path} is for {name}, not for {path}; {rebuild}"
+    actual_size, actual_sha = _build.file_digest(path)
+    if actual_size != size:
+        return (f"the kernel module {path} is {actual_size} bytes, its record says {size} "
+                f"(truncated or overwritten), so it is not loaded; {rebuild}")
+    if actual_sha != sha:
+        return (f"the kernel module {path} does not match the SHA-256 in its record "
+                f"(overwritten or damaged), so it is not loaded; {rebuild}")
+    return None
+
+
 def _installed() -> Tuple[Optional[ModuleType], str]:
-    """The module built at install time, if it loads and matches this torch."""
+    """The module built at install time, if it matches its record, loads and matches this
+    torch."""
+    if MODULE not in sys.modules:
+        path = _installed_file()
+        if path is None:
+            return None, "no kernel built at install time"
+        problem = installed_record_problem(path)
+        if problem:
+            # a damaged module is worth a warning; one without a record (built before records
+            # were written) is simply replaced by the cache's
+            (logger.info if "has no size and SHA-256 record" in problem else logger.warning)(
+                "rnn_ablations: %s", problem)
+            return None, problem
     try:
         module = importlib.import_module(MODULE)
     except ImportError as exc:
@@ -129,13 +185,9 @@ def _cache_dir() -> str:
 
 def _digest(path: str) -> Tuple[int, str]:
     """``(size in bytes, SHA-256 hex digest)`` of a file."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-            size += len(block)
-    return size, h.hexdigest()
+    from . import _build
+
+    return _build.file_digest(path)
 
 
 def _is_module_name(name: str) -> bool:
@@ -342,11 +394,12 @@ def _from_cache() -> Tuple[ModuleType, str]:
 def load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
     """``(module or None, why not, where from)``; where from is ``"installed"``, ``"cache"``,
     ``"compiled"`` or ``""``."""
+    if _kernel_disabled():  # read first: nothing is loaded (a ValueError for a bad value)
+        return None, (f"{_env.kernel_switch_set()} is set: no compiled kernel is loaded, the "
+                      "generic path runs"), ""
     module, why = _installed()
     if module is not None:
         return module, None, "installed"
-    if _kernel_disabled():
-        return None, why + "; RNN_ABLATIONS_NO_KERNEL/RNN_ABLATIONS_DISABLE_KERNEL is set", ""
     try:
         module, source = _from_cache()
         return module, None, source

@@ -26,7 +26,6 @@ each row's length (the same function as the other variants' reversed copies, wit
 """
 from __future__ import annotations
 
-import importlib
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -41,17 +40,6 @@ from .functional import generic_layer, projection_bias, reversal_index
 from .variants import Variant
 
 __all__ = ["run_scan_layer", "scan_applies", "scan_kernel_available"]
-
-
-def _import(name: str):
-    try:
-        return importlib.import_module(f"{__package__}.{name}")
-    except ImportError:  # pragma: no cover - depends on the build
-        return None
-
-
-_C = _import("_C")
-_C_cuda = _import("_C_cuda")
 
 
 def scan_applies(variant: Variant) -> bool:
@@ -70,7 +58,9 @@ def scan_applies(variant: Variant) -> bool:
 
 def scan_kernel_available(device: str = "cpu") -> bool:
     """True when the compiled scan kernel for ``device`` ("cpu" or "cuda") is importable."""
-    ext = _C if device == "cpu" else _C_cuda
+    # the modules the loader accepted (backend): importing ``_C`` here would map the installed
+    # module before the loader's checks and switches
+    ext = _backend._C if device == "cpu" else _backend._C_cuda
     return ext is not None and hasattr(ext, "scan_forward")
 
 

@@ -1,0 +1,137 @@
+"""The kernel on/off switch (``RNN_ABLATIONS_NO_KERNEL``, parsed by ``rnn_ablations._env``) and the
+check of the module installed inside the package before it is mapped.
+
+The child processes import a copy of the package (``_package_copy``) so that the module
+"installed" in it can be truncated or removed without touching the checkout."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from rnn_ablations import _build, _env, _kernel_loader
+
+from conftest import REPO, requires_kernel
+
+
+@pytest.mark.parametrize("environ,disabled", [
+    ({}, False), ({"RNN_ABLATIONS_NO_KERNEL": ""}, False), ({"RNN_ABLATIONS_NO_KERNEL": "0"}, False),
+    ({"RNN_ABLATIONS_NO_KERNEL": "1"}, True), ({"RNN_ABLATIONS_NO_KERNEL": " 1 "}, True),
+    ({"RNN_ABLATIONS_DISABLE_KERNEL": "1"}, True), ({"RNN_ABLATIONS_DISABLE_KERNEL": "0"}, False),
+    ({"RNN_ABLATIONS_NO_KERNEL": "1", "RNN_ABLATIONS_DISABLE_KERNEL": "1"}, True),
+])
+def test_switch_values(environ, disabled):
+    assert _env.kernel_disabled(environ) is disabled
+
+
+@pytest.mark.parametrize("environ,message", [
+    ({"RNN_ABLATIONS_NO_KERNEL": "yes"}, "RNN_ABLATIONS_NO_KERNEL='yes' is not understood"),
+    ({"RNN_ABLATIONS_NO_KERNEL": "true"}, "RNN_ABLATIONS_NO_KERNEL='true' is not understood"),
+    ({"RNN_ABLATIONS_DISABLE_KERNEL": "yes"},
+     "RNN_ABLATIONS_DISABLE_KERNEL is another name for RNN_ABLATIONS_NO_KERNEL"),
+    ({"RNN_ABLATIONS_NO_KERNEL": "2"}, "set it to 1 to run without the compiled kernels"),
+    ({"RNN_ABLATIONS_NO_KERNEL": "1", "RNN_ABLATIONS_DISABLE_KERNEL": "0"}, "disagree"),
+])
+def test_switch_refuses_other_values(environ, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _env.kernel_disabled(environ)
+
+
+def test_cache_root():
+    assert _env.cache_root({"RNN_ABLATIONS_CACHE": "~/k"}) == os.path.join(
+        os.path.expanduser("~"), "k")
+    assert _env.cache_root({"XDG_CACHE_HOME": "/x"}) == "/x/rnn_ablations"
+    assert _env.cache_root({"RNN_ABLATIONS_CACHE": " ", "XDG_CACHE_HOME": "/x"}) == "/x/rnn_ablations"
+
+
+def _kernel_file():
+    from rnn_ablations import backend
+    return getattr(backend._C, "raw", backend._C).__file__
+
+
+@pytest.fixture(scope="module")
+def package_copy(tmp_path_factory):
+    """A copy of the package whose installed CPU kernel is the one this process runs, with the
+    record ``setup.py`` writes beside it."""
+    root = tmp_path_factory.mktemp("copy")
+    shutil.copytree(REPO / "rnn_ablations", root / "rnn_ablations",
+                    ignore=shutil.ignore_patterns("__pycache__", "_C*.so", "_C*.json"))
+    target = root / "rnn_ablations" / os.path.basename(_kernel_file())  # _C.<abi tag>.so
+    shutil.copyfile(_kernel_file(), target)
+    _build.write_installed_record(str(target), __import__("torch").__version__)
+    return root, target
+
+
+CHILD = """
+import json, sys, torch
+import rnn_ablations as ra
+from rnn_ablations import backend
+m = ra.AblatedRNN("ran", 3, 4)
+x = torch.randn(5, 2, 3)
+out = m(x)[0]
+with ra.use_backend("generic"):
+    ref = m(x)[0]
+print(json.dumps({"source": backend._KERNEL_SOURCE, "error": backend._KERNEL_ERROR,
+                  "loaded": "rnn_ablations._C" in sys.modules, "file": ra.__file__,
+                  "available": ra.kernel_available(), "equal": bool(torch.allclose(out, ref, atol=1e-5))}))
+"""
+
+
+def _child(root, cache, **env):
+    e = {k: v for k, v in os.environ.items() if k not in ("RNN_ABLATIONS_NO_KERNEL",
+                                                           "RNN_ABLATIONS_DISABLE_KERNEL",
+                                                           "RNN_ABLATIONS_BACKEND")}
+    e.update(env, RNN_ABLATIONS_CACHE=str(cache), PYTHONPATH=str(root),
+             CC="/nonexistent/cc", CXX="/nonexistent/c++")
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=e, capture_output=True, text=True,
+                          timeout=600, cwd=str(root))
+    assert proc.returncode == 0, (
+        f"import rnn_ablations exited with {proc.returncode} (-7/135: SIGBUS)\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["file"].startswith(str(root)) and result["equal"], result
+    return result, proc.stderr
+
+
+@requires_kernel
+def test_installed_module_with_its_record_loads(package_copy, tmp_path):
+    root, _ = package_copy
+    result, _ = _child(root, tmp_path / "cache")
+    assert result["source"] == "installed" and result["available"], result
+
+
+@requires_kernel
+def test_switch_keeps_the_installed_module_unloaded(package_copy, tmp_path):
+    """RNN_ABLATIONS_NO_KERNEL=1 (or its other name) is read before anything is mapped."""
+    root, _ = package_copy
+    for var in ("RNN_ABLATIONS_NO_KERNEL", "RNN_ABLATIONS_DISABLE_KERNEL"):
+        result, err = _child(root, tmp_path / "cache", **{var: "1"})
+        assert not result["loaded"] and not result["available"], result
+        assert f"{var}=1 is set" in result["error"] and "Traceback" not in err
+    e = dict(os.environ, PYTHONPATH=str(root), RNN_ABLATIONS_NO_KERNEL="yes")
+    proc = subprocess.run([sys.executable, "-c", "import rnn_ablations"], env=e,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "RNN_ABLATIONS_NO_KERNEL='yes' is not understood" in proc.stderr
+
+
+@requires_kernel
+def test_truncated_installed_module_is_not_mapped(package_copy, tmp_path):
+    """A truncated installed module used to kill the import with SIGBUS; now it is refused by
+    its record and the generic path runs (the compiler is hidden: no first-use build)."""
+    root, target = package_copy
+    copy = tmp_path / "pkg"
+    shutil.copytree(root, copy)
+    module = copy / "rnn_ablations" / target.name
+    size = module.stat().st_size
+    with open(module, "r+b") as f:
+        f.truncate(size // 2)
+    result, err = _child(copy, tmp_path / "cache")
+    assert not result["loaded"] and not result["available"], result
+    assert "truncated or overwritten" in err and f"{size // 2} bytes, its record says {size}" in err
+    # with the switch: nothing is even looked at
+    result, err = _child(copy, tmp_path / "cache", RNN_ABLATIONS_NO_KERNEL="1")
+    assert not result["loaded"] and "truncated" not in err
+    # no record (a module built before records were written, or copied alone): not mapped either
+    os.remove(copy / "rnn_ablations" / _build.INSTALLED_RECORD)
+    assert "has no size and SHA-256 record" in _kernel_loader.installed_record_problem(str(module))
