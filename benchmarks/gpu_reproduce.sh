@@ -14,12 +14,18 @@
 #               five variants, all at once, stopped so that the whole script ends within
 #               BUDGET_SECONDS (default 450; runs cut short are reported as incomplete).
 #   FULL=1      with STEPS > 0: the timing, then the full run in the same command, with what is
-#               left of BUDGET_SECONDS (one machine start and one kernel build for both).
+#               left of BUDGET_SECONDS (one machine start and one set-up for both).
 #   CHECKS=1    with STEPS = 0: the CUDA checks of the graphed step first (as in timing mode).
 #   RESUME=1    continue the full run in WORK/run (`reproduce ptb --resume`) instead of starting
 #               it afresh: a second command on a machine that is still warm (WORK must then be an
 #               ignored folder inside the repo, e.g. WORK=runs/gpu_work, which survives between
 #               commands while the machine is held; /tmp does not).
+#
+# Set-up (benchmarks/gpu_setup.sh, each step timed in the log, all within BUDGET_SECONDS): no nvcc
+# build (the CUDA kernels compile at run time: `python -m rnn_ablations.kernels.cuda.precompile`
+# first, where the checkout has it), the CPU kernel not compiled where the call can go without it
+# (CPU_KERNEL), one import saying whether the package's CUDA kernels are in use, then the PTB
+# corpus read once (data preparation, timed).
 #
 # Environment: RNN_ABLATIONS_PTB (default .data/ptb: a folder with ptb.train.txt, ptb.valid.txt,
 # ptb.test.txt; copy it into the repo's ignored .data/ and carry it), CONFIG (medium), VARIANTS
@@ -72,13 +78,17 @@ for f in ptb.train.txt ptb.valid.txt ptb.test.txt; do
     fi
 done
 
-# ---- the CUDA kernel, built in place unless importable (as benchmarks/gpu_check.sh does)
-if [ "$device" != cpu ] && ! python3 -c "import rnn_ablations._C_cuda" 2>/dev/null; then
-    say "building the CUDA kernel"
-    RNN_ABLATIONS_NO_KERNEL=1 python3 setup.py -q build_ext --inplace 2>&1 | tail -20
-    python3 -c "import rnn_ablations._C_cuda" || { say "ERROR: the CUDA kernel did not build"; exit 3; }
-    say "CUDA kernel built"
-fi
+# ---- the kernels: no nvcc build (the CUDA kernels compile at run time with NVRTC, precompiled
+# here, timed); the CPU kernel only where the call needs it (benchmarks/gpu_setup.sh)
+source benchmarks/gpu_setup.sh
+gpu_setup_kernels "$out" "$device" || { say "ERROR: the set-up failed (see above)"; exit 3; }
+
+# ---- data preparation, timed (every run reads the corpus again: this says what that costs)
+t_data=$(date +%s)
+python3 -c "import sys, time; t = time.perf_counter(); from rnn_ablations.lm.data import load_corpus; \
+c = load_corpus(sys.argv[1]); print(c.summary(), f'(read in {time.perf_counter() - t:.1f} s)')" "$data" \
+    || { say "ERROR: the PTB corpus in $data could not be read"; exit 2; }
+say "data preparation: $(( $(date +%s) - t_data )) s"
 
 mps_start() {
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/rnn_ablations_mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/rnn_ablations_mps/log
@@ -109,7 +119,6 @@ if [ "$steps" -gt 0 ] || [ "${CHECKS:-0}" = 1 ]; then
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_reproduce.py -k cuda 2>&1 | tail -15
 fi
 if [ "$steps" -gt 0 ]; then
-    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_reproduce.py -k cuda 2>&1 | tail -15
     : > "$out/timing.md"
     timing timing_procs "one process per run (RUNS_PER_PROCESS=1)"
     timing timing_threads "one process, a thread and a CUDA stream per run (RUNS_PER_PROCESS=$nruns)" \
@@ -125,7 +134,9 @@ fi
 
 # ---- the full run
 if [ "$steps" -eq 0 ] || [ "${FULL:-0}" = 1 ]; then
-    left=$(( budget - $(elapsed) - 10 ))
+    # kept back from the runs' budget: the rows file and the weight pictures (VISUALIZE_S each)
+    reserve=$(( 10 + ${VISUALIZE_S:-30} * $(echo ${VISUALIZE:-} | wc -w) ))
+    left=$(( budget - $(elapsed) - reserve ))
     if [ "$left" -lt 60 ]; then
         say "ERROR: only ${left}s of the ${budget}s budget left for the full run"
         exit 4
@@ -160,6 +171,7 @@ EOF
         resume=--resume
         say "continuing the runs in $work/run"
     else
+        [ "${RESUME:-0}" = 1 ] && say "RESUME=1 but no $work/run on this machine (a fresh machine?): starting the runs afresh"
         rm -rf "$work/run"
     fi
     python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
@@ -170,9 +182,10 @@ EOF
     for f in results.json results.md results.csv results.png; do
         cp "$work/run/$f" "$out/" 2>/dev/null || say "no $f"
     done
-    python3 - "$work/run/results.json" "$out/ptb_${config}_gpu_call.json" "$config" \
+    GPU_SETUP_SECONDS=$GPU_SETUP_SECONDS GPU_SETUP_CUDA_KERNELS=$GPU_SETUP_CUDA_KERNELS \
+    RESUMED=${resume:+1} python3 - "$work/run/results.json" "$out/ptb_${config}_gpu_call.json" "$config" \
         "rnn-ablations reproduce ptb --config $config --data DIR --variants $variants --seeds $seeds ${lr_args[*]} --device $device --cuda-graph $graph --time-budget $left --runs-per-process $rpp" <<'EOF' || status=$?
-import json, sys
+import json, os, sys
 src, dst, config, command = sys.argv[1:5]
 r = json.load(open(src))
 keys = ("variant", "paper_name", "seed", "learning_rate", "paper_learning_rate", "epochs",
@@ -181,6 +194,9 @@ table = {"device": r["device"], "config": config, "runs_at_once": r["max_paralle
          "wall_seconds": r["wall_seconds"], "time_budget_s": r.get("time_budget_s"),
          "over_budget_s": r.get("over_budget_s"), "cuda_graph": r["cuda_graph"],
          "processes": r.get("processes"), "command": command,
+         "resumed": os.environ.get("RESUMED") == "1",
+         "setup_seconds": int(os.environ.get("GPU_SETUP_SECONDS") or 0),
+         "cuda_kernels": os.environ.get("GPU_SETUP_CUDA_KERNELS") == "1",
          "rows": [{k: row.get(k) for k in keys} for row in r["rows"]]}
 json.dump(table, open(dst, "w"), indent=2)
 open(dst, "a").write("\n")
