@@ -9,8 +9,8 @@
 #   experiments' speed table with --isas avx512 avx2 where the host has AVX-512).
 #   Needs the CPU kernel built for the machine's Python and torch (carry
 #   rnn_ablations/_C.cpython-312-*.so built with the same torch, or it is built here first).
-# - GPU side, on all the other CPUs: the CUDA kernel (carried with build/cuda_sources.stamp, or
-#   built), tests/test_minus_hidden.py -k cuda, then benchmarks/gpu_check.sh's steps
+# - GPU side, on all the other CPUs: the CUDA kernels compiled at run time (no nvcc build:
+#   benchmarks/gpu_setup.sh, timed), tests/test_minus_hidden.py -k cuda, then benchmarks/gpu_check.sh's steps
 #   ($GPU_CHECK_STEPS, default "tests tests_nographs persistent speed autocast experiments
 #   long_bi") in what is left of the
 #   budget, then benchmarks/speed_minus_hidden.py --device cuda --shapes gpu.
@@ -49,9 +49,11 @@ gpu() { if [ -n "$rest" ]; then taskset -c "$rest" "$@"; else "$@"; fi; }
 if [ "$("$py" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null)" != 1 ]; then
     say "no CUDA device (torch sees none): the GPU side is skipped"
 else
-GPU_CHECK_STEPS=build GPU_CHECK_BUDGET=300 gpu bash benchmarks/gpu_check.sh "$work/gpu/build" \
-    > "$work/gpu/build_console.log" 2>&1
-say "CUDA kernel: $(tail -n 1 "$work/gpu/build/gpu_check_summary.txt" 2>/dev/null)"
+# no nvcc build: the CUDA kernels compile at run time (precompiled here, timed; the CPU kernel
+# stays, the CPU side needs it)
+gpu env PYTHON="$py" CPU_KERNEL=build bash -c 'source benchmarks/gpu_setup.sh && gpu_setup_kernels "$1" cuda' \
+    _ "$work/gpu/setup" > "$work/gpu/setup_console.log" 2>&1
+say "CUDA kernels: $(grep -E "CUDA kernels|package's CUDA kernels" "$work/gpu/setup_console.log" | tr '\n' ' ')"
 gpu timeout --kill-after=10 $(( $(left) > 120 ? 90 : 30 )) "$py" -m pytest -q -p no:cacheprovider -rs \
     tests/test_minus_hidden.py -k cuda > "$work/gpu/minus_hidden_tests.log" 2>&1
 say "tests/test_minus_hidden.py -k cuda: exit $? ($(tail -n 1 "$work/gpu/minus_hidden_tests.log"))"

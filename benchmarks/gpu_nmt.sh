@@ -11,14 +11,23 @@
 #   bash benchmarks/gpu_nmt.sh run [BUDGET_S]     # (timing first when not measured yet) train on
 #                                                 # from the last checkpoints so that the whole
 #                                                 # script ends within BUDGET_S seconds (540,
-#                                                 # the CUDA kernel's build included), translate and score the
+#                                                 # the set-up included), translate and score the
 #                                                 # runs that reached the last step; call again on
 #                                                 # the warm machine until every row is complete
+#
+# Set-up (benchmarks/gpu_setup.sh, timed in the log): no nvcc build (the CUDA kernels compile at
+# run time: `python -m rnn_ablations.kernels.cuda.precompile` first, where the checkout has it),
+# the CPU kernel not compiled where the call can go without it (CPU_KERNEL), one import saying
+# whether the package's CUDA kernels are in use; then OpenNMT-py and the vocabularies (the data
+# preparation), each timed.
 #
 # A run stopped by the budget ends on its last checkpoint (every 453 steps) and the next call
 # continues it with -train_from (step, optimiser and learning-rate schedule continue).  The
 # checkpoints live in WORK (default runs/gpu_nmt, an ignored folder inside the repository, which
 # stays on the machine between calls while it is held; checkpoints cannot be brought back).
+#
+# On a device call, set RESULTS=$OUT/nmt_multi30k_gpu so that the table comes back with the call
+# (then merge it into benchmarks/results/ here).
 #
 # Environment: TYPES (default: blstm bsrnn blstm_minus_srnn bran bidentity_ran
 # blstm_minus_srnn_minus_hidden), DATA (a folder holding multi30k/; default .data, i.e. copy
@@ -78,7 +87,8 @@ for f in train.lc.norm.tok.en train.lc.norm.tok.de val.lc.norm.tok.en val.lc.nor
     fi
 done
 
-# ---- OpenNMT-py from the carried wheels, when the machine lacks it
+# ---- OpenNMT-py from the carried wheels, when the machine lacks it (timed)
+t_onmt=$(date +%s)
 has() { $python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
 if ! has onmt || ! has spacy || ! has fasttext; then
     if ! has onmt && [ -d .whl ]; then
@@ -102,25 +112,32 @@ EOF
     done
     $python -c "import onmt" || { say "ERROR: OpenNMT-py cannot be imported: run 'bash benchmarks/gpu_nmt.sh wheels' here and carry .whl"; exit 3; }
 fi
+say "OpenNMT-py ready in $(( $(date +%s) - t_onmt )) s"
 
-# ---- the CUDA kernel, built in place unless importable (as benchmarks/gpu_reproduce.sh does)
-if [ "$device" != cpu ] && ! $python -c "import rnn_ablations._C_cuda" 2>/dev/null; then
-    say "building the CUDA kernel"
-    RNN_ABLATIONS_NO_KERNEL=1 $python setup.py -q build_ext --inplace 2>&1 | tail -20
-    $python -c "import rnn_ablations._C_cuda" || { say "ERROR: the CUDA kernel did not build"; exit 3; }
-fi
+# ---- the kernels: no nvcc build (the CUDA kernels compile at run time with NVRTC, precompiled
+# here, timed); the CPU kernel only where the call needs it (benchmarks/gpu_setup.sh)
+source benchmarks/gpu_setup.sh
+PYTHON=$python gpu_setup_kernels "$work/setup" "$device" || { say "ERROR: the set-up failed (see above)"; exit 3; }
 
 gpu=()
 [ "$device" != cpu ] && gpu=(--gpu)
-if [ "$mode" = run ]; then   # the budget counts from the start of this script (kernel build included)
+if [ "$mode" = run ]; then   # the budget counts from the start of this script (set-up included)
     left=$(( ${arg:-540} - ($(date +%s) - t_start) ))
     [ "$left" -lt 60 ] && { say "ERROR: less than 60 s of the budget left after the set-up"; exit 4; }
     phase+=(--budget "$left")
 fi
+had_vocab=0
+[ -f "$work/run/multi30k/vocab.en" ] && [ -f "$work/run/multi30k/vocab.de" ] && had_vocab=1
+t_py=$(date +%s)
 export RNN_ABLATIONS_GPU_NMT="bash benchmarks/gpu_nmt.sh $mode $arg (TYPES=\"$types\"${EXTRA:+ EXTRA=\"$EXTRA\"})"
 # shellcheck disable=SC2086
 $python benchmarks/nmt_multi30k.py --full --concurrent --types "$(echo $types | tr ' ' ,)" \
     --data "$data" --work "$work" --results "$results" "${gpu[@]}" "${phase[@]}" $EXTRA
 status=$?
+if [ "$had_vocab" = 1 ]; then
+    say "data preparation: the vocabularies were there from an earlier call"
+elif [ -f "$work/logs/build_vocab.log" ]; then
+    say "data preparation: the OpenNMT vocabularies built within $(( $(stat -c %Y "$work/logs/build_vocab.log") - t_py )) s of the start of nmt_multi30k.py ($work/logs/build_vocab.log)"
+fi
 say "done (exit $status); results in $results.md"
 exit $status
