@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -171,3 +172,51 @@ def test_ab_kernel_modules_end_to_end(kernel, capsys, tmp_path):
         ab.main(["--other", str(other), "--isa", "no-such-isa"])
     with pytest.raises(SystemExit, match="no such file"):
         ab.main(["--other", str(tmp_path / "missing.so")])
+
+
+def test_speed_variable_length_on_the_cpu(tmp_path, capsys):
+    """``benchmarks/speed_variable_length.py`` at a tiny setting on the CPU (its GPU run is
+    the one that counts): bucketed lengths give a new T nearly every batch within the bounds;
+    every model of every (shape, dtype) cell gets a row with its ratio to nn.LSTM, timed in the
+    same loop; the probe names the package's operators each model ran (none for nn.LSTM and for
+    the generic path); bad arguments are refused with what to give instead."""
+    svl = _load("speed_variable_length")
+    lengths = svl.batch_lengths(40, 8, 124, 0.45, 20, 400, seed=1)
+    assert len(lengths) == 40 and all(len(b) == 8 for b in lengths)
+    assert all(20 <= n <= 400 for b in lengths for n in b)
+    ts = [max(b) for b in lengths]
+    assert len(set(ts)) >= 30                                   # a new T nearly every batch
+    assert statistics.median(max(b) - min(b) for b in lengths) < 20   # bucketed: little padding
+    assert ts != sorted(ts)                                     # the batches are shuffled
+
+    out = tmp_path / "svl"
+    assert svl.main(["--device", "cpu", "--shape-spec", "tiny:1:6:5:bi:3", "--median-length",
+                     "8", "--min-length", "2", "--max-length", "12", "--batches", "2", "--warmup",
+                     "1", "--variants", "ran", "lstm_minus_srnn_minus_hidden", "--dtype",
+                     "float32", "bfloat16", "--out", str(out)]) == 0
+    meta = json.loads((out / "speed_cpu_variable_length.json").read_text())
+    assert meta["complete"] and meta["cells_done"] == [["tiny", "float32"], ["tiny", "bfloat16"]]
+    rows = {(r["model"], r["dtype"]): r for r in meta["rows"]}
+    assert set(rows) == {(m, d) for m in ("nn.LSTM", "ran", "lstm_minus_srnn_minus_hidden")
+                         for d in ("float32", "bfloat16")}
+    for (model, dtype), r in rows.items():
+        base = rows[("nn.LSTM", dtype)]["seconds"]
+        assert r["ratio_vs_nn_lstm"] == pytest.approx(base / r["seconds"], rel=0.01, abs=0.002)
+        assert r["batches"] == 2 and 2 <= r["T_min"] <= r["T_max"] <= 12
+    ops = meta["package_ops"]
+    assert ops["tiny float32"]["nn.LSTM"] == [] and ops["tiny bfloat16"]["ran"] == []  # generic
+    if ra.kernel_available():
+        assert ops["tiny float32"]["ran"] and ops["tiny float32"]["lstm_minus_srnn_minus_hidden"]
+    assert meta["cuda_kernels_in_use"] is None and meta["device_info"]["torch"]
+    md = (out / "speed_cpu_variable_length.md").read_text()
+    assert "| tiny: 1, 6, 5, bi, 3 |" in md and "ratio_vs_nn_lstm" in md and "Command: `" in md
+    capsys.readouterr()
+    for bad, said in ((["--shape-spec", "tiny:1:6"], "NAME:LAYERS:INPUT:HIDDEN"),
+                      (["--shapes", "no such"], "unknown shape"),
+                      (["--variants", "gru"], "gru"),
+                      (["--min-length", "9", "--max-length", "3"], "below --min-length"),
+                      (["--device", "cuda:7"] if not __import__("torch").cuda.is_available()
+                       else ["--batches", "0"], "")):
+        with pytest.raises(SystemExit):
+            svl.main(["--device", "cpu", *bad] if bad[0] != "--device" else bad)
+        assert said in capsys.readouterr().err
