@@ -5,22 +5,72 @@
 #   gpu_setup_kernels LOG_DIR [DEVICE]     (DEVICE: cuda, the default, or cpu for a check)
 #
 # 1. The CPU kernel is not needed by a call that trains on the GPU.  When RNN_ABLATIONS_NO_KERNEL=1
-#    leaves the CUDA kernels on, the call sets it (nothing is compiled for the CPU); when it would
-#    turn them off too, the CPU kernel is compiled on first use into RNN_ABLATIONS_CACHE (default
-#    runs/kernel_cache, an ignored folder that stays on a warm machine: a second call loads it).
+#    leaves the CUDA kernels on (a small layer run with it on the GPU, as in 3.), the call sets it
+#    (nothing is compiled for the CPU); when it would turn them off too, the package loads its CPU
+#    kernel, or compiles it on first use into its cache (RNN_ABLATIONS_CACHE, default
+#    ~/.cache/rnn_ablations, which stays on a warm machine: a second call loads it).
 #    CPU_KERNEL=build skips the probe and keeps the CPU kernel; CPU_KERNEL=off sets
 #    RNN_ABLATIONS_NO_KERNEL=1 whatever it does.
 # 2. No nvcc build: the CUDA kernels are compiled at run time by NVRTC.  When the checkout has
 #    `python -m rnn_ablations.kernels.cuda.precompile`, it is run here (PRECOMPILE_ARGS, limit
 #    PRECOMPILE_TIMEOUT seconds, default 240) so that the runs find every instantiation in the
 #    cache; its output goes to LOG_DIR/precompile.log.  Without it the call says so and goes on.
-# 3. One import of the package, timed, which says whether the package's CUDA kernels are in use
-#    (GPU_SETUP_CUDA_KERNELS=1 or 0 afterwards) and why not.  REQUIRE_CUDA_KERNELS=1 makes a
-#    missing kernel an error (exit status 3 of gpu_setup_kernels).
+# 3. One import of the package, timed, and one small layer run forward and backward on the GPU:
+#    the package's CUDA kernels are in use when it ran the package's own operators
+#    (GPU_SETUP_CUDA_KERNELS=1 or 0 afterwards; why not, in the log).  REQUIRE_CUDA_KERNELS=1
+#    makes a missing kernel an error (exit status 3 of gpu_setup_kernels).
 #
 # Each step prints "[setup +Ns] ..." lines; GPU_SETUP_SECONDS holds the seconds of the whole set-up.
 
 gpu_setup_say() { echo "[setup +$(( $(date +%s) - ${gpu_setup_t0:-$(date +%s)} ))s] $*"; }
+
+# gpu_setup_probe DEVICE: import the package (timed) and run one small layer forward and backward on
+# DEVICE; the last line says "CUDA_KERNELS 1" when it ran operators of the package's own (its
+# kernels) on a CUDA device, else "CUDA_KERNELS 0 <why>".
+gpu_setup_probe() {
+    "${PYTHON:-python3}" - "$1" <<'EOF'
+import sys, time
+t0 = time.perf_counter()
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+import rnn_ablations as ra
+took = time.perf_counter() - t0
+device = sys.argv[1]
+print(f"import rnn_ablations: {took:.1f} s; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+      f"CPU kernel {'loaded' if ra.kernel_available() else 'not loaded'}")
+
+
+class Ops(TorchDispatchMode):
+    seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "namespace", None) == "rnn_ablations":
+            self.seen.add(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+if device == "cpu":
+    print("CUDA_KERNELS 0 device cpu")
+elif not torch.cuda.is_available():
+    print("CUDA_KERNELS 0 torch sees no CUDA device")
+else:
+    t1 = time.perf_counter()
+    layer = ra.AblatedRNN("ran", 16, 16).cuda()
+    x = torch.randn(5, 3, 16, device="cuda", requires_grad=True)
+    with Ops():
+        out, _ = layer(x)
+        out.sum().backward()
+    torch.cuda.synchronize()
+    print(f"a small ran layer, forward and backward on the GPU: {time.perf_counter() - t1:.1f} s; "
+          f"the package's operators it ran: {sorted(Ops.seen) or 'none'}")
+    if Ops.seen:
+        print("CUDA_KERNELS 1")
+    else:
+        from rnn_ablations import backend
+        why = getattr(backend, "_CUDA_KERNEL_ERROR", None) or "no reason given by the package"
+        print(f"CUDA_KERNELS 0 the layer ran the generic PyTorch path ({why})")
+EOF
+}
 
 gpu_setup_kernels() {
     local logdir=${1:?gpu_setup_kernels LOG_DIR [DEVICE]} device=${2:-cuda}
@@ -28,8 +78,6 @@ gpu_setup_kernels() {
     gpu_setup_t0=$(date +%s)
     mkdir -p "$logdir"
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-    export RNN_ABLATIONS_CACHE=${RNN_ABLATIONS_CACHE:-$PWD/runs/kernel_cache}
-    mkdir -p "$RNN_ABLATIONS_CACHE"
     GPU_SETUP_CUDA_KERNELS=0
 
     # ---- 1. the CPU kernel
@@ -40,15 +88,13 @@ gpu_setup_kernels() {
         auto)
             if [ "$device" = cpu ]; then
                 gpu_setup_say "CPU kernel: kept (device cpu)"
-            elif [ -f "rnn_ablations/_C$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" ]; then
-                gpu_setup_say "CPU kernel: built in the package for this Python (nothing to compile)"
-            elif [ "$(RNN_ABLATIONS_NO_KERNEL=1 timeout 120 "$py" -c \
-                    'import rnn_ablations as ra; print(int(bool(ra.cuda_kernel_available())))' \
-                    2>/dev/null | tail -n 1)" = 1 ]; then
+            elif [ "$(RNN_ABLATIONS_NO_KERNEL=1 PYTHON=$py timeout 180 bash -c \
+                    'source benchmarks/gpu_setup.sh && gpu_setup_probe cuda' 2>/dev/null \
+                    | grep '^CUDA_KERNELS' | tail -n 1)" = "CUDA_KERNELS 1" ]; then
                 export RNN_ABLATIONS_NO_KERNEL=1
                 gpu_setup_say "CPU kernel: not compiled (RNN_ABLATIONS_NO_KERNEL=1 keeps the CUDA kernels on; no CPU run needs it)"
             else
-                gpu_setup_say "CPU kernel: RNN_ABLATIONS_NO_KERNEL=1 would turn the CUDA kernels off too, so the CPU kernel is compiled on first use (cache $RNN_ABLATIONS_CACHE; timed in the import below)"
+                gpu_setup_say "CPU kernel: RNN_ABLATIONS_NO_KERNEL=1 would turn the CUDA kernels off too, so the CPU kernel is loaded, or compiled on first use into the package's cache (RNN_ABLATIONS_CACHE; timed in the import below)"
             fi ;;
         *) gpu_setup_say "ERROR: CPU_KERNEL must be auto, build or off, got ${CPU_KERNEL}"; return 2 ;;
     esac
@@ -68,36 +114,17 @@ gpu_setup_kernels() {
         gpu_setup_say "CUDA kernels: this checkout has no python -m rnn_ablations.kernels.cuda.precompile (the run-time compile with NVRTC is not in it yet): nothing precompiled, no nvcc build; the package runs the CUDA kernels it can load, else its generic path"
     fi
 
-    # ---- 3. one import, timed: are the package's CUDA kernels in use?
+    # ---- 3. one import and a small layer, timed: are the package's CUDA kernels in use?
     t=$(date +%s)
     local report
-    report=$("$py" - "$device" <<'EOF' 2>&1
-import sys, time
-t0 = time.perf_counter()
-import torch
-import rnn_ablations as ra
-from rnn_ablations import backend
-took = time.perf_counter() - t0
-device = sys.argv[1]
-print(f"import rnn_ablations: {took:.1f} s; torch {torch.__version__}, CUDA {torch.version.cuda}, "
-      f"CPU kernel {'loaded' if ra.kernel_available() else 'not loaded'}")
-if device == "cpu":
-    print("CUDA_KERNELS 0 device cpu")
-elif not torch.cuda.is_available():
-    print("CUDA_KERNELS 0 torch sees no CUDA device")
-elif ra.cuda_kernel_available():
-    print("CUDA_KERNELS 1")
-else:
-    why = getattr(backend, "_CUDA_KERNEL_ERROR", None) or "(the package gives no reason)"
-    print(f"CUDA_KERNELS 0 {why}")
-EOF
-)
+    report=$(PYTHON=$py gpu_setup_probe "$device" 2>&1)
     rc=$?
     echo "$report" | grep -v '^CUDA_KERNELS'
     local line
     line=$(echo "$report" | grep '^CUDA_KERNELS' | tail -n 1)
     if [ $rc -ne 0 ] || [ -z "$line" ]; then
-        gpu_setup_say "ERROR: import rnn_ablations failed (exit $rc)"
+        echo "$report" | tail -n 20
+        gpu_setup_say "ERROR: importing rnn_ablations or running a small layer failed (exit $rc)"
         GPU_SETUP_SECONDS=$(( $(date +%s) - gpu_setup_t0 ))
         return 3
     fi

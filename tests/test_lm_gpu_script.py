@@ -25,8 +25,7 @@ def _env(tmp_path, **kw):
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.update(RNN_ABLATIONS_PTB=str(write_ptb(tmp_path / "ptb", 2400, 300)), DEVICE="cpu", CONFIG="tiny",
-               WORK=str(tmp_path / "work"), OMP_NUM_THREADS="1",
-               RNN_ABLATIONS_CACHE=str(tmp_path / "kernel_cache"))
+               WORK=str(tmp_path / "work"), OMP_NUM_THREADS="1")
     env.update(kw)
     return env
 
@@ -140,7 +139,7 @@ def test_setup_on_a_machine_without_a_gpu_names_what_is_missing(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    env = _env(tmp_path, REQUIRE_CUDA_KERNELS="1", PRECOMPILE_TIMEOUT="60")
+    env = _env(tmp_path, REQUIRE_CUDA_KERNELS="1", PRECOMPILE_TIMEOUT="60", CPU_KERNEL="build")
     p = subprocess.run(["bash", "-c", f"source benchmarks/gpu_setup.sh && gpu_setup_kernels "
                         f"{tmp_path / 'logs'} cuda"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=300)
@@ -148,3 +147,33 @@ def test_setup_on_a_machine_without_a_gpu_names_what_is_missing(tmp_path):
     assert "the package's CUDA kernels are NOT in use: torch sees no CUDA device" in p.stdout
     assert "ERROR: REQUIRE_CUDA_KERNELS=1" in p.stdout
     assert "CUDA kernels: " in p.stdout and "nvcc" not in p.stdout.replace("no nvcc build", "")
+
+
+def test_the_loan_script_keeps_its_budget_and_brings_back_few_files(tmp_path):
+    """benchmarks/gpu_loan.sh on the CPU: with too little budget left for PTB call 1 it says so and
+    skips it, runs the variable-length speed table (tiny), and leaves at most 8 files in OUT (what
+    a device call brings back): the summary, the tarball, the merged table and the speed table; a
+    second command with RESUME=1 skips the steps done."""
+    out = tmp_path / "out"
+    env = _env(tmp_path, LOAN_STATE=str(tmp_path / "state"), SPEED_S="80",
+               SPEED_ARGS="--shape-spec tiny:1:6:5:bi:3 --median-length 8 --min-length 2 "
+                          "--max-length 12 --batches 2 --warmup 1 --variants ran --dtype float32")
+    p = subprocess.run(["bash", "benchmarks/gpu_loan.sh", str(out), "120"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = (out / "summary.txt").read_text()
+    assert "check: skipped (device cpu)" in summary
+    assert "ptb1: SKIPPED" in summary and "RESUME=1" in summary
+    assert "speed: benchmarks/speed_variable_length.py exit 0" in summary, summary
+    names = sorted(f.name for f in out.iterdir())
+    assert names == ["loan.tgz", "speed_cpu_variable_length.json", "speed_cpu_variable_length.md",
+                     "summary.txt"], names
+    with tarfile.open(out / "loan.tgz") as tar:
+        assert "./logs/gpu_loan.log" in tar.getnames()
+    p = subprocess.run(["bash", "benchmarks/gpu_loan.sh", str(out), "120"], cwd=REPO,
+                       env=dict(env, RESUME="1", STAGES="speed"), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = (out / "summary.txt").read_text()
+    assert summary.count("speed: benchmarks/speed_variable_length.py") == 1  # not run again
+    assert "RESUME=1" in summary.splitlines()[-2]

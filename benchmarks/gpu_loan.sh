@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The prepared work for the next lent GPU (15 minutes of device time, machine start included),
+# in this order, run from the repo root on the device machine:
+#
+#   1. check   benchmarks/gpu_check.sh: the run-time compile of the CUDA kernels (timed),
+#              tests/test_cuda.py and the standard speed tables against eager and graph-captured
+#              cuDNN (GPU_CHECK_BUDGET seconds, default 200).  Skipped, said so, while the
+#              checkout has no `python -m rnn_ablations.kernels.cuda.precompile` (the gpu_check.sh
+#              of an nvcc build would spend the loan building).
+#   2. ptb1    PTB call 1 (benchmarks/gpu_ptb_call.sh 1): −GATES at lr 0.25 / 0.1 / 0.05 and
+#              −HIDDEN at 1.0, medium config, four runs at once, with what is left of the budget
+#              after SPEED_S seconds are kept for step 3; cut by the budget, its rows are merged
+#              as incomplete and the next command continues it (RESUME=1).
+#   3. speed   benchmarks/speed_variable_length.py --device cuda (BiDAF/DrQA-like variable-length
+#              training, float32 and bfloat16, against nn.LSTM in the same loop), within SPEED_S
+#              seconds (default 100).
+#
+#   bash benchmarks/gpu_loan.sh OUT [BUDGET_SECONDS]          (default budget 560)
+#   RESUME=1 bash benchmarks/gpu_loan.sh OUT [BUDGET_SECONDS]
+#
+# The plan for a 15-minute loan (device time counts from the machine's start, about 1-2 min):
+#   first command, timeout_s 600:  bash benchmarks/gpu_loan.sh $OUT 560
+#       (check, then PTB call 1 with what is left of the budget minus SPEED_S, then speed)
+#   second command on the warm machine, with what device time is left (say 240 s, timeout_s 270):
+#       RESUME=1 bash benchmarks/gpu_loan.sh $OUT 240
+#       (steps done are skipped: PTB call 1 continues from its checkpoints, then speed if it has
+#       not run)
+# Each command stays within BUDGET_SECONDS (its steps are given what is left; a step that would
+# start with under 60 s left is skipped, said so).  State lives in runs/gpu_loan (ignored, kept on
+# a warm machine): the marks of the steps done and the merged PTB table (started from
+# benchmarks/results/ptb_medium_gpu.json, which each call's copy of the repo resets).
+#
+# OUT receives at most 8 files (what a device call brings back): summary.txt, loan.tgz (every
+# log, table and result), the merged ptb_medium_gpu.{json,md,png} (copy them into
+# benchmarks/results/) and speed_cuda_variable_length_<gpu>.{json,md} (likewise).
+# Environment: RNN_ABLATIONS_PTB (.data/ptb, carried), DEVICE (cuda; cpu with CONFIG=tiny checks
+# the script without a GPU), CONFIG (medium), GPU_CHECK_BUDGET, SPEED_S, SPEED_ARGS (more options
+# of speed_variable_length.py), STAGES (default "check ptb1 speed").
+set -o pipefail
+out=${1:?usage: bash benchmarks/gpu_loan.sh OUT [BUDGET_SECONDS]}
+budget=${2:-560}
+case "$budget" in
+    ''|*[!0-9]*) echo "gpu_loan.sh: BUDGET_SECONDS must be a whole number of seconds, got $budget" >&2; exit 2 ;;
+esac
+t_start=$(date +%s)
+device=${DEVICE:-cuda}
+config=${CONFIG:-medium}
+stages=" ${STAGES:-check ptb1 speed} "
+speed_s=${SPEED_S:-100}
+state=${LOAN_STATE:-runs/gpu_loan}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export WORK=${WORK:-runs/gpu_work}
+mkdir -p "$out" "$state/logs"
+if [ "${RESUME:-0}" != 1 ]; then   # a fresh start: no marks, no table, no logs of an earlier one
+    rm -rf "$state"/done_* "$state"/ptb1_* "$state"/speed "$state"/gpu_check "$state/started_ptb1" \
+        "$state/summary.txt" "$state"/ptb_*_gpu.* "$state"/logs/*
+fi
+exec > >(tee -a "$state/logs/gpu_loan.log") 2>&1
+left() { echo $(( budget - ($(date +%s) - t_start) )); }
+say() { echo "[gpu_loan +$(( $(date +%s) - t_start ))s] $*" | tee -a "$state/summary.txt"; }
+want() { [[ "$stages" == *" $1 "* ]] && [ ! -f "$state/done_$1" ]; }
+: >> "$state/summary.txt"
+say "command start: budget ${budget}s, stages:${stages}RESUME=${RESUME:-0}, device $device, config $config"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/    /'
+
+# ---- 1. gpu_check.sh
+if want check; then
+    if [ "$device" = cpu ]; then
+        say "check: skipped (device cpu)"
+    elif [ ! -f rnn_ablations/kernels/cuda/precompile.py ]; then
+        say "check: SKIPPED: no python -m rnn_ablations.kernels.cuda.precompile in this checkout (its gpu_check.sh would build with nvcc, which does not fit a loan)"
+    else
+        b=$(( ${GPU_CHECK_BUDGET:-200} < $(left) - 60 ? ${GPU_CHECK_BUDGET:-200} : $(left) - 60 ))
+        t=$(date +%s)
+        GPU_CHECK_BUDGET=$b timeout --kill-after=10 $(( b + 30 )) bash benchmarks/gpu_check.sh \
+            "$state/gpu_check" > "$state/logs/gpu_check.log" 2>&1
+        rc=$?
+        say "check: benchmarks/gpu_check.sh exit $rc in $(( $(date +%s) - t )) s (budget $b s)"
+        sed 's/^/    /' "$state/gpu_check/gpu_check_summary.txt" 2>/dev/null | tee -a "$state/summary.txt"
+    fi
+    touch "$state/done_check"
+fi
+
+# ---- 2. PTB call 1
+target="$state/ptb_${config}_gpu.json"
+if [ ! -f "$target" ] && [ -f "benchmarks/results/ptb_${config}_gpu.json" ]; then
+    cp "benchmarks/results/ptb_${config}_gpu.json" "$target"
+fi
+if want ptb1; then
+    keep=$([[ "$stages" == *" speed "* ]] && [ ! -f "$state/done_speed" ] && echo "$speed_s" || echo 0)
+    b=$(( $(left) - keep - 10 ))
+    if [ "$b" -lt 60 ]; then
+        say "ptb1: SKIPPED: ${b}s left for it (RESUME=1 in a later command)"
+    else
+        resume=0
+        [ -f "$state/started_ptb1" ] && resume=1
+        echo x >> "$state/started_ptb1"
+        attempt=$(wc -l < "$state/started_ptb1")
+        call_out="$state/ptb1_$attempt"
+        t=$(date +%s)
+        RESUME=$resume MERGE_INTO="$target" PACK=0 \
+            bash benchmarks/gpu_ptb_call.sh 1 "$call_out" "$b" > "$state/logs/ptb1_$attempt.log" 2>&1
+        rc=$?
+        say "ptb1: benchmarks/gpu_ptb_call.sh 1 (RESUME=$resume) exit $rc in $(( $(date +%s) - t )) s (budget $b s)"
+        grep -E "^\[setup|data preparation" "$call_out/gpu_reproduce.log" 2>/dev/null | sed 's/^/    /' | tee -a "$state/summary.txt"
+        if python3 - "$call_out/ptb_${config}_gpu_call.json" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+for r in rows:
+    print(f"    {r['variant']} lr {r['learning_rate']}: {r['status']}, {r['epochs']} of "
+          f"{r['epochs_planned']} epochs, valid {r['valid_ppl']}, test {r['test_ppl']}, {r['seconds']} s")
+sys.exit(0 if rows and all(r["status"] in ("complete", "diverged") for r in rows) else 1)
+EOF
+        then
+            touch "$state/done_ptb1"; say "ptb1: every run finished"
+        else
+            say "ptb1: not finished (cut by the budget or failed): continue with RESUME=1"
+        fi
+    fi
+fi
+
+# ---- 3. the variable-length speed table
+if want speed; then
+    b=$(( $(left) - 15 ))
+    if [ "$b" -lt 30 ]; then
+        say "speed: SKIPPED: ${b}s left"
+    else
+        t=$(date +%s)
+        dev_args=(--device "$device")
+        [ "$device" != cpu ] && dev_args+=(--require-cuda-kernels)
+        # shellcheck disable=SC2086
+        timeout --kill-after=10 "$b" python3 benchmarks/speed_variable_length.py "${dev_args[@]}" \
+            --time-budget $(( b * 2 / 3 )) --out "$state/speed" ${SPEED_ARGS:-} \
+            > "$state/logs/speed_variable_length.log" 2>&1
+        rc=$?
+        say "speed: benchmarks/speed_variable_length.py exit $rc in $(( $(date +%s) - t )) s"
+        grep -E "^# (WARNING|time budget|wrote)" "$state/logs/speed_variable_length.log" | sed 's/^/    /' | tee -a "$state/summary.txt"
+        [ $rc -eq 0 ] && touch "$state/done_speed"
+    fi
+fi
+
+# ---- what comes back
+say "command end: $(( $(date +%s) - t_start )) s of ${budget}s"
+cp "$state/summary.txt" "$out/summary.txt"
+for f in "$target" "${target%.json}.md" "${target%.json}.png" "$state"/speed/*.json "$state"/speed/*.md; do
+    [ -f "$f" ] && cp "$f" "$out/"
+done
+tar -czf "$out/loan.tgz" --exclude='*.pt' -C "$state" . 2>/dev/null
+exit 0
