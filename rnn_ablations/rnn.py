@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .dispatch import run_directions
+from .export import capture_mode, run_stack
 from .scan import run_scan_layer
 from .functional import projection_bias, reversal_index
 from .validation import check_positive_int, check_prob
@@ -101,7 +102,7 @@ class AblatedRNN(nn.Module):
     baseline is ``nn.LSTM`` every ablation starts from the same distribution as the LSTM.
     A forget-gate bias init is the explicit option ``forget_bias`` (see Args).
 
-    Inputs: ``input, hx=None, *, mask=None, lengths=None``
+    Inputs: ``input, hx=None, mask=None, lengths=None`` (see :meth:`forward`)
         * ``input``: ``(T, B, d_in)`` (``(B, T, d_in)`` with ``batch_first``), ``(T, d_in)`` for an
           unbatched sequence, or a :class:`~torch.nn.utils.rnn.PackedSequence`.
         * ``hx``: ``(h_0, c_0)``, each ``(num_layers·num_directions, B, H)``; ``srnn`` also accepts
@@ -457,12 +458,38 @@ class AblatedRNN(nn.Module):
     def __prepare_scriptable__(self):
         # torch.jit.script calls this on every module it is asked to compile, submodules included
         raise RuntimeError(
-            "torch.jit.script cannot compile AblatedRNN (its forward takes keyword-only "
-            "arguments and chooses its kernel in Python). Use torch.jit.trace(model, "
+            "torch.jit.script cannot compile AblatedRNN (its forward takes a tensor or a "
+            "PackedSequence and chooses its kernel in Python). Use torch.jit.trace(model, "
             "example_inputs), which records the generic path, or torch.compile / "
             "torch.export.export, which keep the kernels; torch.onnx.export works too.")
 
-    def forward(self, input, hx: Optional[HiddenState] = None, *, mask=None, lengths=None):
+    def forward(self, input, hx: Optional[HiddenState] = None, mask=None, lengths=None):
+        r"""Run the layers over ``input``; ``torch.nn.LSTM.forward``'s inputs and outputs.
+
+        Args:
+            input: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first=True``),
+                ``(T, input_size)`` for one unbatched sequence, or a
+                :class:`~torch.nn.utils.rnn.PackedSequence`.
+            hx: ``(h_0, c_0)``, each ``(num_layers * num_directions, B, hidden_size)``
+                (``(num_layers * num_directions, hidden_size)`` for unbatched input), in the
+                input's batch order; zeros when ``None``.  ``srnn`` (no memory) also takes
+                ``h_0`` alone.
+            mask: ``(B, T)`` boolean, True for the real tokens of a row (left-aligned), for a
+                padded batch; or
+            lengths: ``(B,)`` integers, the number of real tokens of each row.  A row's reverse
+                direction starts at its last real token, outputs at padded positions are zero
+                and ``h_n``, ``c_n`` are taken at each row's last real token.  Give at most one
+                of ``mask`` and ``lengths``, and neither with a ``PackedSequence``.
+
+        Returns:
+            ``output, (h_n, c_n)``: ``output`` ``(T, B, num_directions * hidden_size)``
+            (batch first with ``batch_first=True``; a ``PackedSequence`` for packed input),
+            ``h_n`` and ``c_n`` ``(num_layers * num_directions, B, hidden_size)``: the final
+            states of every layer and direction.  For ``srnn``, ``c_n`` is a copy of ``h_n``.
+
+        Bad input (a wrong size, dtype or device, a length of 0 or beyond ``T``, a mask that
+        is not left-aligned) raises ``ValueError`` saying what to change.
+        """
         packed = isinstance(input, PackedSequence)
         unbatched = False
         if packed:
@@ -515,6 +542,9 @@ class AblatedRNN(nn.Module):
     def _run(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
         """Time-major core: x (T, B, d_in), original batch order; ``num_layers`` stops early
         (:meth:`layer_input`)."""
+        if capture_mode() is not None:
+            # torch.jit.trace / ONNX export: the recurrence as a loop in the graph (export.py)
+            return run_stack(self, x, lengths, h0, c0, num_layers)
         seq_len, batch = x.shape[0], x.shape[1]
         order = None
         # traced (torch.compile / torch.export) nothing here reads the lengths' values: the batch
