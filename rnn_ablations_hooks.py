@@ -7,7 +7,12 @@ raises; it installs one meta-path finder that acts only when a host framework is
 * ``allennlp``: *before* it is imported, install the torchvision stand-in when the real
   torchvision cannot be imported (AllenNLP imports torchvision at module level; the PyPI
   torchvision is a CUDA build that does not load beside the CPU torch).  See
-  :mod:`rnn_ablations.integrations.allennlp_compat`.
+  :mod:`rnn_ablations.integrations.allennlp_compat`, which is loaded from its file here without
+  importing the package ``rnn_ablations``: so that a later ``import rnn_ablations`` (AllenNLP's
+  ``.allennlp_plugins`` file, ``--include-package``, a user's import) still runs the package's
+  ``__init__``, which registers the AllenNLP encoders when AllenNLP is imported.  *After*
+  ``allennlp`` has been imported, if ``rnn_ablations`` was imported before it, register the
+  encoders then (:mod:`rnn_ablations.integrations.allennlp`): any import order registers them.
 * ``onmt``: *after* it has been imported, register the encoders of every variant into
   ``onmt.encoders.str2enc`` (so the plain ``onmt_train -encoder_type ran`` and ``onmt_translate``
   work, in spawned training workers too) and make ``argparse.Namespace`` a torch safe global.
@@ -30,9 +35,27 @@ def _warn(what, exc):
 
 def _before_allennlp():
     try:
-        from rnn_ablations.integrations.allennlp_compat import install_torchvision_standin
-        install_torchvision_standin()
+        import importlib.util
+        package = importlib.util.find_spec("rnn_ablations")  # finds it, does not import it
+        if package is None or not package.submodule_search_locations:
+            return
+        path = os.path.join(list(package.submodule_search_locations)[0], "integrations",
+                            "allennlp_compat.py")
+        spec = importlib.util.spec_from_file_location("_rnn_ablations_allennlp_compat", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # standard library imports only
+        module.install_torchvision_standin()
     except Exception as exc:  # never break the host program
+        _warn("allennlp", exc)
+
+
+def _after_allennlp():
+    if "rnn_ablations" not in sys.modules:
+        return  # `import rnn_ablations` (or AllenNLP's plugin loading) will register them
+    try:
+        import importlib
+        importlib.import_module("rnn_ablations.integrations.allennlp")
+    except Exception as exc:
         _warn("allennlp", exc)
 
 
@@ -68,16 +91,16 @@ class _Finder:
         _DONE.add(fullname)
         if fullname == "allennlp":
             _before_allennlp()
-            return None
         try:
             import importlib.machinery
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
                 return None
-            spec.loader = _Loader(spec.loader, _after_onmt)
+            spec.loader = _Loader(spec.loader,
+                                  _after_allennlp if fullname == "allennlp" else _after_onmt)
             return spec
         except Exception as exc:
-            _warn("onmt", exc)
+            _warn(fullname, exc)
             return None
 
 

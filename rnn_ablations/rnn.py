@@ -91,10 +91,17 @@ class AblatedRNN(nn.Module):
       touch it (``lstm_minus_srnn_minus_hidden``: ``(3H)`` for ``i, f, o``, ``(4H)`` with
       highway).  An ``nn.RNN`` ``state_dict`` (``bias_ih_l{k}`` + ``bias_hh_l{k}``) is accepted by
       ``srnn``: the two biases are summed on load.
-    * buffer ``variant_state`` (int64 ``[Variant.code, highway]``): the ``state_dict`` records
-      the variant, and loading one saved from another variant (``ran`` into ``identity_ran``,
-      whose shapes match) or highway setting raises an error naming both.  A ``state_dict``
-      without it (``nn.LSTM``, ``nn.RNN``) loads, its shapes being the check.
+    * no other key: the ``state_dict`` of ``lstm`` (without highway) has exactly
+      ``nn.LSTM``'s keys and loads into ``nn.LSTM`` with ``strict=True``.  The variant and the
+      highway flag travel in the state dict's metadata (``state_dict._metadata[prefix]``, kept
+      by ``torch.save`` / ``torch.load``, entries ``"rnn_ablations.variant"`` and
+      ``"rnn_ablations.highway"``): loading a state dict saved from another variant (``ran``
+      into ``identity_ran``, whose shapes match) or highway setting raises an error naming both.
+      A state dict without them (``nn.LSTM``, ``nn.RNN``, or a plain ``dict`` copy, which drops
+      the metadata) loads, its shapes being the check.  A ``variant_state`` key (int64
+      ``[Variant.code, highway]``, written by earlier versions of the package, e.g. in AllenNLP
+      and OpenNMT-py checkpoints) is checked the same way and then dropped; the property
+      ``variant_state`` gives that pair for the module.
 
     Initialisation (:meth:`reset_parameters`): ``torch.nn.LSTM``'s rule for *every* variant:
     every weight and every bias ``U(−1/√H, 1/√H)`` (gate, content, S-RNN and highway blocks
@@ -184,13 +191,12 @@ class AblatedRNN(nn.Module):
                         setattr(self, names[2], nn.Parameter(torch.empty(n_bias * H, **factory)))
                 per_dir.append(tuple(names))
             self._param_names.append(per_dir)
-        # The variant (Variant.code) and highway flag travel with the state_dict, so that a state
-        # saved from one variant is refused by another with the same shapes (ran / identity_ran).
-        # A buffer, not `get_extra_state`: OpenNMT-py's checkpoint loader raises on state_dict
-        # keys that are neither parameters nor buffers, and code that maps `.cpu()` over a
-        # state_dict needs tensors.  Integer, so `.to(dtype)` / `.half()` leave it alone.
-        self.register_buffer("variant_state", torch.tensor(
-            [self.variant.code, int(highway)], dtype=torch.int64, device=device))
+        #: nn.LSTM's attribute; always 0 (the papers' cells have no output projection)
+        self.proj_size = 0
+        # The variant and highway flag travel in the state dict's metadata (_save_to_state_dict),
+        # so that a state saved from one variant is refused by another with the same shapes
+        # (ran / identity_ran) while an `lstm` state dict has nn.LSTM's keys only.  No buffer:
+        # OpenNMT-py's loader wants every buffer in a checkpoint and makes it persistent.
         self._register_load_state_dict_pre_hook(self._check_variant_state)
         self._register_load_state_dict_pre_hook(self._merge_rnn_biases)
         self.reset_parameters()
@@ -235,28 +241,59 @@ class AblatedRNN(nn.Module):
         name = repr(names[code]) if code in names else f"<unknown variant code {code}>"
         return name + (" with highway" if highway else "")
 
+    @property
+    def variant_state(self) -> torch.Tensor:
+        """``[Variant.code, highway]`` (CPU int64): the entry earlier versions saved in the
+        state dict, against which such a state dict is checked."""
+        return torch.tensor([self.variant.code, int(self.highway)], dtype=torch.int64)
+
+    #: the state dict's metadata entries that record the variant and the highway flag
+    METADATA_VARIANT, METADATA_HIGHWAY = "rnn_ablations.variant", "rnn_ablations.highway"
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        metadata = getattr(destination, "_metadata", None)
+        if metadata is not None:
+            local = metadata.setdefault(prefix[:-1], {})
+            local[self.METADATA_VARIANT] = self.variant.name
+            local[self.METADATA_HIGHWAY] = self.highway
+
     def _check_variant_state(self, state_dict, prefix, local_metadata, strict, missing_keys,
                              unexpected_keys, error_msgs):
-        """Refuse a state_dict saved from another variant (or highway setting); a state_dict
-        without ``variant_state`` (``nn.LSTM``, ``nn.RNN``, or one saved without it)
-        loads, its shapes being the only check."""
+        """Refuse a state_dict saved from another variant (or highway setting), as its metadata
+        records it, or as the ``variant_state`` key of earlier versions records it (the key is
+        then dropped); a state_dict with neither (``nn.LSTM``, ``nn.RNN``, a plain ``dict``
+        copy) loads, its shapes being the only check."""
         key = prefix + "variant_state"
-        if key not in state_dict:
-            state_dict[key] = self.variant_state.detach().clone()
+        mine = self._describe(self.variant.code, self.highway)
+        if key in state_dict:
+            saved = state_dict.pop(key)
+            if (not isinstance(saved, torch.Tensor) or saved.numel() != 2
+                    or saved.is_floating_point() or saved.is_complex()):
+                raise ValueError(f"{key} in the state_dict must be an integer tensor [variant "
+                                 f"code, highway] as AblatedRNN saved it, got "
+                                 f"{getattr(saved, 'shape', type(saved).__name__)}")
+            code, highway = (int(v) for v in saved.reshape(-1).tolist())
+            if (code, bool(highway)) != (self.variant.code, self.highway):
+                raise ValueError(
+                    f"cannot load a state_dict saved from an AblatedRNN of variant "
+                    f"{self._describe(code, bool(highway))} into one of variant {mine} (the "
+                    f"shapes may match, the equations do not); build the module with the saved "
+                    f"variant and highway setting")
+        name = (local_metadata or {}).get(self.METADATA_VARIANT)
+        if name is None:
             return
-        saved = state_dict[key]
-        if (not isinstance(saved, torch.Tensor) or saved.numel() != 2 or saved.is_floating_point()
-                or saved.is_complex()):
-            raise ValueError(f"{key} in the state_dict must be an integer tensor [variant code, "
-                             f"highway] as AblatedRNN saves it, got "
-                             f"{getattr(saved, 'shape', type(saved).__name__)}")
-        code, highway = (int(v) for v in saved.reshape(-1).tolist())
-        if (code, bool(highway)) != (self.variant.code, self.highway):
+        highway = bool((local_metadata or {}).get(self.METADATA_HIGHWAY, False))
+        try:
+            saved_variant = get_variant(name).name
+        except ValueError:
+            saved_variant = None
+        if (saved_variant, highway) != (self.variant.name, self.highway):
+            described = repr(name) + (" with highway" if highway else "")
             raise ValueError(
-                f"cannot load a state_dict saved from an AblatedRNN of variant "
-                f"{self._describe(code, bool(highway))} into one of variant "
-                f"{self._describe(self.variant.code, self.highway)} (the shapes may match, the "
-                f"equations do not); build the module with the saved variant and highway setting")
+                f"cannot load a state_dict saved from an AblatedRNN of variant {described} into "
+                f"one of variant {mine} (the shapes may match, the equations do not); build the "
+                f"module with the saved variant and highway setting")
 
     def _merge_rnn_biases(self, state_dict, prefix, local_metadata, strict, missing_keys,
                           unexpected_keys, error_msgs):

@@ -1,9 +1,10 @@
 """OpenNMT-py loads checkpoints with its own loader (``BaseModel.load_state_dict``), not torch's:
-the ``variant_state`` of the encoder is filled when a checkpoint lacks it (written by a version of
-rnn_ablations that did not record the variant) and checked when it is present, for ``onmt_translate`` and ``-train_from`` alike.
+the encoder's ``variant_state`` (not saved: the checkpoint's ``-encoder_type`` names the variant)
+is filled from the checkpoint's options, and a ``variant_state`` entry that a checkpoint of an
+earlier version holds is checked, for ``onmt_translate`` and ``-train_from`` alike.
 
-One real tiny model is trained on tests/fixtures/onmt; copies of its checkpoint without, and with
-an altered, ``encoder.rnn.variant_state`` are then translated and trained from, in one fresh
+One real tiny model is trained on tests/fixtures/onmt; it, a copy with the entry of earlier
+versions and a copy with an altered entry are then translated and trained from, in one fresh
 interpreter running OpenNMT-py's own entry points (what the console scripts call)."""
 import json
 import os
@@ -51,27 +52,29 @@ DRIVER = textwrap.dedent('''
     assert run(build_vocab_main, "onmt_build_vocab", "-config", cfg, "-n_sample", "-1") is None
     assert run(train_main, "onmt_train", "-config", cfg, "-save_model", work / "orig/model") is None
     original = torch.load(work / "orig/model_step_2.pt")
-    out["saved_state"] = original["model"]["encoder.rnn.variant_state"].tolist()
-
+    out["saved_keys"] = [k for k in original["model"] if "variant_state" in k]
+    torch.save(original, work / "without.pt")
     old = torch.load(work / "orig/model_step_2.pt")
-    del old["model"]["encoder.rnn.variant_state"]   # as written without the variant recorded
-    torch.save(old, work / "without.pt")
+    old["model"]["encoder.rnn.variant_state"] = torch.tensor(
+        [get_variant("ran").code, 0])                # as earlier versions wrote it
+    torch.save(old, work / "old.pt")
     wrong = torch.load(work / "orig/model_step_2.pt")
     wrong["model"]["encoder.rnn.variant_state"] = torch.tensor(
         [get_variant("identity_ran").code, 0])       # same shapes as ran, other equations
     torch.save(wrong, work / "wrong.pt")
 
     src = fixtures / "src-val.txt"
-    for name in ("without", "wrong"):
+    for name in ("without", "old", "wrong"):
         out[f"translate_{name}"] = run(
             translate_main, "onmt_translate", "-model", work / f"{name}.pt", "-src", src,
             "-output", work / f"{name}.pred", "-beam_size", "2", "-max_length", "8")
         out[f"train_from_{name}"] = run(
             train_main, "onmt_train", "-config", cfg, "-save_model", work / f"{name}/model",
             "-train_from", work / f"{name}.pt", "-train_steps", "3")
-    out["translations"] = len((work / "without.pred").read_text().splitlines())
-    out["resumed_state"] = torch.load(
-        work / "without/model_step_3.pt")["model"]["encoder.rnn.variant_state"].tolist()
+    out["translations"] = [len((work / f"{n}.pred").read_text().splitlines())
+                           for n in ("without", "old")]
+    out["resumed_keys"] = [k for k in torch.load(work / "old/model_step_3.pt")["model"]
+                           if "variant_state" in k]
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -88,15 +91,14 @@ def outcome(tmp_path_factory):
     return json.loads(line[len("RESULT "):])
 
 
-def test_checkpoint_without_variant_state_translates_and_trains_on(outcome):
-    from rnn_ablations.variants import get_variant
-
-    ran = [get_variant("ran").code, 0]
-    assert outcome["saved_state"] == ran
-    assert outcome["translate_without"] is None
-    assert outcome["translations"] == len((FIXTURES / "src-val.txt").read_text().splitlines())
-    assert outcome["train_from_without"] is None
-    assert outcome["resumed_state"] == ran      # filled from the checkpoint's -encoder_type bran
+def test_checkpoints_with_and_without_variant_state_translate_and_train_on(outcome):
+    assert outcome["saved_keys"] == []          # the -encoder_type names the variant
+    lines = len((FIXTURES / "src-val.txt").read_text().splitlines())
+    for name in ("without", "old"):
+        assert outcome[f"translate_{name}"] is None, outcome[f"translate_{name}"]
+        assert outcome[f"train_from_{name}"] is None, outcome[f"train_from_{name}"]
+    assert outcome["translations"] == [lines, lines]
+    assert outcome["resumed_keys"] == []        # the old entry is not carried on
 
 
 def test_checkpoint_with_a_wrong_variant_state_is_refused(outcome):
@@ -120,7 +122,11 @@ def test_prepare_checkpoint_in_process():
     model.rnn = AblatedRNN("ran", 3, 4)
     ckpt = {"opt": argparse.Namespace(encoder_type="ran"), "model": {}}
     prepare_checkpoint(model, ckpt)
-    assert ckpt["model"]["rnn.variant_state"].tolist() == [get_variant("ran").code, 0]
+    assert ckpt["model"] == {}              # nothing to add: the module has no such buffer
+    ckpt = {"opt": argparse.Namespace(encoder_type="ran"),
+            "model": {"rnn.variant_state": torch.tensor([get_variant("ran").code, 0])}}
+    prepare_checkpoint(model, ckpt)
+    assert ckpt["model"] == {}              # the entry of earlier versions: checked, dropped
     # options of another of our types than the module: refused even without the entry
     ckpt = {"opt": argparse.Namespace(encoder_type="identity_ran"), "model": {}}
     with pytest.raises(ValueError, match="'identity_ran'.*into rnn, an encoder of variant 'ran'"):

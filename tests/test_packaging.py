@@ -50,6 +50,38 @@ def test_metadata():
     assert meta["scripts"]["rnn-ablations"] == "rnn_ablations.cli:main"
 
 
+def _pins():
+    """{normalised name: version} of requirements/constraints.txt and core.txt (pip freeze
+    leaves out setuptools, which core.txt pins)."""
+    pins = {}
+    for f in ("constraints.txt", "core.txt"):
+        for line in (ROOT / "requirements" / f).read_text().splitlines():
+            if "==" in line and not line.startswith("#"):
+                name, version = line.split("==", 1)
+                pins[re.sub(r"[-_.]+", "-", name.strip()).lower()] = version.strip()
+    return pins
+
+
+@pytest.mark.parametrize("extra", ["allennlp", "onmt", "lm", "viz"])
+def test_extra_pins_admit_the_tested_versions(extra):
+    """Every requirement of an extra is met by the version the tested set pins
+    (requirements/constraints.txt): installing the extra alone gives a set of the kind the tests
+    ran with.  The AllenNLP set includes setuptools < 81 (py-rouge, which allennlp-models
+    imports, needs pkg_resources, which setuptools 81 removed: the parser would not register)."""
+    from packaging.requirements import Requirement
+
+    pins = _pins()
+    reqs = [Requirement(r) for r in _pyproject()["project"]["optional-dependencies"][extra]]
+    for req in reqs:
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"{req} of [{extra}] is not pinned in requirements/constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), \
+            f"[{extra}] asks {req} but the tested set has {name}=={pins[name]}"
+    if extra == "allennlp":
+        setuptools = [r for r in reqs if r.name == "setuptools"]
+        assert setuptools and not setuptools[0].specifier.contains("81.0"), setuptools
+
+
 def test_setup_sh_installs_every_extra_it_pins():
     """requirements/*.txt (scripts/setup.sh) and the extras name the same packages."""
     extras = _pyproject()["project"]["optional-dependencies"]
@@ -96,7 +128,8 @@ def test_wheel_contents(pure_wheel):
         assert f"rnn_ablations/csrc/{f}" in names, f
     assert "rnn_ablations/_build.py" in names and "rnn_ablations/_kernel_loader.py" in names
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("rnn_ablations/configs/")}
-    in_repo = {p.name for d in ("allennlp_configs", "onmt_configs") for p in (ROOT / d).iterdir()}
+    in_repo = {p.name for d in ("allennlp_configs", "onmt_configs", "tests/fixtures/onmt")
+               for p in (ROOT / d).iterdir()}
     assert shipped == in_repo
     assert not any(n.endswith(".so") for n in names)
     assert re.search(r"^License-Expression: Apache-2.0$", meta, re.M)
@@ -171,6 +204,10 @@ def test_configs_command(capsys):
     assert path.is_file() and path.read_text().startswith('local encoder = "srnn";')
     assert cli.main(["configs", "path", "multi30k_bran.yaml"]) == 0
     assert capsys.readouterr().out.strip().endswith("multi30k_bran.yaml")
+    assert cli.main(["configs", "path", "onmt_toy_data"]) == 0
+    data = Path(capsys.readouterr().out.strip())
+    assert sorted(p.name for p in data.iterdir()) == [
+        "src-train.txt", "src-val.txt", "tgt-train.txt", "tgt-val.txt"]
     assert cli.main(["configs", "path", "bidaf_sr"]) == 2
     assert "did you mean bidaf_srnn" in capsys.readouterr().err
 

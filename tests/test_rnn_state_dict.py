@@ -1,7 +1,9 @@
-"""``AblatedRNN`` state dicts record their variant (``variant_state``): a state dict of another
+"""``AblatedRNN`` state dicts record their variant in their metadata: a state dict of another
 variant (or the same variant with another highway setting) is refused, even with
-``strict=False``, before anything is loaded; ``nn.LSTM`` / ``nn.RNN`` state dicts and state
-dicts without the record still load; a corrupt record is refused."""
+``strict=False``, before anything is loaded; an ``lstm`` state dict has ``nn.LSTM``'s keys and
+loads into ``nn.LSTM`` strictly; ``nn.LSTM`` / ``nn.RNN`` state dicts and state dicts without
+the record still load; the ``variant_state`` entry of earlier versions is checked and dropped, a
+corrupt one refused."""
 import io
 
 import pytest
@@ -31,14 +33,46 @@ def test_state_dict_of_another_variant_is_refused():
     for a, b in zip(ran.parameters(), again.parameters()):
         assert torch.equal(a, b)
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_lstm_state_dict_loads_into_nn_lstm_strictly(bidirectional):
+    torch.manual_seed(0)
+    ours = AblatedRNN("lstm", 3, 4, num_layers=2, bidirectional=bidirectional)
+    lstm = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=bidirectional)
+    assert list(ours.state_dict()) == list(lstm.state_dict())
+    lstm.load_state_dict(ours.state_dict(), strict=True)
+    x = torch.randn(5, 2, 3)
+    (out, (h, c)), (ref, (h_ref, c_ref)) = ours(x), lstm(x)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h, h_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(c, c_ref, atol=1e-5, rtol=1e-5)
+    assert ours.proj_size == lstm.proj_size == 0
+    assert "lengths" in AblatedRNN.forward.__doc__
+
+
+def test_variant_in_the_metadata_of_a_nested_state_dict():
+    outer = torch.nn.Sequential(torch.nn.Linear(3, 3), AblatedRNN("ran", 3, 4))
+    sd = outer.state_dict()
+    assert sd._metadata["1"][AblatedRNN.METADATA_VARIANT] == "ran"
+    assert not any("variant_state" in k for k in sd)
+    other = torch.nn.Sequential(torch.nn.Linear(3, 3), AblatedRNN("identity_ran", 3, 4))
+    with pytest.raises(ValueError, match="variant 'ran' into one of variant 'identity_ran'"):
+        other.load_state_dict(sd)
+    # a plain dict copy has no metadata: its shapes are the only check
+    other.load_state_dict(dict(sd))
+
+
 def test_state_dict_without_variant_still_loads():
     """nn.LSTM / nn.RNN state dicts, and AblatedRNN ones without `variant_state`."""
     ours = AblatedRNN("lstm", 3, 4, num_layers=2)
     ours.load_state_dict(torch.nn.LSTM(3, 4, num_layers=2).state_dict())  # strict
     srnn = AblatedRNN("srnn", 3, 4)
     srnn.load_state_dict(torch.nn.RNN(3, 4).state_dict())
-    old = {k: v for k, v in AblatedRNN("ran", 3, 4).state_dict().items() if k != "variant_state"}
+    old = dict(AblatedRNN("ran", 3, 4).state_dict())
     AblatedRNN("ran", 3, 4).load_state_dict(old)
+    # the entry of earlier versions: checked, then dropped (strict loading does not see it)
+    old["variant_state"] = torch.tensor([get_variant("ran").code, 0])
+    AblatedRNN("ran", 3, 4).load_state_dict(dict(old))
+    assert "variant_state" not in AblatedRNN("ran", 3, 4).state_dict()
     assert AblatedRNN("ran", 3, 4).variant_state.tolist() == [get_variant("ran").code, 0]
     # integer buffer: dtype conversions leave it alone
     assert AblatedRNN("ran", 3, 4).double().half().variant_state.dtype == torch.int64
@@ -57,14 +91,14 @@ def test_every_variant_records_its_own_code(highway):
         again.load_state_dict(m.state_dict())  # round trip
     assert len(codes) == len(VARIANTS)
     mh = AblatedRNN("lstm_minus_srnn_minus_hidden", 3, 4, highway=highway)
-    sd = mh.state_dict()
+    sd = dict(mh.state_dict())
     sd["variant_state"] = torch.tensor([get_variant("lstm_minus_srnn").code, int(highway)])
     with pytest.raises(ValueError, match="variant 'lstm_minus_srnn'.* into one of variant "
                                          "'lstm_minus_srnn_minus_hidden'"):
         mh.load_state_dict(sd)
 
 def test_corrupt_variant_state_is_refused():
-    sd = AblatedRNN("ran", 3, 4).state_dict()
+    sd = dict(AblatedRNN("ran", 3, 4).state_dict())
     sd["variant_state"] = torch.tensor([42, 0])
     with pytest.raises(ValueError, match="unknown variant code 42"):
         AblatedRNN("ran", 3, 4).load_state_dict(sd)

@@ -1,7 +1,8 @@
 """``rnn-ablations configs``: the experiment configs shipped with the package.
 
-``rnn-ablations configs`` lists them; ``rnn-ablations configs path NAME`` prints the path of one,
-so that an installed package runs them without a checkout::
+``rnn-ablations configs`` lists them; ``rnn-ablations configs path NAME`` prints the path of one
+(``onmt_toy_data``: the folder of the toy parallel data that ``toy_fixture`` reads through
+``ONMT_TOY_DATA``), so that an installed package runs them without a checkout::
 
     allennlp train $(rnn-ablations configs path bidaf_srnn) -s out --include-package rnn_ablations
 
@@ -25,6 +26,11 @@ _FOLDERS = {
     "onmt": (_PACKAGE / "configs" / "onmt", _PACKAGE.parent / "onmt_configs"),
 }
 _SUFFIXES = (".jsonnet", ".yaml")
+#: data folders `configs path` also names: name -> (folder inside the package, in a checkout)
+_DATA = {
+    "onmt_toy_data": (_PACKAGE / "configs" / "onmt_toy_data",
+                      _PACKAGE.parent / "tests" / "fixtures" / "onmt"),
+}
 
 
 def config_files() -> Dict[str, Path]:
@@ -48,13 +54,16 @@ def config_path(name: str) -> Path:
         raise FileNotFoundError("no configs found: this install has neither rnn_ablations/configs/ "
                                 "nor a source checkout's allennlp_configs/ and onmt_configs/; "
                                 "reinstall the package (`pip install rnn-ablations`)")
+    if name in _DATA:
+        packaged, checkout = _DATA[name]
+        return packaged if packaged.is_dir() else checkout
     stem = name
     for suffix in _SUFFIXES:
         if stem.endswith(suffix):
             stem = stem[: -len(suffix)]
     if stem in files:
         return files[stem]
-    close = difflib.get_close_matches(stem, list(files), n=5, cutoff=0.5)
+    close = difflib.get_close_matches(stem, list(files) + list(_DATA), n=5, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise ValueError(f"unknown config {name!r}{hint} (`rnn-ablations configs` lists all "
                      f"{len(files)})")
@@ -69,6 +78,8 @@ def _listing() -> List[str]:
         if names:
             lines.append(f"{framework} ({folder}):")
             lines.extend(f"  {n}" for n in names)
+    for name, (packaged, checkout) in _DATA.items():
+        lines.append(f"data: {name} ({packaged if packaged.is_dir() else checkout})")
     lines.append("`rnn-ablations configs path NAME` prints the path of one.")
     return lines
 

@@ -49,8 +49,9 @@ model only (never after ``-train_from``) and only on our encoder types (``brnn``
 Without OpenNMT-py this module still imports (AllenNLP's ``--include-package rnn_ablations``
 imports every submodule); constructing an encoder, :func:`register` and the option checks then
 raise an ``ImportError`` naming the pip command that installs OpenNMT-py (:func:`require_onmt`).
-OpenNMT-py's checkpoint loader is made to fill a missing ``variant_state`` from the checkpoint's
-``-encoder_type`` and to refuse a wrong one (:func:`prepare_checkpoint`).
+OpenNMT-py's checkpoint loader is made to check the checkpoint's ``-encoder_type`` against the
+model, and a ``variant_state`` entry (written by earlier versions) against both, then to drop
+that entry (:func:`prepare_checkpoint`).
 
 :func:`register` also makes ``argparse.Namespace`` a torch safe global (OpenNMT-py 3.5.1
 checkpoints contain one and torch ≥ 2.6 loads ``weights_only``), and checks the model options
@@ -63,6 +64,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import re
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -84,9 +87,13 @@ def register() -> None:
     * ``-ablated_init`` is added to ``onmt.opts.model_opts`` (shown by ``onmt_train -h`` and
       saved with the model options in the checkpoint) and the ``-encoder_type`` help lists ours;
     * ``ArgumentParser.validate_model_opts`` first runs :func:`check_model_opts`;
+    * ``ArgumentParser._validate_data`` first replaces ``${NAME}`` in the corpora's paths (the
+      config's ``data:`` section) by environment variable ``NAME`` (:func:`expand_data_paths`),
+      so that a shipped config names its data through variables;
     * ``onmt.model_builder.build_model`` applies ``-ablated_init`` after OpenNMT's init;
     * OpenNMT's checkpoint loader (``BaseModel.load_state_dict``) first runs
-      :func:`prepare_checkpoint` (fills a missing ``variant_state``, refuses a wrong one);
+      :func:`prepare_checkpoint` (refuses a checkpoint of another variant; drops the
+      ``variant_state`` entry of earlier versions after checking it);
     * ``torch.serialization.add_safe_globals([argparse.Namespace])``.
     """
     global _REGISTER_WHEN_READY
@@ -459,6 +466,42 @@ def _patch_validate_model_opts(parser_cls) -> None:
     parser_cls.validate_model_opts = classmethod(validate_model_opts)
 
 
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_data_paths(data):
+    """The ``data:`` option (YAML text, or the dict OpenNMT-py makes of it) with every
+    ``${NAME}`` replaced by the environment variable ``NAME``; ``ValueError`` naming the
+    variables that are not set (a path would otherwise point nowhere)."""
+    text = data if isinstance(data, str) else None
+    if text is None:
+        return data
+    missing = sorted({m.group(1) for m in _VARIABLE.finditer(text)} - set(os.environ))
+    if missing:
+        raise ValueError(
+            f"the config's data paths use the environment variable(s) {', '.join(missing)}, "
+            f"which {'is' if len(missing) == 1 else 'are'} not set: set "
+            f"{' and '.join(missing)} to the data folder (the config's header says what each "
+            f"holds), e.g. export {missing[0]}=/path/to/data")
+    return _VARIABLE.sub(lambda m: os.environ[m.group(1)], text)
+
+
+def _patch_validate_data(parser_cls) -> None:
+    # defined on a mixin of ArgumentParser: wrap it on ArgumentParser itself
+    original = getattr(getattr(parser_cls, "_validate_data", None), "__func__", None)
+    if original is None or _wrapped(original):
+        return
+
+    @functools.wraps(original)
+    def _validate_data(cls, opt):
+        if isinstance(getattr(opt, "data", None), str):
+            opt.data = expand_data_paths(opt.data)
+        return original(cls, opt)
+
+    _validate_data.__rnn_ablations_wrapped__ = True
+    parser_cls._validate_data = classmethod(_validate_data)
+
+
 def _reinit_encoders(model, checkpoint) -> None:
     if checkpoint is not None:
         return  # -train_from (also with -update_vocab): the weights come from the checkpoint
@@ -501,17 +544,16 @@ def _describe(code: int, highway: bool) -> str:
 
 
 def prepare_checkpoint(model, checkpoint) -> None:
-    """Fill and check the ``variant_state`` entries of ``checkpoint["model"]`` before OpenNMT-py
-    loads it into ``model`` (OpenNMT-py copies tensors into the modules itself, so the check
-    that :class:`~rnn_ablations.AblatedRNN` does in ``load_state_dict`` does not run there).
+    """Check ``checkpoint["model"]`` against ``model`` before OpenNMT-py loads it (OpenNMT-py
+    copies tensors into the modules itself, so the check that
+    :class:`~rnn_ablations.AblatedRNN` does in ``load_state_dict`` does not run there).
 
-    * An entry that is missing (a checkpoint written by a version of rnn_ablations that did not
-      record the variant) is filled from the checkpoint's ``-encoder_type`` (from the module
-      itself when the checkpoint has no options), so such checkpoints load for
-      ``onmt_translate`` and ``-train_from``.
-    * An entry that is present must be an integer ``[variant code, highway]`` that agrees with
-      the checkpoint's ``-encoder_type`` and with the module it is loaded into; else
-      ``ValueError`` names both.
+    * The checkpoint's ``-encoder_type`` names its variant: one of our types that differs from
+      the module's variant is refused (``ValueError`` naming both).
+    * A ``variant_state`` entry (earlier versions of the package saved one per encoder) must be
+      an integer ``[variant code, highway]`` that agrees with the ``-encoder_type`` and with the
+      module; it is then removed (the module has no such buffer, and OpenNMT-py's loader refuses
+      keys it cannot place).  Checkpoints without it (this version's) load as they are.
     """
     state = checkpoint.get("model") if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict):
@@ -522,18 +564,19 @@ def prepare_checkpoint(model, checkpoint) -> None:
         if not isinstance(module, AblatedRNN):
             continue
         key = f"{name}.variant_state" if name else "variant_state"
-        expected = module.variant_state.detach().cpu()
+        expected = module.variant_state
         if key not in state:
             filled = expected.clone()
             if saved_code is not None:
                 filled[0] = saved_code
-            state[key] = filled
-        value = state[key]
+            value = filled
+        else:
+            value = state.pop(key)
         if (not isinstance(value, torch.Tensor) or value.numel() != 2 or value.is_floating_point()
                 or value.is_complex()):
             raise ValueError(
                 f"the checkpoint's {key} must be an integer tensor [variant code, highway] as "
-                f"rnn_ablations saves it, got {getattr(value, 'shape', type(value).__name__)}; the "
+                f"earlier versions of rnn_ablations saved it, got {getattr(value, 'shape', type(value).__name__)}; the "
                 "checkpoint is damaged or was edited: train it again or restore the original file")
         code, highway = (int(v) for v in value.reshape(-1).tolist())
         if saved_code is not None and code != saved_code:
@@ -548,8 +591,6 @@ def prepare_checkpoint(model, checkpoint) -> None:
                 f"{_describe(code, bool(highway))}, into {name or 'the module'}, an encoder of "
                 f"variant {_describe(int(expected[0]), bool(expected[1]))} (the shapes may match, "
                 "the equations do not); build the model with the checkpoint's -encoder_type")
-        if value.dtype != expected.dtype or value.device != expected.device:
-            state[key] = value.to(dtype=expected.dtype, device=expected.device)
 
 
 def _patch_load_state_dict(model_cls) -> None:
@@ -597,6 +638,7 @@ def _register() -> None:
         str2enc[name] = cls
     _patch_model_opts(onmt.opts)
     _patch_validate_model_opts(onmt.utils.parse.ArgumentParser)
+    _patch_validate_data(onmt.utils.parse.ArgumentParser)
     _patch_build_model([sys.modules.get("onmt.train_single")])
     _patch_load_state_dict(onmt.models.model.BaseModel)
     if hasattr(torch.serialization, "add_safe_globals"):
