@@ -141,8 +141,12 @@ def _script_direction(pre: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c
 
 @functools.lru_cache(maxsize=None)
 def _scripted():
-    # compiled on first use: importing the package costs nothing
-    return torch.jit.script(_script_direction)
+    # compiled on first use: importing the package costs nothing.  torch 2.13 marks
+    # torch.jit.script deprecated; it is what keeps a loop in a torch.jit.trace graph.
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(_script_direction)
 
 
 def _scan_direction(variant: Variant, highway: bool, pre: torch.Tensor,
