@@ -19,6 +19,8 @@ local encoder = "ran";
 //   -o '{"model.encoder.use_highway": false}'   (benchmarks/parser_ud.py runs both settings).
 //
 // Run with:  allennlp train allennlp_configs/biaffine_parser_<variant>.jsonnet -s OUT --include-package rnn_ablations
+// (from an installed package: allennlp train $(rnn-ablations configs path biaffine_parser_<variant>) -s OUT
+// --include-package rnn_ablations, or a .allennlp_plugins file holding the line rnn_ablations)
 // Environment variables (all required; unset ones stop with "undefined external variable: NAME"):
 //   UD_TRAIN        training CoNLL-U file (e.g. ../shared/data/ud_ewt/en_ewt-ud-train.conllu)
 //   UD_DEV          validation CoNLL-U file (e.g. ../shared/data/ud_ewt/en_ewt-ud-dev.conllu)

@@ -52,11 +52,31 @@ def missing_extra(command: str) -> Optional[str]:
             f"{'is' if len(missing) == 1 else 'are'} not installed: {hint}")
 
 
+def _version() -> str:
+    """``rnn-ablations X.Y.Z (torch A.B.C, Python D.E.F)``, without importing the package."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        own = version("rnn-ablations")
+    except PackageNotFoundError:  # a checkout on PYTHONPATH: read it from the package
+        import re
+        from pathlib import Path
+        init = (Path(__file__).resolve().parent / "__init__.py").read_text()
+        own = re.search(r'^__version__ = "([^"]+)"', init, re.M).group(1)
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    python = ".".join(str(v) for v in sys.version_info[:3])
+    return f"rnn-ablations {own} (torch {torch_version}, Python {python})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rnn-ablations",
         description="LSTM ablations (S-RNN, LSTM−S-RNN, RAN): ablation study, language model, "
                     "parameter and speed tables, visualisations, framework wrappers.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMAND_MODULES:

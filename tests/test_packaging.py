@@ -119,6 +119,7 @@ def test_wheel_contents(pure_wheel):
         meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
         meta = z.read(meta_name).decode()
     assert "rnn_ablations_hooks.pth" in names and "rnn_ablations_hooks.py" in names
+    assert "rnn_ablations/py.typed" in names      # PEP 561: the package's annotations are used
     src = ROOT / "rnn_ablations" / "csrc"
     csrc = sorted(p.relative_to(src).as_posix() for p in src.rglob("*")
                   if p.suffix in (".cpp", ".cu", ".h"))
@@ -194,6 +195,14 @@ def test_first_use_compile_failure_warns_and_names_the_fix(tmp_path, monkeypatch
 
 
 # ------------------------------------------------------------------------------- commands
+def test_version_option(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"rnn-ablations {ra.__version__} (torch "), out
+
+
 def test_configs_command(capsys):
     assert cli.main(["configs"]) == 0
     out = capsys.readouterr().out
