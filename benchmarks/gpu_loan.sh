@@ -9,8 +9,9 @@
 #              of an nvcc build would spend the loan building).
 #   2. ptb1    PTB call 1 (benchmarks/gpu_ptb_call.sh 1): −GATES at lr 0.25 / 0.1 / 0.05 and
 #              −HIDDEN at 1.0, medium config, four runs at once, with what is left of the budget
-#              after SPEED_S seconds are kept for step 3; cut by the budget, its rows are merged
-#              as incomplete and the next command continues it (RESUME=1).
+#              (in the command that continues, RESUME=1, or with KEEP_SPEED=1: after SPEED_S
+#              seconds are kept for step 3); cut by the budget, its rows are merged as incomplete
+#              and the next command continues it (RESUME=1).
 #   3. speed   benchmarks/speed_variable_length.py --device cuda (BiDAF/DrQA-like variable-length
 #              training, float32 and bfloat16, against nn.LSTM in the same loop), within SPEED_S
 #              seconds (default 100).
@@ -18,13 +19,23 @@
 #   bash benchmarks/gpu_loan.sh OUT [BUDGET_SECONDS]          (default budget 560)
 #   RESUME=1 bash benchmarks/gpu_loan.sh OUT [BUDGET_SECONDS]
 #
+# Before the loan, here: `mkdir -p .data && cp -r ../shared/data/ptb .data/` (the PTB text, about
+# 5 MB; .data is ignored and travels with carry).
 # The plan for a 15-minute loan (device time counts from the machine's start, about 1-2 min):
-#   first command, timeout_s 600:  bash benchmarks/gpu_loan.sh $OUT 560
-#       (check, then PTB call 1 with what is left of the budget minus SPEED_S, then speed)
-#   second command on the warm machine, with what device time is left (say 240 s, timeout_s 270):
-#       RESUME=1 bash benchmarks/gpu_loan.sh $OUT 240
-#       (steps done are skipped: PTB call 1 continues from its checkpoints, then speed if it has
-#       not run)
+#   first command:  run(command="bash benchmarks/gpu_loan.sh $OUT 560", carry=[".data"],
+#                       timeout_s=600)
+#       (check, then PTB call 1 with all that is left)
+#   second command on the warm machine, at once, with the device time left (say 240 s):
+#       run(command="RESUME=1 bash benchmarks/gpu_loan.sh $OUT 230", carry=[".data"],
+#           timeout_s=260)
+#       (steps done are skipped: PTB call 1 continues from its checkpoints with what is left
+#       after SPEED_S, then the speed table)
+#   then give the machine back.  Arithmetic: about 90 s start + 560 + 230 = 880 s of 900; PTB call
+#   1 gets about 560 - 200 (check) - 30 (set-up) + 230 - 100 (speed) - 30 = 430 s of training:
+#   the medium runs timed so far took 410-770 s each on an H100 (two and five at once), so call 1
+#   may end cut, its rows merged as incomplete (after the epochs shown).  Its checkpoints (about
+#   60 MB each) cannot come back from a loan: a later loan starts call 1 afresh.  Bring the
+#   merged table and the speed table into benchmarks/results/ from OUT.
 # Each command stays within BUDGET_SECONDS (its steps are given what is left; a step that would
 # start with under 60 s left is skipped, said so).  State lives in runs/gpu_loan (ignored, kept on
 # a warm machine): the marks of the steps done and the merged PTB table (started from
@@ -87,7 +98,13 @@ if [ ! -f "$target" ] && [ -f "benchmarks/results/ptb_${config}_gpu.json" ]; the
     cp "benchmarks/results/ptb_${config}_gpu.json" "$target"
 fi
 if want ptb1; then
-    keep=$([[ "$stages" == *" speed "* ]] && [ ! -f "$state/done_speed" ] && echo "$speed_s" || echo 0)
+    # the time kept for the speed table: in the command that continues (RESUME=1) or with
+    # KEEP_SPEED=1; a first command gives PTB call 1 all it has (it needs the most)
+    keep=0
+    if [[ "$stages" == *" speed "* ]] && [ ! -f "$state/done_speed" ] \
+            && { [ "${RESUME:-0}" = 1 ] || [ "${KEEP_SPEED:-0}" = 1 ]; }; then
+        keep=$speed_s
+    fi
     b=$(( $(left) - keep - 10 ))
     if [ "$b" -lt 60 ]; then
         say "ptb1: SKIPPED: ${b}s left for it (RESUME=1 in a later command)"

@@ -183,7 +183,7 @@ EOF
         cp "$work/run/$f" "$out/" 2>/dev/null || say "no $f"
     done
     GPU_SETUP_SECONDS=$GPU_SETUP_SECONDS GPU_SETUP_CUDA_KERNELS=$GPU_SETUP_CUDA_KERNELS \
-    RESUMED=${resume:+1} python3 - "$work/run/results.json" "$out/ptb_${config}_gpu_call.json" "$config" \
+    RESUMED=${resume:+1} CALL_DEVICE=$device python3 - "$work/run/results.json" "$out/ptb_${config}_gpu_call.json" "$config" \
         "rnn-ablations reproduce ptb --config $config --data DIR --variants $variants --seeds $seeds ${lr_args[*]} --device $device --cuda-graph $graph --time-budget $left --runs-per-process $rpp" <<'EOF' || status=$?
 import json, os, sys
 src, dst, config, command = sys.argv[1:5]
@@ -196,7 +196,8 @@ table = {"device": r["device"], "config": config, "runs_at_once": r["max_paralle
          "processes": r.get("processes"), "command": command,
          "resumed": os.environ.get("RESUMED") == "1",
          "setup_seconds": int(os.environ.get("GPU_SETUP_SECONDS") or 0),
-         "cuda_kernels": os.environ.get("GPU_SETUP_CUDA_KERNELS") == "1",
+         "cuda_kernels": (None if os.environ.get("CALL_DEVICE") == "cpu"
+                          else os.environ.get("GPU_SETUP_CUDA_KERNELS") == "1"),
          "rows": [{k: row.get(k) for k in keys} for row in r["rows"]]}
 json.dump(table, open(dst, "w"), indent=2)
 open(dst, "a").write("\n")

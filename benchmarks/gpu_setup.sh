@@ -128,7 +128,9 @@ gpu_setup_kernels() {
         GPU_SETUP_SECONDS=$(( $(date +%s) - gpu_setup_t0 ))
         return 3
     fi
-    if [ "${line#CUDA_KERNELS }" = 1 ]; then
+    if [ "$device" = cpu ]; then
+        gpu_setup_say "CUDA kernels: not used (device cpu; import $(( $(date +%s) - t )) s)"
+    elif [ "${line#CUDA_KERNELS }" = 1 ]; then
         GPU_SETUP_CUDA_KERNELS=1
         gpu_setup_say "the package's CUDA kernels are in use (import $(( $(date +%s) - t )) s)"
     else

@@ -155,7 +155,7 @@ def test_the_loan_script_keeps_its_budget_and_brings_back_few_files(tmp_path):
     a device call brings back): the summary, the tarball, the merged table and the speed table; a
     second command with RESUME=1 skips the steps done."""
     out = tmp_path / "out"
-    env = _env(tmp_path, LOAN_STATE=str(tmp_path / "state"), SPEED_S="80",
+    env = _env(tmp_path, LOAN_STATE=str(tmp_path / "state"), SPEED_S="80", KEEP_SPEED="1",
                SPEED_ARGS="--shape-spec tiny:1:6:5:bi:3 --median-length 8 --min-length 2 "
                           "--max-length 12 --batches 2 --warmup 1 --variants ran --dtype float32")
     p = subprocess.run(["bash", "benchmarks/gpu_loan.sh", str(out), "120"], cwd=REPO, env=env,
