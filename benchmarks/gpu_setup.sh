@@ -12,9 +12,10 @@
 #    CPU_KERNEL=build skips the probe and keeps the CPU kernel; CPU_KERNEL=off sets
 #    RNN_ABLATIONS_NO_KERNEL=1 whatever it does.
 # 2. No nvcc build: the CUDA kernels are compiled at run time by NVRTC.  When the checkout has
-#    `python -m rnn_ablations.kernels.cuda.precompile`, it is run here (PRECOMPILE_ARGS, limit
-#    PRECOMPILE_TIMEOUT seconds, default 240) so that the runs find every instantiation in the
-#    cache; its output goes to LOG_DIR/precompile.log.  Without it the call says so and goes on.
+#    `python -m rnn_ablations.kernels.cuda.precompile`, it is run here (PRECOMPILE_ARGS, default
+#    "--jobs <CPUs>" where the entry point takes --jobs; limit PRECOMPILE_TIMEOUT seconds, default
+#    240) so that the runs find every instantiation in the cache; its output goes to
+#    LOG_DIR/precompile.log.  Without it the call says so and goes on.
 # 3. One import of the package, timed, and one small layer run forward and backward on the GPU:
 #    the package's CUDA kernels are in use when it ran the package's own operators
 #    (GPU_SETUP_CUDA_KERNELS=1 or 0 afterwards; why not, in the log).  REQUIRE_CUDA_KERNELS=1
@@ -84,7 +85,7 @@ gpu_setup_kernels() {
     case "${CPU_KERNEL:-auto}" in
         off) export RNN_ABLATIONS_NO_KERNEL=1
              gpu_setup_say "CPU kernel: off (CPU_KERNEL=off: RNN_ABLATIONS_NO_KERNEL=1)" ;;
-        build) gpu_setup_say "CPU kernel: kept (CPU_KERNEL=build; compiled on first use into $RNN_ABLATIONS_CACHE unless built)" ;;
+        build) gpu_setup_say "CPU kernel: kept (CPU_KERNEL=build: loaded, or compiled on first use into the package's cache)" ;;
         auto)
             if [ "$device" = cpu ]; then
                 gpu_setup_say "CPU kernel: kept (device cpu)"
@@ -104,12 +105,17 @@ gpu_setup_kernels() {
         gpu_setup_say "CUDA kernels: not precompiled (device cpu)"
     elif [ -f rnn_ablations/kernels/cuda/precompile.py ]; then
         t=$(date +%s)
+        local pargs=${PRECOMPILE_ARGS-}
+        # the instantiations compiled side by side, one per CPU, where the entry point can
+        if [ -z "${PRECOMPILE_ARGS+x}" ] && grep -q -- "--jobs" rnn_ablations/kernels/cuda/precompile.py; then
+            pargs="--jobs $(nproc)"
+        fi
         # shellcheck disable=SC2086
         timeout --kill-after=10 "${PRECOMPILE_TIMEOUT:-240}" "$py" -m rnn_ablations.kernels.cuda.precompile \
-            ${PRECOMPILE_ARGS:-} > "$logdir/precompile.log" 2>&1
+            $pargs > "$logdir/precompile.log" 2>&1
         rc=$?
-        tail -n 40 "$logdir/precompile.log"
-        gpu_setup_say "CUDA kernels: python -m rnn_ablations.kernels.cuda.precompile ${PRECOMPILE_ARGS:-}exit $rc in $(( $(date +%s) - t )) s ($logdir/precompile.log)"
+        tail -n 12 "$logdir/precompile.log"
+        gpu_setup_say "CUDA kernels: python -m rnn_ablations.kernels.cuda.precompile $pargs: exit $rc in $(( $(date +%s) - t )) s ($logdir/precompile.log)"
     else
         gpu_setup_say "CUDA kernels: this checkout has no python -m rnn_ablations.kernels.cuda.precompile (the run-time compile with NVRTC is not in it yet): nothing precompiled, no nvcc build; the package runs the CUDA kernels it can load, else its generic path"
     fi
