@@ -8,9 +8,9 @@
   that torch version; after a torch upgrade the package compiles a fresh one on first use).
   ``RNN_ABLATIONS_NO_KERNEL=1`` skips it.
 
-With a CUDA build of torch and CUDA's compiler (``nvcc``, found through ``CUDA_HOME``), the CUDA
-kernel ``rnn_ablations._C_cuda`` is built as well at install time (``RNN_ABLATIONS_NO_CUDA=1``
-skips it); with the CPU wheel this project pins, it is not.
+Nothing CUDA is built here: the CUDA kernels' device sources (``rnn_ablations/csrc/cuda/*.cuh``)
+are package data, compiled at first use by NVRTC, the runtime compiler that a CUDA build of torch
+already loads (``rnn_ablations/kernels/cuda``); no CUDA toolkit or nvcc is needed.
 """
 import importlib.util
 import os
@@ -36,27 +36,12 @@ def _load_build_module():
 
 ext_modules, cmdclass = [], {}
 _cpu_kernel = _have_torch and os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1"
-_cuda_kernel = False
-if _have_torch and os.environ.get("RNN_ABLATIONS_NO_CUDA", "0") != "1":
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    _cuda_kernel = torch.version.cuda is not None and CUDA_HOME is not None
-if _cpu_kernel or _cuda_kernel:
-    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+if _cpu_kernel:
+    from torch.utils.cpp_extension import BuildExtension
 
     _here = os.path.dirname(os.path.abspath(__file__))
     _build = _load_build_module()
-    if _cpu_kernel:
-        ext_modules.append(_build.cpu_extension(relative_to=_here))
-    if _cuda_kernel:
-        ext_modules.append(CUDAExtension(
-            "rnn_ablations._C_cuda",
-            [os.path.relpath(p, _here) for p in _build.cuda_sources()],
-            depends=[os.path.relpath(p, _here) for p in _build.cuda_headers()],
-            extra_compile_args={"cxx": ["-O3", "-g0"], "nvcc": ["-O3"]},
-            extra_link_args=["-Wl,--strip-debug"],
-            libraries=["cublas"],
-        ))
+    ext_modules.append(_build.cpu_extension(relative_to=_here))
     # the CPU module's size and SHA-256 are recorded beside it (_build.INSTALLED_RECORD): the
     # loader maps no module that does not match (a truncated one would kill the process)
     cmdclass = {"build_ext": _build.recording_build_ext(BuildExtension.with_options(use_ninja=False))}

@@ -49,7 +49,7 @@ def _defines(path: str, name: str) -> bool:
 
 
 def _sources():
-    return sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp", ".cu"))
+    return sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp", ".cu", ".cuh"))
 
 
 def _rel(p: Path) -> str:
@@ -105,12 +105,11 @@ def test_every_kernel_family_runs_the_shared_templates():
     them all): the step kernels cell_output and cell_grad, the three scans the scan elements."""
     callers = {
         "cpu/vec_impl.h": ("cell_output", "cell_grad", "with_output_rule"),
-        "cuda/forward_element.h": ("cell_output",),
-        "cuda/backward_element.h": ("cell_grad",),
+        "cuda/forward_element.cuh": ("cell_output",),
+        "cuda/backward_element.cuh": ("cell_grad",),
         "cpu/scan_rows_impl.h": ("scan_forward_element", "scan_backward_element",
                                  "with_output_rule"),
-        "cuda/scan_kernel.cu": ("scan_forward_element", "scan_backward_element",
-                                "with_output_rule"),
+        "cuda/scan_kernel.cuh": ("scan_forward_element", "scan_backward_element"),
     }
     for path, called in callers.items():
         text = (CSRC / path).read_text()

@@ -27,14 +27,24 @@
 // (output_has_gate, output_reads_tanh); their maths is common/elementwise.h's (cell_output,
 // cell_grad, out_gate_grad), and with_output_rule below is the one switch that turns a rule into
 // a compile-time constant for the kernels' loops.
+//
+// Two parts: the plain data and the constants (enums, KernelSpec, ScanSpec, output_has_gate,
+// output_reads_tanh) are header-free and compile under NVRTC (__CUDACC_RTC__: the CUDA device
+// sources in cuda/*.cuh, compiled at run time, include this file after cuda/device_types.cuh);
+// the decoders and their checks (TORCH_CHECK, std::string, std::vector) are host code, compiled
+// by the C++ compiler only.  The CUDA launcher (rnn_ablations/kernels/cuda/spec.py) fills the same
+// structs from Python; tests/test_nvrtc_kernels.py compares its decoder with this one and its
+// struct layouts with these.
 #pragma once
 
+#if !defined(__CUDACC_RTC__)
 #include <c10/util/Exception.h>  // TORCH_CHECK (light: the vector-path files include this)
 
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
+#endif
 
 namespace rnn_ablations {
 
@@ -76,6 +86,8 @@ struct KernelSpec {
   int64_t out_gate_block;  // index of o among the recurrent blocks, -1 without one
   // i is recurrent block 0 and f block 1 when there is a memory.
 };
+
+#if !defined(__CUDACC_RTC__)  // host code: the decoders and their checks
 
 inline const char* output_rule_name(int output) {
   switch (output) {
@@ -171,6 +183,8 @@ inline std::vector<std::vector<std::string>> kernel_spec_blocks(const KernelSpec
   return {rec, inp};
 }
 
+#endif  // !__CUDACC_RTC__
+
 // The element-wise scan's view of a cell whose gates read no h_{t-1} (Variant.reads_hidden
 // False, e.g. lstm_minus_srnn_minus_hidden): every block reads x_t only, so a layer is one input
 // projection proj (G blocks of H columns per direction) and an element-wise recurrence in c.
@@ -193,6 +207,8 @@ struct ScanSpec {
   // -1 when the cell has no such block; the bias of every block is added inside the scan
   int64_t block[kScanBlocks];
 };
+
+#if !defined(__CUDACC_RTC__)  // host code
 
 // Decode and check `code` (Variant.kernel_spec) for the element-wise scan, with or without
 // highway.  The block offsets follow from the spec in the table's weight order
@@ -250,5 +266,7 @@ inline std::vector<std::string> scan_spec_blocks(const ScanSpec& s) {
     if (s.block[role] >= 0) order[static_cast<size_t>(s.block[role])] = names[role];
   return order;
 }
+
+#endif  // !__CUDACC_RTC__
 
 }  // namespace rnn_ablations

@@ -1,15 +1,13 @@
 // The forward of ONE element (row b, unit j) of one step, for every kernel spec, as the CUDA
-// kernels run it: the step kernel (step_kernel.cu, forward_kernel: one thread per element after
-// the step's GEMM) and the persistent kernel (persistent_kernel.cu: the whole recurrence in one
+// kernels run it: the step kernel (step_kernel.cuh, forward_kernel: one thread per element after
+// the step's GEMM) and the persistent kernel (persistent_kernel.cuh: the whole recurrence in one
 // launch).  Written once so that both compute the same function; the per-element maths of the
 // cell and the highway mix are common/elementwise.h's (shared with the CPU kernel).
 //
-// Include inside the including file's namespace, after common/kernel_spec.h (KernelSpec,
-// OutputRule) and common/elementwise.h (cell_update, cell_output, highway_mix), as elementwise.h
-// is.
+// Include inside namespace rnn_ablations, after device_types.cuh (sigm), common/kernel_spec.h
+// (KernelSpec, OutputRule) and common/elementwise.h (cell_update, cell_output, highway_mix), as
+// elementwise.h is.
 #pragma once
-
-template <typename T> __device__ __forceinline__ T sigm(T x) { return T(1) / (T(1) + exp(-x)); }
 
 // g: the pre-activation of recurrent block 0 of (b, j), block r at g[r * gs]; on exit the
 // activations replace them (the backward reads them).  xo: input-only block 0 of (b, j), block x

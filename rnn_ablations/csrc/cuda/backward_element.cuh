@@ -1,10 +1,9 @@
 // The backward of ONE element (row b, unit j) of one step, for every kernel spec, as the CUDA
-// kernels run it: the step kernel (step_kernel.cu, backward_kernel) and the persistent
-// backward (persistent_kernel.cu).  Written once so that both compute the same function; the
+// kernels run it: the step kernel (step_kernel.cuh, backward_kernel) and the persistent
+// backward (persistent_kernel.cuh).  Written once so that both compute the same function; the
 // per-element maths is common/elementwise.h's (shared with the CPU kernel).
 //
-// Include inside the including file's namespace, after common/kernel_spec.h and
-// common/elementwise.h.
+// Include inside namespace rnn_ablations, after common/kernel_spec.h and common/elementwise.h.
 #pragma once
 
 // g: the gate activations of row b (recurrent block r, unit j at g[r * H + j]); xob: row b of the

@@ -1,0 +1,108 @@
+"""Compile the CUDA kernels ahead of their first use, and say how long each took.
+
+    python -m rnn_ablations.kernels.cuda.precompile [--all] [--arch sm_XY] [--jobs N] [--force]
+
+Without ``--arch`` the programs are compiled for the local GPU (the current CUDA device) into the
+disk cache that the first call would fill (``RNN_ABLATIONS_CACHE``, see
+:mod:`rnn_ablations.kernels.cuda.cache`); ``--arch sm_90`` compiles for that architecture, with
+or without a GPU (e.g. to fill a shared cache, or to check the sources).  By default every
+instantiation a model of the table can call is compiled; ``--all`` is the same set (kept for
+scripts that name it).  ``--force`` compiles even what the cache holds (the times are then the
+cold first-use times).  Prints one row per instantiation (seconds, where it came from) and the
+total; exits 1 if any program failed.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import sys
+import time
+from typing import List, Optional
+
+from . import cache, nvrtc
+from .programs import all_programs
+
+__all__ = ["main", "precompile"]
+
+
+def _local_arch() -> int:
+    import torch
+    if torch.version.cuda is None:
+        raise SystemExit("precompile: this torch has no CUDA (torch " + torch.__version__ +
+                         "); name the architecture: --arch sm_90")
+    if not torch.cuda.is_available():
+        raise SystemExit("precompile: no CUDA device is visible; name the architecture: "
+                         "--arch sm_90")
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+def _parse_arch(text: str) -> int:
+    t = text.strip().lower()
+    for prefix in ("sm_", "compute_"):
+        if t.startswith(prefix):
+            t = t[len(prefix):]
+    if not t.isdigit() or len(t) < 2:
+        raise argparse.ArgumentTypeError(f"--arch {text!r}: give an architecture as sm_XY, "
+                                         "e.g. sm_80 or sm_90")
+    return int(t)
+
+
+def precompile(arch: int, jobs: int = 1, force: bool = False, out=sys.stdout) -> int:
+    """Compile every program for ``arch``; print the table; return the number of failures."""
+    progs = all_programs()
+    target, cubin = cache.target_for(arch)
+    print(f"NVRTC {'.'.join(map(str, nvrtc.version()))}, target {target} "
+          f"({'CUBIN' if cubin else 'PTX, compiled by the driver at load'}), cache "
+          f"{cache.cache_dir()}", file=out)
+
+    def one(p):
+        start = time.perf_counter()
+        try:
+            b = cache.binary(p, arch, quiet=True, force=force)
+            return p, time.perf_counter() - start, ("compiled" if b.seconds else "cache"), None
+        except nvrtc.NvrtcError as exc:
+            return p, time.perf_counter() - start, "FAILED", str(exc)
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(one, progs))
+    wall = time.perf_counter() - start
+    print(f"{'instantiation':48s} {'seconds':>8s}  source", file=out)
+    failures = 0
+    for p, sec, how, err in results:
+        print(f"{p.name:48s} {sec:8.2f}  {how}", file=out)
+        if err:
+            failures += 1
+            print(err, file=out)
+    total = sum(r[1] for r in results)
+    print(f"{len(results)} instantiations, {failures} failed; {total:.1f} s of compile time, "
+          f"{wall:.1f} s wall with {max(1, jobs)} job(s)", file=out)
+    return failures
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rnn_ablations.kernels.cuda.precompile",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--all", action="store_true",
+                    help="every instantiation (the default set)")
+    ap.add_argument("--arch", type=_parse_arch, default=None,
+                    help="target architecture, e.g. sm_90 (default: the local GPU)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="programs compiled at once (default: the CPU count)")
+    ap.add_argument("--force", action="store_true",
+                    help="compile even what the cache holds (cold times)")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be >= 1")
+    arch = args.arch if args.arch is not None else _local_arch()
+    try:
+        return 1 if precompile(arch, args.jobs, args.force) else 0
+    except nvrtc.NvrtcError as exc:
+        print(f"precompile: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The CUDA kernels checked without a GPU: NVRTC (from the nvidia-cuda-nvrtc wheel of
+requirements/core.txt) compiles every instantiation to CUBIN for sm_80 and sm_90 through the
+package's own precompile command and disk cache; the launcher's by-value structs have the C
+structs' layouts and its parameter lists are the kernels' (probes that NVRTC compiles only when
+they agree, and that fail when they do not); the launcher's spec decoder agrees with the CPU
+kernel's (kernel_spec.h) on every variant; the cache is written atomically and survives a
+damaged file.  Launch and numerics need a GPU: tests/test_cuda.py."""
+import io
+import os
+import time
+
+import pytest
+
+from conftest import requires_kernel
+from rnn_ablations.kernels.cuda import cache, nvrtc, precompile, programs, structs
+from rnn_ablations.variants import VARIANTS
+
+NVRTC_MISSING = nvrtc.library_error()
+pytestmark = pytest.mark.skipif(
+    NVRTC_MISSING is not None,
+    reason="NVRTC is not installed (pip install -r requirements/core.txt brings the "
+           f"nvidia-cuda-nvrtc wheel): {NVRTC_MISSING}")
+
+
+def _compile(source, expressions=(), arch="sm_80"):
+    return nvrtc.compile_program(source, "probe.cu", list(expressions), cache.options_for(arch))
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_nvrtc_compiles_every_instantiation(arch, tmp_path, monkeypatch):
+    """Every program the launcher can ask for compiles to CUBIN (cold, into an empty cache);
+    a second run reads them all from the cache."""
+    monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path))
+    out = io.StringIO()
+    start = time.perf_counter()
+    failures = precompile.precompile(arch, jobs=2, out=out)
+    seconds = time.perf_counter() - start
+    text = out.getvalue()
+    assert failures == 0, text
+    n = len(programs.all_programs())
+    assert n == 62  # 4 dtypes x (2 step + 12 scan) + 3 dtypes x 2 persistent
+    assert f"{n} instantiations, 0 failed" in text and f"target sm_{arch} (CUBIN)" in text
+    assert text.count(" compiled\n") == n
+    files = os.listdir(os.path.join(str(tmp_path), "cuda"))
+    assert len(files) == n and not [f for f in files if f.startswith(".tmp")]
+    print(f"\nNVRTC {nvrtc.version()}: {n} instantiations for sm_{arch} in {seconds:.1f} s")
+    again = io.StringIO()
+    assert precompile.precompile(arch, jobs=1, out=again) == 0
+    assert again.getvalue().count(" cache\n") == n
+
+
+def test_nvrtc_launcher_signatures_are_the_kernels():
+    """Each kernel's parameter list is the launcher's (programs.PARAMS), checked by NVRTC."""
+    progs = programs.all_programs()
+    _compile(programs.signature_probe(progs), [p.expression for p in progs])
+    # the probe can fail: one parameter's type changed on the launcher's side
+    wrong = programs.Program("step_forward", "float32")
+    params = list(programs.PARAMS["step_forward"])
+    try:
+        programs.PARAMS["step_forward"] = params[:1] + [("n", "int")] + params[2:]
+        with pytest.raises(nvrtc.NvrtcError, match="the kernel's parameters are not the launcher's"):
+            _compile(programs.signature_probe([wrong]), [wrong.expression])
+    finally:
+        programs.PARAMS["step_forward"] = params
+
+
+def test_nvrtc_struct_layouts_match_the_launcher():
+    """The ctypes Structures the launcher passes by value have the C structs' sizes and field
+    offsets (checked by NVRTC on the device sources), and the check can fail."""
+    _compile(structs.layout_probe())
+    bad = structs.layout_probe().replace("sizeof(rnn_ablations::Dims) == 40",
+                                         "sizeof(rnn_ablations::Dims) == 48")
+    assert bad != structs.layout_probe()
+    with pytest.raises(nvrtc.NvrtcError, match="Dims: size differs"):
+        _compile(bad)
+
+
+def test_nvrtc_lowered_names_name_the_instantiation():
+    binary, lowered, _ = _compile(programs.Program("scan_forward", "bfloat16", 1, True).source,
+                                  ["rnn_ablations::scan_forward_kernel<rnn_ablations::BFloat16, "
+                                   "float, 1, true>"])
+    assert lowered[0].startswith("_ZN13rnn_ablations19scan_forward_kernel") and binary
+
+
+@requires_kernel
+def test_nvrtc_spec_decoder_agrees_with_kernel_spec_h():
+    """The launcher's decoder (structs.py) reads every variant's spec as the CPU kernel's
+    kernel_spec.h does, and refuses what it refuses."""
+    from rnn_ablations.dispatch import _C
+    checked = 0
+    for v in VARIANTS.values():
+        for highway in (False, True):
+            code = v.kernel_spec
+            try:
+                want = _C.describe_kernel_spec(code, highway)
+            except RuntimeError:
+                want = None
+            if want is None:
+                with pytest.raises(RuntimeError):
+                    structs.decode_kernel_spec(code, highway, "test")
+            else:
+                s = structs.decode_kernel_spec(code, highway, "test")
+                rec, inp = structs.kernel_spec_blocks(s)
+                assert (rec, inp) == (list(want["recurrent"]), list(want["input_only"])), v.name
+                checked += 1
+            try:
+                want_scan = _C.describe_scan_spec(code, highway)
+            except RuntimeError:
+                want_scan = None
+            if want_scan is None:
+                with pytest.raises(RuntimeError):
+                    structs.decode_scan_spec(code, highway, "test")
+            else:
+                s = structs.decode_scan_spec(code, highway, "test")
+                assert structs.scan_spec_blocks(s) == list(want_scan["input_only"]), v.name
+                checked += 1
+    assert checked >= len(VARIANTS)
+    for bad in (0, 3, 0xA5 << 8 | 1 << 20):
+        with pytest.raises(RuntimeError, match="unknown kernel spec"):
+            structs.decode_kernel_spec(bad, False, "test")
+
+
+def test_nvrtc_cache_is_atomic_and_repairs_a_damaged_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path))
+    prog = programs.Program("step_forward", "float32")
+    first = cache.binary(prog, 80, quiet=True, force=True)
+    folder = os.path.join(str(tmp_path), "cuda")
+    (name,) = os.listdir(folder)
+    assert name.endswith(".bin") and first.kind == "cubin" and first.seconds > 0
+    cache._memory.clear()
+    again = cache.binary(prog, 80, quiet=True)
+    assert again.seconds == 0 and again.data == first.data and again.lowered == first.lowered
+    with open(os.path.join(folder, name), "r+b") as f:  # a truncated file is not used
+        f.truncate(100)
+    cache._memory.clear()
+    repaired = cache.binary(prog, 80, quiet=True)
+    assert repaired.seconds > 0 and repaired.data == first.data
+    assert os.listdir(folder) == [name]
+
+
+def test_nvrtc_precompile_refuses_a_bad_arch():
+    with pytest.raises(SystemExit):
+        precompile.main(["--arch", "ninety"])
