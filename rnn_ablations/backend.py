@@ -44,8 +44,7 @@ try:  # pragma: no cover - built only with a CUDA build of torch and nvcc (see s
     _C_cuda = ops_cuda.CudaKernel(_C_cuda)
 except ImportError as exc:  # pragma: no cover
     _C_cuda = None
-    _CUDA_KERNEL_ERROR = (f"{exc}; it is built by `pip install --no-build-isolation -e .` when "
-                          "torch is a CUDA build and CUDA's compiler is found")
+    _CUDA_KERNEL_ERROR = str(exc)  # why (rnn_ablations.kernels.cuda.unavailable_reason)
 
 # Warned once per kind (``Plan.warning``); without a CPU kernel the loader has warned already
 # (or RNN_ABLATIONS_NO_KERNEL / RNN_ABLATIONS_DISABLE_KERNEL asked for that).

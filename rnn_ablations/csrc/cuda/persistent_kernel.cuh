@@ -1,9 +1,10 @@
 // Persistent recurrent kernels (CUDA): the FORWARD pass of one layer in one direction of every
 // step-kernel variant in ONE cooperative launch that keeps W_hh on chip and loops over the time
 // steps (Diamos et al. 2016, "Persistent RNNs"; cuDNN's persistent algorithms), and the
-// recurrence of its BACKWARD pass the same way.  Same functions, arguments and results as
-// the step kernel's forward / backward (step_kernel.cuh + rnn_ablations/kernels/cuda/step.py: one cuBLAS GEMM and one
-// element-wise kernel per step, 2+ launches per step); the saved tensors (gates, cs, hin) are laid
+// recurrence of its BACKWARD pass the same way.  Same functions, arguments and results as the
+// step kernel's forward / backward (step_kernel.cuh, its loop in rnn_ablations/kernels/cuda/
+// host.py: one cuBLAS GEMM and one element-wise kernel per step, 2+ launches per step); the
+// saved tensors (gates, cs, hin) are laid
 // out as that kernel saves them, so either backward consumes either forward's.  Off by default
 // (rnn_ablations/cuda_recurrence.py selects the forward only when asked:
 // set_cuda_recurrence("persistent"), and the backward only with PERSISTENT_BACKWARD).
@@ -42,8 +43,8 @@
 // nodes with the cooperative attribute); if a capture fails, rnn_ablations/cuda_graphs.py runs
 // the call eagerly.
 //
-// Applicability (persistent_plan in rnn_ablations/kernels/cuda/persistent.py; otherwise the step kernel runs, or a forced "persistent"
-// raises naming the reason): float32, bfloat16 or float16 (float64 runs the step kernel); a
+// Applicability (persistent_plan in rnn_ablations/kernels/cuda/host.py; otherwise the step kernel
+// runs, or a forced "persistent" raises naming the reason): float32, bfloat16 or float16 (float64 runs the step kernel); a
 // device with cooperative launch; the W_hh slice of one block plus one batch row of h_{t-1}
 // fits in the shared memory a block may opt in to; all blocks resident at once (at most one
 // block of kThreads per SM is assumed); batch <= 65535 (per-step active row counts travel as
@@ -54,14 +55,15 @@
 // while b < batch_sizes[t]; an inactive row's outputs stay zero and its state is frozen (h_n /
 // c_n are written at its last active step; rows never active keep h0 / c0).  The loop stops at
 // the first step with no active row, as the step kernel's does.
-
+//
 // Compiled at run time by NVRTC, one program per dtype and direction
 // (rnn_ablations::persistent_forward_kernel<float, float>, ...).  The launcher packs
 // PersistentArgs / PersistentBackwardArgs as ctypes Structures of the same layout
-// (tests/test_nvrtc_kernels.py checks the layouts against these structs).
+// (kernel_args.cuh; tests/test_nvrtc_kernels.py checks the layouts against these structs).
 #pragma once
 
 #include "cell_maths.cuh"
+#include "kernel_args.cuh"  // PersistentArgs, PersistentBackwardArgs, kChunkSteps
 
 namespace rnn_ablations {
 
@@ -69,30 +71,7 @@ constexpr int kThreads = 512;  // threads per block (16 warps)
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileRows = 2;   // W rows per warp tile
 constexpr int kTileBatch = 4;  // batch rows per warp tile
-constexpr int kChunkSteps = 1024;  // steps per launch (active row counts in the parameters)
 constexpr int64_t kMaxRows = 65535;
-
-// Everything one launch needs, passed by value (__grid_constant__: read in place from the
-// parameter space, ~2.3 KB of the 4 KB a launch may pass).
-template <typename T, typename A>
-struct PersistentArgs {
-  KernelSpec ks;
-  int H, B, P, U, bt;      // units, rows, projection width, units per block, rows per tile
-  int t0, steps, n_after;  // first step, steps in this launch, active rows after the last one
-  const T* proj;           // (T, B, P): recurrent blocks then input-only blocks
-  const T* w_hh;           // (R*H, H)
-  const T* h0;             // (B, H)
-  const A* c0;             // (B, H), acc_t
-  const T* mask;           // (B, H) recurrent-dropout mask, or null
-  T* out;                  // (T, B, H), zero-initialised
-  A* cs;                   // (T, B, H)
-  A* gates;                // (T, B, R*H) activations, or null (inference)
-  A* hin;                  // (T, B, H) h before the highway mix, or null
-  T* h_n;                  // (B, H), initialised to h0
-  T* c_n;                  // (B, H), initialised to c0 (to h0 without memory)
-  unsigned int* barrier;   // the grid barrier's counter, zero at the launch
-  uint16_t n[kChunkSteps];  // active rows of step t0 + s
-};
 
 __device__ __forceinline__ uint64_t align16(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
 
@@ -239,26 +218,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The backward's arguments (as PersistentArgs; steps run from t_hi down).
-template <typename T, typename A>
-struct PersistentBackwardArgs {
-  KernelSpec ks;
-  int H, B, P, U, bt;
-  int t_hi, steps;         // steps t_hi, t_hi - 1, ..., t_hi - steps + 1
-  const T* proj;           // (T, B, P): the input-only blocks (content, highway projection)
-  const T* w_hh;           // (R*H, H)
-  const A* gates;          // (T, B, R*H) the forward's activations
-  const A* cs;             // (T, B, H)
-  const A* c0;             // (B, H)
-  const A* hin;            // (T, B, H) with highway, else null
-  const T* g_out;          // (T, B, H) dL/d out
-  const T* mask;           // (B, H) or null
-  T* dproj;                // (T, B, P), zero-initialised
-  A* dh;                   // (B, H) carried dL/dh: grad_hn on entry, dL/dh0 on exit
-  A* dc;                   // (B, H) carried dL/dc: grad_cn on entry, dL/dc0 on exit
-  unsigned int* barrier;   // the grid barrier's counter, zero at the launch
-  uint16_t n[kChunkSteps];  // active rows of step t_hi - s
-};
 
 // The step kernel's backward (cuda_backward) in one launch.  Block q owns units [q*U, q*U + U):
 // per step (from the last) it runs backward_element for its units (d_proj_t of its units, its

@@ -1,7 +1,7 @@
 // The element-wise scan's device code (CUDA) of a gated memory whose gates read x_t only: the
 // recurrence of LSTM - S-RNN - HIDDEN.  The same function, arguments and results as the CPU scan
 // in cpu/scan.cpp (read its header for the arguments): the variant arrives as a ScanSpec
-// (common/kernel_spec.h decode_scan_spec; the host, rnn_ablations/kernels/cuda/scan.py, decodes
+// (common/kernel_spec.h decode_scan_spec; the host, rnn_ablations/kernels/cuda/host.py, decodes
 // Variant.kernel_spec), and the per-element maths is common/elementwise.h's
 // (scan_forward_element, scan_backward_element), as on the CPU; the reference is
 // rnn_ablations/functional.py.
@@ -18,24 +18,13 @@
 #pragma once
 
 #include "cell_maths.cuh"
+#include "kernel_args.cuh"  // Dims, Strides
 
 namespace rnn_ablations {
-
-// Dimensions of one call: T steps, B rows, D directions, H units, G blocks per direction.
-struct Dims {
-  int64_t T, B, D, H, G;
-};
 
 __device__ __forceinline__ int64_t position(int64_t d, int64_t s, int64_t L) {
   return d == 0 ? s : L - 1 - s;
 }
-
-// Row strides (elements) of the (T, B, W) tensors: proj / d_proj, out / cs, g_out.  proj is
-// time-major contiguous or the time-major view of a batch-major (B, T, W) tensor; out, cs and
-// d_proj are laid out like it.
-struct Strides {
-  int64_t p_st, p_sb, o_st, o_sb, g_st, g_sb;
-};
 
 // `len` null: every row runs all T steps (no copy of the lengths to the device).
 __device__ __forceinline__ int64_t row_steps(const int64_t* len, int64_t b, int64_t T) {

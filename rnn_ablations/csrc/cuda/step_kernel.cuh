@@ -3,7 +3,7 @@
 // in cpu/layer_plain.cpp (rnn_forward / rnn_backward), which the generic path
 // (rnn_ablations/functional.py) defines and the tests compare against.
 //
-// Per step the host (rnn_ablations/kernels/cuda/step.py) runs one cuBLAS GEMM of the active rows
+// Per step the host (rnn_ablations/kernels/cuda/host.py) runs one cuBLAS GEMM of the active rows
 // against h_{t-1} (torch.addmm into the fp32 / float64 pre-activations), then ONE launch of
 // forward_kernel (all activations, the cell update, the output and the highway mix); the
 // backward per step: one backward_kernel (which also adds dL/dout_t), then one GEMM for dh_{t-1};

@@ -29,10 +29,12 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from ... import _env
 from . import nvrtc
 from .programs import CSRC, Program, sources_digest
 
-__all__ = ["cache_dir", "options_for", "target_for", "binary", "Binary", "compile_stats"]
+__all__ = ["cache_dir", "options_for", "target_for", "binary", "lookup", "Binary",
+           "compile_stats"]
 
 logger = logging.getLogger("rnn_ablations")
 
@@ -54,13 +56,7 @@ class Binary:
 
 def cache_dir() -> str:
     """The folder of the compiled CUDA programs (``<cache>/cuda``)."""
-    root = os.environ.get("RNN_ABLATIONS_CACHE")
-    if root:
-        root = os.path.abspath(os.path.expanduser(root))
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(base, "rnn_ablations")
-    return os.path.join(root, "cuda")
+    return os.path.join(_env.cache_root(), "cuda")
 
 
 def target_for(arch: int) -> Tuple[str, bool]:
@@ -141,18 +137,26 @@ def binary(prog: Program, arch: int, quiet: bool = False, force: bool = False) -
     """``prog`` compiled for a GPU of compute capability ``arch`` (e.g. 90): from this process's
     memory, else from the disk cache, else compiled now (a one-line message unless ``quiet``)
     and stored.  ``force``: compiled now whatever the caches hold (and stored)."""
+    return lookup(prog, arch, quiet, force)[0]
+
+
+def lookup(prog: Program, arch: int, quiet: bool = False, force: bool = False
+           ) -> Tuple[Binary, str]:
+    """:func:`binary`, and where it came from: "memory", "disk" or "compiled"."""
     target, cubin = target_for(arch)
     options = options_for(target)
     key = _key(prog, options)
     with _lock:
         got = None if force else _memory.get(key)
     if got is not None:
-        return got
+        return got, "memory"
     path = os.path.join(cache_dir(), key + ".bin")
     got = None if force else _read(path, prog)
+    source = "disk"
     if got is not None:
         _stats["from_disk"] += 1
     else:
+        source = "compiled"
         if not quiet:
             logger.warning("rnn_ablations: compiling the CUDA kernel %s for %s with NVRTC (once; "
                            "cached in %s)", prog.name, target, cache_dir())
@@ -166,7 +170,7 @@ def binary(prog: Program, arch: int, quiet: bool = False, force: bool = False) -
         _write(path, prog, got)
     with _lock:
         _memory[key] = got
-    return got
+    return got, source
 
 
 def compile_stats() -> dict:

@@ -60,8 +60,9 @@ def precompile(arch: int, jobs: int = 1, force: bool = False, out=sys.stdout) ->
     def one(p):
         start = time.perf_counter()
         try:
-            b = cache.binary(p, arch, quiet=True, force=force)
-            return p, time.perf_counter() - start, ("compiled" if b.seconds else "cache"), None
+            _, source = cache.lookup(p, arch, quiet=True, force=force)
+            return (p, time.perf_counter() - start,
+                    "compiled" if source == "compiled" else "cache", None)
         except nvrtc.NvrtcError as exc:
             return p, time.perf_counter() - start, "FAILED", str(exc)
 

@@ -157,7 +157,7 @@ class Program:
             base = sym[len("const "):] if const else sym
             ptr = base.endswith("*")
             base = base.rstrip("*")
-            c = {"T": t, "A": a, "int64": "int64_t"}[base]
+            c = {"T": t, "A": a, "int64": "int64_t", "int32": "int"}[base]
             out.append(("const " if const else "") + c + ("*" if ptr else ""))
         return out
 

@@ -6,8 +6,9 @@ the decoders that fill the spec structs from ``Variant.kernel_spec``.
 The decoders read the code exactly as ``decode_kernel_spec`` / ``decode_scan_spec`` in
 ``kernel_spec.h`` do (the CPU kernel's; ``tests/test_nvrtc_kernels.py`` compares them on every
 variant and on refused codes) and refuse what those refuse, with the same reasons.  The layouts
-are checked by compiling a probe with NVRTC that asserts each field's offset and each struct's
-size (``layout_probe``).
+are checked by probes that compile only when they agree: NVRTC for each struct's size and
+alignment on the device (``layout_probe``), the host C++ compiler for each field's offset
+(``host_layout_probe``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Dict, List, Tuple
 
 __all__ = ["KernelSpec", "ScanSpec", "Dims", "Strides", "persistent_args",
            "persistent_backward_args", "decode_kernel_spec", "decode_scan_spec",
-           "check_kernel_spec", "check_scan_spec", "CHUNK_STEPS", "layout_probe",
+           "check_kernel_spec", "check_scan_spec", "CHUNK_STEPS", "layout_probe", "host_layout_probe",
            "kernel_spec_blocks", "scan_spec_blocks"]
 
 # common/kernel_spec.h
@@ -227,21 +228,31 @@ def scan_spec_blocks(s: ScanSpec) -> List[str]:
 
 
 def _c_name(name: str) -> str:
-    if name.startswith("Persistent"):
-        return f"rnn_ablations::{name}<float, float>"
-    return f"rnn_ablations::{name}"
+    return "rnn_ablations::" + name + ("<float, float>" if name.startswith("Persistent") else "")
 
 
 def layout_probe() -> str:
-    """A device source that compiles only if every Structure here has the size and field
-    offsets of its C struct."""
+    """A device source that NVRTC compiles only if every Structure here has the size and the
+    alignment of its C struct on the device."""
     lines = ['#include "cuda/scan_kernel.cuh"', '#include "cuda/persistent_kernel.cuh"']
     for name, cls in STRUCTS.items():
         c = _c_name(name)
-        lines.append(f"static_assert(sizeof({c}) == {ctypes.sizeof(cls)}, "
+        lines.append(f"static_assert(sizeof({c}) == {ctypes.sizeof(cls)} && alignof({c}) == "
+                     f"{ctypes.alignment(cls)}, \"{name}: size differs from the launcher's\");")
+    return "\n".join(lines) + "\n"
+
+
+def host_layout_probe() -> str:
+    """A C++ source that the host compiler compiles only if every field of every Structure here
+    is at its C struct's offset (the structs are plain data, laid out alike on host and device:
+    ``cuda/kernel_args.cuh`` and ``kernel_spec.h``'s plain part, read as NVRTC reads them)."""
+    lines = ["#include <cstddef>", "#include <cstdint>", "#define __CUDACC_RTC__ 1",
+             '#include "cuda/kernel_args.cuh"']
+    for i, (name, cls) in enumerate(STRUCTS.items()):
+        lines.append(f"typedef {_c_name(name)} S{i};")
+        lines.append(f"static_assert(sizeof(S{i}) == {ctypes.sizeof(cls)}, "
                      f"\"{name}: size differs from the launcher's\");")
         for field, _ in cls._fields_:
-            off = getattr(cls, field).offset
-            lines.append(f"static_assert(__builtin_offsetof({c}, {field}) == {off}, "
-                         f"\"{name}.{field}: offset differs from the launcher's\");")
+            lines.append(f"static_assert(offsetof(S{i}, {field}) == {getattr(cls, field).offset},"
+                         f" \"{name}.{field}: offset differs from the launcher's\");")
     return "\n".join(lines) + "\n"
