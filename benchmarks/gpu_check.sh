@@ -1,53 +1,51 @@
 #!/usr/bin/env bash
-# GPU check, for a machine with CUDA and a torch that sees it (run from the repo root):
+# GPU check, for a machine with an NVIDIA GPU and a CUDA torch (run from the repo root):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]          (default OUT_DIR: benchmarks/results)
-# A few minutes of GPU time; needs no network.  Steps (each under its own time limit, logs in
-# OUT_DIR; a summary at the end says which step failed; exit status 1 if any did):
-#   build   the CUDA kernel in place (rnn_ablations/_C_cuda*.so) with this machine's torch and
-#           nvcc, for this GPU's architecture only (the CPU kernel is not built:
-#           RNN_ABLATIONS_NO_KERNEL=1), unless it is importable already and its stamp
-#           build/cuda_sources.stamp (a hash of csrc/ and setup.py, written after a build)
-#           matches the sources: a module built elsewhere for the same Python and torch can be
-#           carried in with its stamp to save the build's minute (GPU_CHECK_STAMP_ONLY=1 bash
-#           benchmarks/gpu_check.sh writes the stamp of the current sources and exits);
-#   tests   tests/test_cuda.py with CUDA graphs on (the default), then the kernel tests again
-#           with RNN_ABLATIONS_CUDA_GRAPHS=0 (both without the persistent kernels' tests, which
-#           the persistent step runs);
-#   persistent  the persistent kernels (off by default): their tests
-#           (tests/test_cuda.py -k persistent, graphs off and on inside the tests), then
-#           speed_cuda_persistent.{json,md}: ran and lstm at B=32, T=64, H=256/650, float32 and
-#           bfloat16, each on the step kernel and as "<variant> [persistent]" (persistent
-#           forward, step backward), against cuDNN, graphs on; speed_cuda_persistent_bwd: the
-#           same with the persistent backward too (RNN_ABLATIONS_PERSISTENT_BACKWARD=1);
-#   speed   speed_cuda.{json,md}: B=32, T=64, H=256/650, one layer, every variant against cuDNN's
-#           nn.LSTM in float32, bfloat16 and float16, graphs on (autocast: the autocast step);
-#           speed_cuda_nographs.{json,md}: the same in float32 and bfloat16 with graphs off;
-#           speed_cuda_experiments.{json,md}: the experiments' shapes, float32 and bfloat16;
-#   long_bi speed_cuda_long_bi.{json,md}: the bidirectional T = 200 experiment shapes (BiDAF,
-#           DrQA: the step kernel's weakest shapes against cuDNN in float32), ran and lstm,
-#           each on the step kernel and on the persistent forward ("[persistent]");
-#   autocast speed_cuda_autocast.{json,md}: every variant under torch.autocast(bfloat16 and
-#           float16) against cuDNN under the same autocast;
-#   core    tests/test_core.py on the GPU machine's Python (the CPU kernel _C, built for another
-#           Python, is usually not importable there: the generic path runs and
-#           test_kernel_is_built is deselected), last and optional (GPU_CHECK_CORE=0 skips it,
-#           GPU_CHECK_CORE_K=EXPR runs only the tests that pytest -k EXPR selects).
-# Without a CUDA device the CUDA steps are skipped (said so) and the script still exits 0 when
-# what ran passed.  PYTHON picks the interpreter (default python3).
-# Time: the steps share GPU_CHECK_BUDGET seconds (default 170): each runs under the smaller of
-# its own limit and what is left, and a step that would start with under 15 s left is skipped
-# (said so in the summary).  GPU_CHECK_STEPS picks the steps (default: all, in this order:
-# build tests persistent speed nographs tests_nographs experiments long_bi autocast core).
+# Fits a lent GPU from a bare machine: nothing CUDA is built (the CUDA kernels are compiled at
+# first use by NVRTC, which the CUDA torch brings); needs no network.  Steps, in this order,
+# each under its own time limit, logs in OUT_DIR, a summary at the end (exit 1 if any failed):
+#   gate        FIRST, before anything costs time: exits 1 at once, saying why, when this
+#               machine cannot run the package's CUDA kernels (no CUDA in torch, no visible
+#               GPU, no NVRTC, no driver, RNN_ABLATIONS_NO_KERNEL=1 set);
+#   install     pip install -e . with nothing built (RNN_ABLATIONS_NO_KERNEL=1 at install time,
+#               --no-build-isolation --no-deps: no network), unless the package is installed;
+#   cpu_kernel  the CPU kernel's first-use build (the operators' schemas are defined with it),
+#               in the background while the next step runs;
+#   precompile  python -m rnn_ablations.kernels.cuda.precompile: every CUDA instantiation for
+#               this GPU, timed (the table: OUT_DIR/gpu_precompile.log), into the disk cache the
+#               tests then read;
+#   in_use      the package's CUDA kernels are the ones running: a forward + backward of one
+#               layer on the GPU must go through them; stops the check (exit 1) otherwise, so
+#               that no speed table times another path;
+#   tests       tests/test_cuda.py (every test of the NVRTC kernels, graphs, persistent
+#               kernels, bfloat16 / float16);
+#   speed       speed_cuda_<gpu>.{json,md}: B=32, T=64, H=256/650, one layer, ran / lstm /
+#               lstm_minus_srnn_minus_hidden in float32 and bfloat16, graphs on, against cuDNN's
+#               nn.LSTM eager AND replayed from a CUDA graph in the same rounds
+#               (ratio_vs_nn_lstm, ratio_vs_nn_lstm_graphed; the JSON's machine.cuda_kernel says
+#               the CUDA kernels were in use);
+#   eager       speed_cuda_<gpu>_eager.{json,md}: the same with graphs off (the eager step loop,
+#               which training on variable-length batches runs);
+#   experiments speed_cuda_<gpu>_experiments.{json,md}: the experiments' shapes, float32.
+# The steps share GPU_CHECK_BUDGET seconds (default 240): each runs under the smaller of its own
+# limit and what is left; a step that would start with under 15 s left is skipped (said so).
+# GPU_CHECK_STEPS picks the steps (default: all but experiments; `build` is read as
+# `precompile`).  PYTHON picks the interpreter (default python3).
+# DEVICE=cpu: a dry run on a machine without a GPU: no gate, no install; precompile for
+# GPU_CHECK_ARCH (default sm_90), tests/test_cuda.py (its CPU tests), a CPU speed table of one
+# shape; it exercises the script, not the GPU.
 set -o pipefail
 out=${1:-benchmarks/results}
 mkdir -p "$out"
 py=${PYTHON:-python3}
+device=${DEVICE:-cuda}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 declare -a summary
 failed=0
 t_start=$(date +%s)
-budget=${GPU_CHECK_BUDGET:-170}
-steps=" ${GPU_CHECK_STEPS:-build tests persistent speed nographs tests_nographs experiments long_bi autocast core} "
+budget=${GPU_CHECK_BUDGET:-240}
+steps=" ${GPU_CHECK_STEPS:-gate install cpu_kernel precompile in_use tests speed eager} "
+steps=${steps/ build / precompile }
 want() { [[ "$steps" == *" $1 "* ]]; }
 note() { summary+=("$1"); echo "== $1"; }
 step() {  # step NAME LIMIT_S LOG CMD...: run CMD under a time limit, log it, record the result
@@ -73,108 +71,129 @@ step() {  # step NAME LIMIT_S LOG CMD...: run CMD under a time limit, log it, re
     fi
     return $rc
 }
+finish() {
+    echo
+    echo "================ gpu_check summary ($(( $(date +%s) - t_start )) s) ================"
+    printf '%s\n' "${summary[@]}" | tee "$out/gpu_check_summary.txt"
+    [ -f "$out/gpu_tests.log" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" \
+        "$out/gpu_tests.log" | tail -15 | sed "s|^|gpu_tests.log: |" | tee -a "$out/gpu_check_summary.txt"
+    exit "$1"
+}
+
+# gate: the first thing run.  It imports only the CUDA loader's checks (RNN_ABLATIONS_NO_KERNEL=1
+# keeps the package import from building the CPU kernel; the switch's own value is read first).
+if [ "$device" = cuda ] && want gate; then
+    switch=${RNN_ABLATIONS_NO_KERNEL:-${RNN_ABLATIONS_DISABLE_KERNEL:-}}
+    if ! why=$(RNN_ABLATIONS_NO_KERNEL=1 RNN_ABLATIONS_DISABLE_KERNEL=1 RNN_ABLATIONS_SWITCH="$switch" \
+            "$py" - <<'EOF' 2>&1
+import os, sys
+if os.environ["RNN_ABLATIONS_SWITCH"].strip() == "1":
+    sys.exit("RNN_ABLATIONS_NO_KERNEL=1 is set: the CUDA kernels would not run; unset it")
+from rnn_ablations.kernels.cuda import unavailable_reason
+why = unavailable_reason(respect_switch=False)
+if why:
+    sys.exit(why)
+import torch
+print(torch.cuda.get_device_name(0), "cc %d.%d" % torch.cuda.get_device_capability(0),
+      "torch", torch.__version__, "CUDA", torch.version.cuda)
+EOF
+    ); then
+        echo "$why" | tee "$out/gpu_gate.log"
+        note "FAIL  gate: the package's CUDA kernels cannot run here: $why"
+        finish 1
+    fi
+    echo "$why" | tee "$out/gpu_gate.log"
+    note "PASS  gate: $why"
+fi
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "no nvidia-smi"; } \
-    | tee "$out/gpu_env.txt"
-"$py" - <<'EOF' 2>&1 | tee -a "$out/gpu_env.txt"
-import sys, torch
-print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
-      "cudnn", torch.backends.cudnn.version() if torch.cuda.is_available() else None)
-if torch.cuda.is_available():
-    p = torch.cuda.get_device_properties(0)
-    print("device", p.name, "cc", f"{p.major}.{p.minor}", "SMs", p.multi_processor_count)
-else:
-    print("device none: torch sees no CUDA device")
-EOF
-has_cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+    > "$out/gpu_env.txt"
 
-# the sources a _C_cuda build comes from: a prebuilt module (carried in) is used only when its
-# stamp build/cuda_sources.stamp matches them
-src_hash=$( (find rnn_ablations/csrc -type f \( -name '*.cu' -o -name '*.h' -o -name '*.cpp' \) | LC_ALL=C sort
-             echo setup.py) | xargs cat 2>/dev/null | sha256sum | cut -c1-16)
-if [ "${GPU_CHECK_STAMP_ONLY:-0}" = 1 ]; then
-    mkdir -p build && echo "$src_hash" > build/cuda_sources.stamp && echo "stamp $src_hash" && exit 0
-fi
-if [ "$has_cuda" = 1 ] && want build; then
-    if "$py" -c "import rnn_ablations._C_cuda" 2>/dev/null \
-            && [ "$(cat build/cuda_sources.stamp 2>/dev/null)" = "$src_hash" ]; then
-        note "SKIP  build: rnn_ablations._C_cuda is importable and built from these sources ($src_hash)"
+if [ "$device" = cuda ] && want install; then
+    if "$py" -c "import importlib.metadata as m; m.version('rnn-ablations')" >/dev/null 2>&1; then
+        note "SKIP  install: rnn-ablations is installed"
     else
-        rm -f rnn_ablations/_C_cuda*.so build/cuda_sources.stamp
-        # this GPU's architecture only (a build for every architecture takes several times longer)
-        arch=$("$py" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
-        TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} RNN_ABLATIONS_NO_KERNEL=1 MAX_JOBS=8 \
-            step "build (sm ${arch})" 240 gpu_build.log "$py" setup.py -q build_ext --inplace
-        if "$py" -c "import rnn_ablations._C_cuda" 2>&1 | tee -a "$out/gpu_build.log"; then
-            mkdir -p build && echo "$src_hash" > build/cuda_sources.stamp
-        else
-            note "FAIL  build: rnn_ablations._C_cuda does not import (see $out/gpu_build.log)"
-            failed=1
-        fi
+        RNN_ABLATIONS_NO_KERNEL=1 step "install (pip install -e ., nothing built)" 60 gpu_install.log \
+            "$py" -m pip install -q --no-build-isolation --no-deps -e .
     fi
-elif [ "$has_cuda" != 1 ]; then
-    note "SKIP  build, CUDA tests with graphs off, speed: no CUDA device"
+fi
+
+cpu_pid=
+if want cpu_kernel; then
+    # the CPU kernel's first use builds it (minutes on 2 cores, less on a GPU host) while NVRTC
+    # compiles the CUDA programs; the loader's lock makes the later imports wait for it
+    ( t0=$(date +%s); "$py" -c "import rnn_ablations.dispatch as d; print('CPU kernel:', d._KERNEL_SOURCE or d._KERNEL_ERROR)" \
+        > "$out/gpu_cpu_kernel.log" 2>&1; echo "rc $? after $(( $(date +%s) - t0 )) s" >> "$out/gpu_cpu_kernel.log" ) &
+    cpu_pid=$!
+fi
+
+if want precompile; then
+    arch_args=()
+    [ "$device" = cpu ] && arch_args=(--arch "${GPU_CHECK_ARCH:-sm_90}")
+    RNN_ABLATIONS_NO_KERNEL=1 step "precompile (every CUDA instantiation, timed)" 120 gpu_precompile.log \
+        "$py" -m rnn_ablations.kernels.cuda.precompile "${arch_args[@]}" --jobs "$(nproc)"
+fi
+
+if [ -n "$cpu_pid" ]; then
+    wait "$cpu_pid"
+    note "INFO  cpu_kernel: $(tr '\n' ' ' < "$out/gpu_cpu_kernel.log")"
+fi
+
+if [ "$device" = cuda ] && want in_use; then
+    if ! step "in_use: the package's CUDA kernels run a layer" 60 gpu_in_use.log "$py" - <<'EOF'
+import sys, torch
+import rnn_ablations as ra
+from rnn_ablations import dispatch
+from rnn_ablations.kernels.cuda import cache, driver
+if not dispatch.cuda_kernel_available():
+    sys.exit(f"the CUDA kernels are not in use: {dispatch._CUDA_KERNEL_ERROR}")
+torch.manual_seed(0)
+for variant in ("lstm", "lstm_minus_srnn_minus_hidden"):
+    m = ra.AblatedRNN(variant, 16, 32).cuda()
+    x = torch.randn(5, 3, 16, device="cuda", requires_grad=True)
+    with ra.use_backend("kernel"):
+        out, (h, c) = m(x)
+        (out.sum() + c.sum()).backward()
+    ref = ra.AblatedRNN(variant, 16, 32).cuda()
+    ref.load_state_dict(m.state_dict())
+    with ra.use_backend("generic"):
+        want, _ = ref(x.detach())
+    err = (out - want).abs().max().item()
+    print(variant, "max |kernel - generic|", err)
+    if err > 1e-4:
+        sys.exit(f"{variant}: the CUDA kernels' output differs from the generic path by {err}")
+loaded = sorted(p.name for (_, p) in driver._kernels)
+print("NVRTC programs loaded:", loaded, "compile stats:", cache.compile_stats())
+if not loaded:
+    sys.exit("no NVRTC program was launched: the layers ran another path")
+EOF
+    then
+        note "FAIL  in_use: stopping here (the speed tables would not time the package's kernels)"
+        finish 1
+    fi
 fi
 
 xdist=()
-if "$py" -c "import xdist" 2>/dev/null && [ "$has_cuda" = 1 ]; then xdist=(-n 4); fi
-want tests && step "tests/test_cuda.py, CUDA graphs on" 90 gpu_tests.log \
-    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py -k "not persistent"
-if [ "$has_cuda" = 1 ] && want persistent; then
-    step "persistent kernel tests" 150 gpu_persistent_tests.log \
-        "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py -k persistent
-    step "speed, persistent kernel beside the step kernel" 60 gpu_speed_persistent.log \
+if "$py" -c "import xdist" 2>/dev/null && [ "$device" = cuda ]; then xdist=(-n 4); fi
+want tests && step "tests/test_cuda.py" 120 gpu_tests.log \
+    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py
+
+gpu=$("$py" -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower() if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo cpu)
+if [ "$device" = cuda ]; then
+    want speed && step "speed, graphs on, eager and graphed cuDNN" 60 gpu_speed.log \
         "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on \
-        --cuda-recurrence both --name speed_cuda_persistent --dtype float32 bfloat16 \
-        --variants ran lstm --out "$out"
-    RNN_ABLATIONS_PERSISTENT_BACKWARD=1 \
-        step "speed, persistent forward and backward" 60 gpu_speed_persistent_bwd.log \
-        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on \
-        --cuda-recurrence both --name speed_cuda_persistent_bwd --dtype float32 bfloat16 \
-        --variants ran lstm --out "$out"
-fi
-if [ "$has_cuda" = 1 ]; then
-    want speed && step "speed, standard shapes, graphs on" 60 gpu_speed.log \
-        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on --name speed_cuda \
-        --dtype float32 bfloat16 float16 --out "$out"
-    want nographs && step "speed, standard shapes, graphs off" 40 gpu_speed_nographs.log \
-        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs off \
-        --name speed_cuda_nographs --dtype float32 bfloat16 --variants ran lstm --out "$out"
-    want tests_nographs && RNN_ABLATIONS_CUDA_GRAPHS=0 \
-        step "tests/test_cuda.py kernel tests, CUDA graphs off" 60 gpu_tests_nographs.log \
-        "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" tests/test_cuda.py \
-        -k "(kernel or half or autocast or gradcheck or caller) and not persistent"
+        --name "speed_cuda_${gpu}" --dtype float32 bfloat16 \
+        --variants ran lstm lstm_minus_srnn_minus_hidden --out "$out"
+    want eager && step "speed, graphs off (the eager step loop)" 60 gpu_speed_eager.log \
+        "$py" benchmarks/speed.py --device cuda --repeats 5 --cuda-graphs off \
+        --name "speed_cuda_${gpu}_eager" --dtype float32 bfloat16 --variants ran lstm --out "$out"
     want experiments && step "speed, experiments' shapes" 90 gpu_speed_experiments.log \
         "$py" benchmarks/speed.py --device cuda --repeats 5 --cuda-graphs on --shapes experiments \
-        --name speed_cuda_experiments --dtype float32 bfloat16 --variants ran lstm_minus_srnn lstm \
-        --out "$out"
-    want long_bi && step "speed, bidirectional T = 200 shapes, step and persistent kernels" 60 \
-        gpu_speed_long_bi.log \
-        "$py" benchmarks/speed.py --device cuda --repeats 5 --cuda-graphs on --shapes experiments \
-        --shape-names "BiDAF phrase" "BiDAF modeling" DrQA --cuda-recurrence both \
-        --name speed_cuda_long_bi --dtype float32 --variants ran lstm --out "$out"
-    want autocast && step "speed, autocast (bfloat16, float16), graphs on" 60 gpu_speed_autocast.log \
-        "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on \
-        --name speed_cuda_autocast --dtype autocast-bfloat16 autocast-float16 --out "$out"
-fi
-if want core && [ "${GPU_CHECK_CORE:-1}" = 1 ]; then
-    deselect=()
-    if ! "$py" -c "import rnn_ablations._C" 2>/dev/null; then
-        deselect=(--deselect tests/test_core.py::test_kernel_is_built)
-        echo "the CPU kernel rnn_ablations._C is not importable here: generic path, test_kernel_is_built deselected"
-    fi
-    core_k=()
-    if [ -n "${GPU_CHECK_CORE_K:-}" ]; then core_k=(-k "$GPU_CHECK_CORE_K"); fi
-    step "tests/test_core.py (optional)" 120 gpu_core_tests.log \
-        "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" tests/test_core.py "${deselect[@]}" \
-        "${core_k[@]}"
+        --name "speed_cuda_${gpu}_experiments" --dtype float32 --variants ran lstm --out "$out"
+else
+    want speed && step "speed (dry run on the CPU: one shape)" 60 gpu_speed.log \
+        "$py" benchmarks/speed.py --device cpu --repeats 1 --warmup 0 --hidden 32 --batch 4 \
+        --seq-len 8 --name speed_dry_run_cpu --variants ran --out "$out"
 fi
 
-echo
-echo "================ gpu_check summary ($(( $(date +%s) - t_start )) s) ================"
-printf '%s\n' "${summary[@]}" | tee "$out/gpu_check_summary.txt"
-for f in gpu_tests.log gpu_persistent_tests.log gpu_tests_nographs.log; do
-    [ -f "$out/$f" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/$f" | tail -15 \
-        | sed "s|^|$f: |" | tee -a "$out/gpu_check_summary.txt"
-done
-exit $failed
+finish $failed

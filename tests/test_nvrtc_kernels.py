@@ -184,3 +184,79 @@ def test_nvrtc_kernels_not_in_use_says_why_without_a_device(monkeypatch):
     assert "no CUDA device is visible" in cuda.unavailable_reason()
     monkeypatch.setenv("RNN_ABLATIONS_NO_KERNEL", "1")
     assert "RNN_ABLATIONS_NO_KERNEL=1" in cuda.unavailable_reason()
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
+def test_nvrtc_launcher_packs_each_parameter_as_the_kernel_declares_it(dtype):
+    """host.pack orders a launch's arguments as programs.PARAMS (which the signature probe holds
+    to the kernels'), as c_int64 / pointers / structs, and refuses a tensor of another dtype
+    than the parameter's (T: storage, A: accumulation) or a missing argument."""
+    import ctypes
+    import torch
+    from rnn_ablations.kernels.cuda import host
+    t = getattr(torch, dtype)
+    a = torch.float32 if t in (torch.bfloat16, torch.float16) else t
+    for family, params in programs.PARAMS.items():
+        if family.startswith("persistent") and dtype == "float64":
+            continue
+        kw, want = {}, []
+        for name, sym in params:
+            if sym in host._STRUCTS:
+                kw[name] = host._STRUCTS[sym]()
+                want.append(kw[name])
+            elif sym == "int64":
+                kw[name] = 7
+                want.append(7)
+            else:
+                base = sym.replace("const ", "").rstrip("*")
+                kw[name] = torch.zeros(2, dtype={"T": t, "A": a, "int64": torch.int64}[base])
+                want.append(kw[name].data_ptr())
+        got = host.pack(family, t, **kw)
+        assert len(got) == len(params)
+        for g, w, (name, sym) in zip(got, want, params):
+            if sym in host._STRUCTS:
+                assert g is w
+            elif sym == "int64":
+                assert isinstance(g, ctypes.c_int64) and g.value == w
+            else:
+                assert isinstance(g, ctypes.c_void_p) and g.value == w, (family, name)
+        pointer = next((n for n, s in params if s.endswith("*")), None)
+        if pointer is not None:
+            bad = dict(kw, **{pointer: torch.zeros(2, dtype=torch.int8)})
+            with pytest.raises(TypeError, match=f"{pointer} .* must be"):
+                host.pack(family, t, **bad)
+        with pytest.raises(TypeError, match="arguments"):
+            host.pack(family, t, **dict(list(kw.items())[1:]))
+
+
+def test_nvrtc_device_sources_are_package_data():
+    """Every file NVRTC reads ships in the wheel (pyproject's package data, MANIFEST.in)."""
+    import fnmatch
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "pyproject.toml")).read()
+    globs = re.findall(r'"(csrc/[^"]+)"', text)
+    manifest = open(os.path.join(root, "MANIFEST.in")).read()
+    for path in programs.source_files():
+        rel = os.path.relpath(path, os.path.join(root, "rnn_ablations")).replace(os.sep, "/")
+        assert any(fnmatch.fnmatch(rel, g.replace("**/", "*")) for g in globs), rel
+        assert "*" + os.path.splitext(path)[1] in manifest, rel
+
+
+def test_nvrtc_gpu_check_stops_at_its_gate_without_the_cuda_kernels(tmp_path):
+    """benchmarks/gpu_check.sh is valid bash and, where the package's CUDA kernels cannot run
+    (here: no GPU), fails at its first step with the reason, before any other step."""
+    import sys
+    import torch
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "gpu_check.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the gate passes here (tests/test_cuda.py runs the kernels)")
+    env = dict(os.environ, PYTHON=sys.executable)
+    done = subprocess.run(["bash", script, str(tmp_path)], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = (tmp_path / "gpu_check_summary.txt").read_text().splitlines()
+    assert len(summary) == 1 and summary[0].startswith("FAIL  gate:"), summary
+    assert ("no CUDA" in summary[0]) or ("no CUDA device" in summary[0])

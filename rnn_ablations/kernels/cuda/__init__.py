@@ -20,10 +20,12 @@ from typing import Optional, Tuple
 __all__ = ["load", "unavailable_reason"]
 
 
-def unavailable_reason() -> Optional[str]:
-    """Why the CUDA kernels cannot run in this process, or ``None`` when they can."""
+def unavailable_reason(respect_switch: bool = True) -> Optional[str]:
+    """Why the CUDA kernels cannot run in this process, or ``None`` when they can
+    (``respect_switch=False``: whatever ``RNN_ABLATIONS_NO_KERNEL`` says, could they run on this
+    machine; benchmarks/gpu_check.sh asks that first)."""
     from ... import _env
-    if _env.kernel_disabled():
+    if respect_switch and _env.kernel_disabled():
         return (f"{_env.NO_KERNEL}=1 asks for no compiled kernel (the generic PyTorch path runs "
                 "on every device)")
     import torch

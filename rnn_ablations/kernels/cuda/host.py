@@ -27,10 +27,10 @@ import torch
 from torch import Tensor
 
 from . import driver, structs
-from .programs import Program
+from .programs import PARAMS, Program
 
 __all__ = ["forward", "backward", "scan_forward", "scan_backward", "persistent_forward",
-           "persistent_backward", "persistent_plan", "SCAN_ABI"]
+           "persistent_backward", "persistent_plan", "SCAN_ABI", "pack"]
 
 #: the scan entry points' calling convention (rnn_ablations.backend.SCAN_ABI)
 SCAN_ABI = 3
@@ -67,6 +67,41 @@ def _program(family: str, dtype: torch.dtype, who: str, out=None, highway=None) 
         raise RuntimeError(f"{who}: dtype {dtype} is not supported (float64, float32, bfloat16 "
                            "or float16)")
     return Program(family, name, out, highway)
+
+
+_STRUCTS = {"KernelSpec": structs.KernelSpec, "ScanSpec": structs.ScanSpec, "Dims": structs.Dims,
+            "Strides": structs.Strides, "PersistentArgs": structs.PersistentArgs,
+            "PersistentBackwardArgs": structs.PersistentBackwardArgs}
+
+
+def pack(family: str, dtype: torch.dtype, **args) -> list:
+    """The launch arguments of a ``family`` kernel (programs.PARAMS) for storage dtype
+    ``dtype``, in the kernel's parameter order, from keyword arguments named as its parameters:
+    structs as they are, ``int64`` as c_int64, pointers from tensors (or None: null) whose dtype
+    is checked against the parameter's (T: ``dtype``, A: its accumulation type, int64)."""
+    params = PARAMS[family]
+    names = [n for n, _ in params]
+    if sorted(args) != sorted(names):
+        raise TypeError(f"{family} kernel: arguments {sorted(args)}, parameters {names}")
+    acc = _acc(dtype)
+    out = []
+    for name, sym in params:
+        v = args[name]
+        if sym in _STRUCTS:
+            if not isinstance(v, _STRUCTS[sym]):
+                raise TypeError(f"{family} kernel: {name} must be a {sym}, got {type(v).__name__}")
+            out.append(v)
+        elif sym == "int64":
+            out.append(_i64(v))
+        else:
+            if v is not None:
+                base = sym.replace("const ", "").rstrip("*")
+                want = {"T": dtype, "A": acc, "int64": torch.int64}[base]
+                if v.dtype != want:
+                    raise TypeError(f"{family} kernel: {name} ({sym}) must be {want}, got "
+                                    f"{v.dtype}")
+            out.append(_ptr(v))
+    return out
 
 
 # ------------------------------------------------------------------------------ input checks
@@ -246,7 +281,6 @@ def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) 
         hin = torch.empty(T, B, H, dtype=acc, device=dev) if highway and keep_hin else None
         hp_buf = torch.empty(B, H, dtype=proj.dtype, device=dev) if has_mask else None
         w_t = w_hh.t()
-        H64, P64 = _i64(H), _i64(P)
         for t in range(T):
             n = bs[t]
             if n <= 0:
@@ -256,10 +290,10 @@ def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) 
                 h_prev = torch.mul(h_prev, rec_mask[:n], out=hp_buf[:n])
             g = gates[t, :n]
             _gemm(g, h_prev, w_t, accumulate=True)
-            driver.launch(k, [ks, _i64(n), H64, P64, _ptr(g),
-                              _ptr(proj[t, 0, R * H:]) if X > 0 else _NULL,
-                              _ptr(c0a if t == 0 else cs[t - 1]), _ptr(cs[t]), _ptr(out[t]),
-                              _ptr(hin[t]) if hin is not None else _NULL],
+            driver.launch(k, pack("step_forward", proj.dtype, ks=ks, n=n, H=H, xo_stride=P,
+                                  gates=g, xo=proj[t, 0, R * H:] if X > 0 else None,
+                                  c_prev=c0a if t == 0 else cs[t - 1], c_out=cs[t],
+                                  h_out=out[t], h_pre_out=hin[t] if hin is not None else None),
                           _blocks(n * H), _THREADS)
         h_n, c_n = _final_states(ks.memory, out, cs, h0, c0, bs)
     return [out, h_n, c_n, gates, cs,
@@ -301,18 +335,17 @@ def backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, pro
         c0a = c0.to(acc)
         if not ks.memory:
             dh.add_(dc)  # c_n is a copy of h_n for a cell without memory
-        H64, P64 = _i64(H), _i64(P)
         for t in range(T - 1, -1, -1):
             n = bs[t]
             if n == 0:
                 continue
             dp = dproj[t]
-            driver.launch(k, [ks, _i64(n), H64, P64, _ptr(gates[t]),
-                              _ptr(proj[t, 0, R * H:]) if X > 0 else _NULL,
-                              _ptr(cs[t]) if ks.memory else _NULL,
-                              (_ptr(c0a if t == 0 else cs[t - 1]) if ks.memory else _NULL),
-                              _ptr(hin[t]) if highway else _NULL, _ptr(dh), _ptr(grad_out[t]),
-                              _ptr(dc), _ptr(dp)],
+            driver.launch(k, pack("step_backward", proj.dtype, ks=ks, n=n, H=H, P=P,
+                                  gates=gates[t], xo=proj[t, 0, R * H:] if X > 0 else None,
+                                  c_cur=cs[t] if ks.memory else None,
+                                  c_prev=(c0a if t == 0 else cs[t - 1]) if ks.memory else None,
+                                  h_pre=hin[t] if highway else None, dh=dh, g_out=grad_out[t],
+                                  dc=dc, da=dp),
                           _blocks(n * H), _THREADS)
             _gemm(dh[:n], dp[:n, :R * H], w_hh, accumulate=False)
             if has_mask:
@@ -400,9 +433,9 @@ def scan_forward(spec, highway, proj, h0, c0, batch_sizes, save, bias=None) -> L
         k = driver.kernel(prog, dev.index)
         lens = _row_lengths(batch_sizes, bs, B, dev)
         z = structs.Strides(proj.stride(0), proj.stride(1), out.stride(0), out.stride(1), 0, 0)
-        driver.launch(k, [sp, structs.Dims(T, B, D, H, G), z, _ptr(lens), _ptr(proj),
-                          _ptr(bias) if has_bias else _NULL, _ptr(h0), _ptr(c0), _ptr(out),
-                          _ptr(h_n), _ptr(c_n), _ptr(cs) if save else _NULL],
+        driver.launch(k, pack("scan_forward", proj.dtype, sp=sp, n=structs.Dims(T, B, D, H, G),
+                              z=z, len=lens, proj=proj, bias=bias if has_bias else None, h0=h0,
+                              c0=c0, out=out, h_n=h_n, c_n=c_n, cs=cs if save else None),
                       _blocks(threads), _THREADS)
     return [out, h_n, c_n, cs]
 
@@ -454,10 +487,10 @@ def scan_backward(spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, b
         lens = _row_lengths(batch_sizes, bs, B, dev)
         z = structs.Strides(proj.stride(0), proj.stride(1), cs.stride(0), cs.stride(1),
                             g_out.stride(0), g_out.stride(1))
-        driver.launch(k, [sp, structs.Dims(T, B, D, H, G), z, _ptr(lens), _ptr(g_out),
-                          _ptr(g_hn), _ptr(g_cn), _ptr(proj),
-                          _ptr(bias) if has_bias else _NULL, _ptr(c0), _ptr(cs), _ptr(dproj),
-                          _ptr(dc0), _ptr(dbias_rows)],
+        driver.launch(k, pack("scan_backward", proj.dtype, sp=sp,
+                              n=structs.Dims(T, B, D, H, G), z=z, len=lens, g_out=g_out,
+                              g_hn=g_hn, g_cn=g_cn, proj=proj, bias=bias if has_bias else None,
+                              c0=c0, cs=cs, dproj=dproj, dc0=dc0, dbias_rows=dbias_rows),
                       _blocks(threads), _THREADS)
         return [dproj, dc0, dbias()]
 
@@ -625,7 +658,8 @@ def persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
             a.n_after = bs[t0 + length] if t0 + length < T else 0
             a.n[0:length] = bs[t0:t0 + length]
             a.barrier = barrier[i].data_ptr()
-            driver.launch(k, [a], p.blocks, _P_THREADS, p.smem, cooperative=True)
+            driver.launch(k, pack("persistent_forward", proj.dtype, a=a), p.blocks, _P_THREADS,
+                          p.smem, cooperative=True)
     return [out, h_n, c_n, gates, cs, hin]
 
 
@@ -686,7 +720,8 @@ def persistent_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hi
             a.t_hi, a.steps = hi, length
             a.n[0:length] = [bs[hi - s] for s in range(length)]
             a.barrier = barrier[i].data_ptr()
-            driver.launch(k, [a], p.blocks, _P_THREADS, p.smem, cooperative=True)
+            driver.launch(k, pack("persistent_backward", proj.dtype, a=a), p.blocks,
+                          _P_THREADS, p.smem, cooperative=True)
         dw = torch.mm(dproj.view(T * B, P)[:, :R * H].t(),
                       _previous_hidden(out, h0, rec_mask, has_mask, 0, T))
         if not ks.memory:
