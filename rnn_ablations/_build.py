@@ -165,6 +165,19 @@ def recording_build_ext(base):
 
                 write_installed_record(self.get_ext_fullpath(ext.name), torch.__version__)
 
+        def copy_extensions_to_source(self):  # --inplace / editable: the module beside the sources
+            super().copy_extensions_to_source()
+            import torch
+
+            build_py = self.get_finalized_command("build_py")
+            for ext in self.extensions:
+                if ext.name.split(".")[-1] == "_C":
+                    fullname = self.get_ext_fullname(ext.name)
+                    package_dir = build_py.get_package_dir(fullname.rpartition(".")[0])
+                    write_installed_record(
+                        os.path.join(package_dir, os.path.basename(self.get_ext_filename(fullname))),
+                        torch.__version__)
+
         def get_outputs(self):
             outputs = list(super().get_outputs())
             for ext in self.extensions:

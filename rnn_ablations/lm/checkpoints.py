@@ -13,6 +13,7 @@ refused instead of silently giving other numbers.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -134,11 +135,13 @@ def write_atomic(path: Path, write: Callable) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and not exc.filename:  # a full disk: name the file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
     _fsync_dir(path.parent)
 
@@ -152,7 +155,12 @@ def save_checkpoint(ckpt: Dict, path: Path) -> None:
     """Add the checksum and write atomically."""
     ckpt = dict(ckpt)
     ckpt[CHECKSUM] = _digest(ckpt)
-    write_atomic(path, lambda f: torch.save(ckpt, f))
+    # serialised in memory first, then written: a failed write (a full disk) is then the
+    # operating system's OSError (ENOSPC, with the file's name) instead of torch's
+    # "[enforce fail at inline_container.cc]" RuntimeError from inside its zip writer
+    buffer = io.BytesIO()
+    torch.save(ckpt, buffer)
+    write_atomic(path, lambda f: f.write(buffer.getbuffer()))
 
 
 def model_from_checkpoint(ckpt: Dict, device=None) -> LanguageModel:

@@ -16,7 +16,7 @@ import torch
 
 from ..variants import VARIANTS, get_variant
 from .ablate import parse_variants, run_ablation
-from .checkpoints import load_checkpoint, model_from_checkpoint
+from .checkpoints import CHECKPOINT, load_checkpoint, model_from_checkpoint
 from .configs import LMConfig, get_config
 from .corpora import check_corpus_matches, corpus_from_spec, truncate_train
 from .data import load_corpus
@@ -28,7 +28,7 @@ from .reproduce import reproduce_ptb
 from .reproduce_timing import run_timing
 from .rundir import check_out_path
 from .synthetic import SyntheticSpec, synthetic_corpus
-from .trainer import train_lm
+from .trainer import MAX_SEED, MIN_SEED, train_lm
 
 __all__ = ["add_subparser"]
 
@@ -74,6 +74,21 @@ def _nonneg_int(text: str) -> int:
     return v
 
 
+def _seed_type(low: int):
+    """The argparse type of a seed from ``low`` to MAX_SEED (torch's generators' range; the
+    dropout generator gets seed + 1)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        if not low <= v <= MAX_SEED:
+            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {MAX_SEED} (what "
+                                             f"torch's generators take), got {v}")
+        return v
+    return parse
+
+
 def _parse_set(items) -> Dict:
     """``--set key=value`` overrides of config fields (numbers parsed)."""
     out = {}
@@ -99,7 +114,7 @@ def _add_common(p: argparse.ArgumentParser, config_default_help: str) -> None:
     p.add_argument("--data", default=None, metavar="DIR",
                    help="PTB-format directory (ptb.train.txt, ptb.valid.txt[, ptb.test.txt] or "
                         "train.txt, valid.txt[, test.txt]); default: the embedded synthetic corpus")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=_seed_type(MIN_SEED), default=0, help="random seed (default 0)")
     p.add_argument("--epochs", type=_positive_int, default=None, help="override the config's epochs")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                    help="override any config field, e.g. --set hidden_size=64 (repeatable)")
@@ -205,12 +220,20 @@ def _interrupted(args, exc) -> int:
         what = (f"interrupted; {args.out} keeps its last checkpoint, if one was written (at "
                 "epoch ends and every --checkpoint-every windows).")
     print(f"\n{what}\nContinue the run with:\n  {resume_command(args)}", file=sys.stderr)
-    return 130
+    # the shell's code for the signal that stopped the run (128 + SIGTERM's 15, + SIGINT's 2)
+    return 143 if getattr(exc, "signal_name", "") == "SIGTERM" else 130
 
 
 @_file_errors
 def _cmd_train(args) -> int:
     check_out_path(Path(args.out))
+    out = Path(args.out)
+    if args.resume and out.is_dir() and not (out / CHECKPOINT).exists():
+        raise ValueError(
+            f"--resume: {args.out!r} holds no checkpoint ({CHECKPOINT}), so there is nothing to "
+            "continue (a run writes one at every epoch end, every --checkpoint-every windows and "
+            "when Ctrl-C or SIGTERM stops it; one stopped before that leaves none); drop "
+            "--resume to start the run anew (with --overwrite if the folder holds its other files)")
     cfg = _config(args)
     corpus, spec = _corpus(args)
     variant = get_variant(args.variant).name
@@ -306,10 +329,26 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _ptb_from_environment():
+    """``RNN_ABLATIONS_PTB`` (the default --data of `reproduce ptb`), checked: a folder."""
+    value = os.environ.get("RNN_ABLATIONS_PTB", "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise ValueError(
+            f"the environment variable RNN_ABLATIONS_PTB={value!r} names the PTB data folder, but "
+            f"{str(path)!r} {what}; set RNN_ABLATIONS_PTB to the folder that holds "
+            "ptb.train.txt, ptb.valid.txt and ptb.test.txt, pass --data DIR, or unset it to "
+            "train on the embedded synthetic corpus")
+    return str(path)
+
+
 @_file_errors
 def _cmd_reproduce(args) -> int:
     check_out_path(Path(args.out))
-    data = args.data or os.environ.get("RNN_ABLATIONS_PTB")
+    data = args.data or _ptb_from_environment()
     if args.timing is not None:
         if args.resume or args.overwrite or args.time_budget is not None:
             raise ValueError("--timing measures only: drop --resume/--overwrite/--time-budget")
@@ -320,13 +359,18 @@ def _cmd_reproduce(args) -> int:
                    threads=args.threads, paper_lr=not args.same_lr,
                    runs_per_process=args.runs_per_process)
         return 0
-    res = reproduce_ptb(args.config, data, args.out, variants=args.variants, seeds=args.seeds,
-                        lrs=args.lr,
-                        device=args.device, max_parallel=args.max_parallel, resume=args.resume,
-                        overwrite=args.overwrite, time_budget=args.time_budget,
-                        cuda_graph=args.cuda_graph, checkpoint_every=args.checkpoint_every,
-                        epochs=args.epochs, max_steps=args.max_steps, threads=args.threads,
-                        paper_lr=not args.same_lr, runs_per_process=args.runs_per_process)
+    try:
+        res = reproduce_ptb(args.config, data, args.out, variants=args.variants, seeds=args.seeds,
+                            lrs=args.lr,
+                            device=args.device, max_parallel=args.max_parallel, resume=args.resume,
+                            overwrite=args.overwrite, time_budget=args.time_budget,
+                            cuda_graph=args.cuda_graph, checkpoint_every=args.checkpoint_every,
+                            epochs=args.epochs, max_steps=args.max_steps, threads=args.threads,
+                            paper_lr=not args.same_lr, runs_per_process=args.runs_per_process)
+    except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the children checkpointed their runs
+        print(f"\ninterrupted; the runs in {args.out} keep their checkpoints.\nContinue with:\n  "
+              f"{resume_command(args)}", file=sys.stderr)
+        return 130
     return 0 if all(r.get("status") != "failed" for r in res["rows"]) else 1
 
 
@@ -442,7 +486,7 @@ def add_subparser(subparsers) -> None:
                          "(default: $RNN_ABLATIONS_PTB)")
     pt.add_argument("--variants", nargs="+", default=None, metavar="VARIANT",
                     help=f"subset of {_VARIANT_HELP} (default: all five)")
-    pt.add_argument("--seeds", nargs="+", type=_nonneg_int, default=None, metavar="SEED",
+    pt.add_argument("--seeds", nargs="+", type=_seed_type(0), default=None, metavar="SEED",
                     help="one run per variant and seed (default: 0)")
     pt.add_argument("--lr", action="append", default=None, metavar="VARIANT=LR",
                     help="train VARIANT at learning rate LR instead of the papers' (repeatable; "
@@ -483,4 +527,4 @@ def add_subparser(subparsers) -> None:
     pt.add_argument("--timing", type=_positive_int, default=None, metavar="STEPS",
                     help="time STEPS steps of every run at once and project the full run's "
                          "wall time (OUT/timing.json, timing.md) instead of training")
-    pt.set_defaults(func=_cmd_reproduce)
+    pt.set_defaults(func=_cmd_reproduce, _parser=pt, _command_words=("reproduce", "ptb"))

@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -41,6 +42,7 @@ from .graph_step import check_mode
 from .reproduce_child import OUTCOME, RUN_LOG, device_name
 from .reproduce_report import OUTPUTS, format_results, format_summary, write_results
 from .rundir import prepare_out
+from .trainer import MAX_SEED
 
 __all__ = ["DEFAULT_VARIANTS", "REPRO_CONFIGS", "reproduce_ptb", "parse_lrs", "run_name"]
 
@@ -92,8 +94,8 @@ def check_args(config: str, variants, seeds, max_parallel, time_budget, cuda_gra
         raise ValueError("--variants is empty; give one or more of " + ", ".join(DEFAULT_VARIANTS))
     seeds = list(seeds) if seeds else [0]
     for s in seeds:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"--seeds must be integers >= 0, got {s!r}")
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED:
+            raise ValueError(f"--seeds must be integers from 0 to {MAX_SEED}, got {s!r}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds has repeats: {seeds}")
     if max_parallel is not None and (isinstance(max_parallel, bool) or not isinstance(max_parallel, int)
@@ -162,6 +164,12 @@ def run_children(procs: List[Dict], max_parallel: int, threads: int, say,
     logs = {}
     codes: Dict[str, Optional[int]] = {}
     env = _child_env(threads)
+    # SIGTERM to this process (a batch scheduler, `docker stop`) stops it as Ctrl-C does: the
+    # `finally` below passes SIGTERM on to the children, which checkpoint their runs first
+    term = None
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         while pending or running:
             while pending and len(running) < max_parallel:
@@ -207,7 +215,13 @@ def run_children(procs: List[Dict], max_parallel: int, threads: int, say,
                 p.kill()
         for f in logs.values():
             f.close()
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
     return codes
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _default_parallel(n_runs: int, device: str) -> int:

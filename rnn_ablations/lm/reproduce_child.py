@@ -31,6 +31,7 @@ from .data import batchify, load_corpus
 from .distributed import DistContext, resolve_device
 from .evaluation import evaluate
 from .graph_step import StaticEvaluator, StaticTrainStep
+from .interrupt import TrainingInterrupted, exit_on_sigterm
 from .model import LanguageModel
 from .trainer import train_lm
 
@@ -218,6 +219,10 @@ def _run_one(spec: Dict, stream_device: Optional[str]) -> int:
             ctx = torch.cuda.stream(torch.cuda.Stream(device=torch.device(stream_device)))
         with ctx:
             code = child_timing(spec) if spec.get("timing") else child_train(spec)
+    except TrainingInterrupted as exc:  # SIGTERM (or Ctrl-C) while training: checkpointed
+        print(f"[{spec['run']}] {exc}; `rnn-ablations reproduce ptb ... --resume` continues it",
+              flush=True)
+        code = 143 if exc.signal_name == "SIGTERM" else 130
     except BaseException:  # noqa: BLE001 - reported in the log and the exit file
         traceback.print_exc()
         sys.stdout.flush()
@@ -232,8 +237,9 @@ def child_main(argv: List[str]) -> int:
               "`rnn-ablations reproduce ptb`)", file=sys.stderr)
         return 2
     runs = json.loads(argv[1])["runs"]
-    # the parent stops its children with SIGTERM: exit through Python (checkpoints are atomic)
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    # the parent stops its children with SIGTERM: exit through Python (checkpoints are atomic);
+    # while a run trains in the main thread, SIGTERM checkpoints it first (DeferredInterrupt)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     if len(runs) == 1:
         return _run_one(runs[0], None)
     # several runs in this process: one thread each, each on its own CUDA stream, so that the

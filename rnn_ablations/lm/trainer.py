@@ -186,9 +186,11 @@ class _Training:
             self.checkpoint()
             if self.bar is not None:
                 self.bar.close()
-            self.log(f"{self.v.name}: interrupted (Ctrl-C) at epoch {self.epoch + 1}, window "
+            self.log(f"{self.v.name}: interrupted ({self.interrupt.signal_name}) at epoch "
+                     f"{self.epoch + 1}, window "
                      f"{self.step}/{self.epoch_size}; checkpoint written")
-            raise TrainingInterrupted(self.out, (self.epoch, self.step, self.epoch_size))
+            raise TrainingInterrupted(self.out, (self.epoch, self.step, self.epoch_size),
+                                      self.interrupt.signal_name)
 
     # ---------------------------------------------------------------- limits
     def diverged(self, ppl) -> bool:
@@ -420,6 +422,11 @@ class _Training:
         return result
 
 
+#: the seeds a run takes: torch.manual_seed's range, less one at the top (the dropout generator
+#: is seeded with seed + 1)
+MIN_SEED, MAX_SEED = -(2 ** 63), 2 ** 64 - 2
+
+
 def _check_args(cfg: LMConfig, corpus: Corpus, ctx: DistContext, *, seed, checkpoint_every,
                 max_steps, stop_above_ppl, resume, out_dir) -> None:
     if stop_above_ppl is not None and (isinstance(stop_above_ppl, bool)
@@ -427,8 +434,9 @@ def _check_args(cfg: LMConfig, corpus: Corpus, ctx: DistContext, *, seed, checkp
                                        or not stop_above_ppl > 1):
         raise ValueError(f"stop_above_ppl must be a perplexity > 1 (e.g. the vocabulary size), "
                          f"got {stop_above_ppl!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not MIN_SEED <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be an integer from {MIN_SEED} to {MAX_SEED} (what torch's "
+                         f"generators take; the dropout generator gets seed + 1), got {seed!r}")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
             or checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be an integer >= 0, got {checkpoint_every!r}")

@@ -16,6 +16,17 @@
 // Notation: i, f, o gate activations; content = c~_t; c_prev = c_{t-1}; tc = tanh(c_t); gh =
 // dL/dh_t; r, hw the highway gate and projection; h_pre = h_t before the highway mix.
 
+// Non-finite numbers: every family computes exactly what the generic path (PyTorch's IEEE float
+// operations) computes, NaN and +-Inf included, so that a diverging model is seen diverging.
+// The rules below are plain IEEE arithmetic; what the families' own activations must give:
+// sigmoid(NaN) = tanh(NaN) = NaN (a clamp must keep a NaN: a vector max/min returns one of its
+// operands when the other is NaN, so the NaN must be the one it returns), sigmoid(+Inf) = 1,
+// tanh(+-Inf) = +-1, and sigmoid(x) = 0 exactly below kSigmoidZeroBelow (-Inf included), where
+// torch's float exp(-x) overflows: a gate shut by -Inf then times an infinite content gives
+// 0 * Inf = NaN, as in torch (a clamped exp would give 6e-39 * Inf = Inf).  Double precision uses
+// libm's exp and tanh, which already give these.  tests/test_nonfinite.py checks every path.
+constexpr float kSigmoidZeroBelow = -88.72283905f;  // -ln(FLT_MAX)
+
 #ifndef RNN_ABLATIONS_HD
 #if defined(__CUDACC__)
 #define RNN_ABLATIONS_HD __host__ __device__ __forceinline__

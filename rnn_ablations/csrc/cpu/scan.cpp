@@ -55,6 +55,8 @@ namespace {
 using namespace rnn_ablations;
 using namespace rnn_ablations::scan;
 
+#include "../common/elementwise.h"  // scan_forward_element, scan_backward_element
+
 // The portable rows' lane policy (scan_rows_impl.h): GCC vector extensions of N lanes of S in
 // 16 bytes (4 floats, 2 doubles), which the compiler lowers to the build's baseline vector
 // instructions (SSE2 on x86-64, NEON on aarch64).  float: a branch-free exp (Cephes
@@ -112,7 +114,13 @@ struct PortableLanes {
   // the activations of elementwise.h's scan elements: sigmoid(x) = 1 / (1 + exp(-x)),
   // tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})
   struct Act {
-    static inline V sigmoid(V x) { return S(1) / (S(1) + exp(-x.v)); }
+    // (float: exactly 0 below kSigmoidZeroBelow, as torch gives it; double: libm's exp overflows
+    // there by itself.  exp's clamps keep a NaN.  common/elementwise.h: non-finite numbers.)
+    static inline V sigmoid(V x) {
+      const Raw s = S(1) / (S(1) + exp(-x.v));
+      if constexpr (std::is_same<S, float>::value) return x.v < kSigmoidZeroBelow ? Raw{} : s;
+      return s;
+    }
     static inline V tanh(V x) {
       const Raw e = exp(S(-2) * (x.v < 0 ? -x.v : x.v));
       const Raw t = (S(1) - e) / (S(1) + e);
@@ -136,7 +144,6 @@ struct PortableLanes {
   }
 };
 
-#include "../common/elementwise.h"  // scan_forward_element, scan_backward_element
 #include "scan_rows_impl.h"         // the row loops
 
 // Dimensions of one call: T steps, B rows, D directions, H units, G blocks per direction.

@@ -32,8 +32,12 @@ namespace scan {
 #pragma GCC target("avx2,fma")
 namespace {
 
+#include "../common/elementwise.h"  // scan_forward_element, scan_backward_element (on V8)
+
 inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  // max_ps / min_ps return their second operand when either is NaN: x goes second, so that a
+  // NaN stays NaN (common/elementwise.h: non-finite numbers)
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
   const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
@@ -52,7 +56,11 @@ inline __m256 exp8(__m256 x) {
 
 inline __m256 sigmoid8(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+  const __m256 s =
+      _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+  // exactly 0 where torch's exp(-x) overflows (-Inf included); a NaN compares false and stays
+  const __m256 zero = _mm256_cmp_ps(x, _mm256_set1_ps(kSigmoidZeroBelow), _CMP_LT_OQ);
+  return _mm256_andnot_ps(zero, s);
 }
 
 inline __m256 tanh8(__m256 x) {
@@ -80,7 +88,6 @@ struct Avx2Act {
   static inline V8 tanh(V8 x) { return tanh8(x.v); }
 };
 
-#include "../common/elementwise.h"  // scan_forward_element, scan_backward_element (on V8)
 
 // The lane policy of scan_rows_impl.h: 8 float lanes; a row's last H mod 8 units use masked
 // loads and stores.

@@ -9,6 +9,8 @@
 // The loops over contiguous memory are written so that GCC vectorises them for the target in
 // force (checked with -fopt-info-vec); the variant-specific combinations are plain arithmetic.
 
+#include "../common/elementwise.h"  // the per-element maths shared with the CUDA kernel
+
 // ---------------------------------------------------------------------------------------------
 // Transcendentals.  float: a branch-free Cephes-style exp that GCC vectorises (relative error
 // about 2e-7); double: libm (used by gradcheck and float64 users).
@@ -31,8 +33,16 @@ inline float fast_exp(float x) {
   return p * scale;
 }
 
+// Non-finite values as the generic path (torch.sigmoid, torch.tanh) gives them: NaN in, NaN out
+// (fast_exp's clamps keep a NaN: std::max/std::min return their first argument when a
+// comparison fails); sigmoid is exactly 0 where torch's float exp(-x) overflows (x < -88.72,
+// -Inf included) and exactly 1 for +Inf, tanh(+-Inf) = +-1 (common/elementwise.h).  A clamped exp would leave sigmoid(-Inf) at 6e-39, so that an input
+// gate shut by -Inf times an infinite content gave Inf where torch gives 0 * Inf = NaN.
 template <typename T> inline T sigm(T x);
-template <> inline float sigm<float>(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+template <> inline float sigm<float>(float x) {
+  const float s = 1.0f / (1.0f + fast_exp(-x));
+  return x < kSigmoidZeroBelow ? 0.0f : s;
+}
 template <> inline double sigm<double>(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 template <typename T> inline T tanh_(T x);
@@ -64,7 +74,6 @@ void tanh_to(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = tanh_<T>(src[j]);
 }
 
-#include "../common/elementwise.h"  // the per-element maths shared with the CUDA kernel
 
 // Activations of the recurrent blocks of one row, in place, for the hidden units [u0, u0 + U) of
 // every block: sigmoid for every gate, the content's own activation (tanh or none) for a
