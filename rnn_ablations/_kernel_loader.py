@@ -30,6 +30,7 @@ compiles nothing, the installed module included; another value than ``1``/``0`` 
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -116,13 +117,27 @@ def installed_record_problem(path: str) -> Optional[str]:
                 f"({type(exc).__name__}: {exc}); {rebuild}")
     if name != os.path.basename(path):
         return f"the record {record_path} is for {name}, not for {path}; {rebuild}"
-    actual_size, actual_sha = _build.file_digest(path)
-    if actual_size != size:
-        return (f"the kernel module {path} is {actual_size} bytes, its record says {size} "
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) != size:
+        return (f"the kernel module {path} is {len(data)} bytes, its record says {size} "
                 f"(truncated or overwritten), so it is not loaded; {rebuild}")
-    if actual_sha != sha:
+    if hashlib.sha256(data).hexdigest() != sha:
         return (f"the kernel module {path} does not match the SHA-256 in its record "
                 f"(overwritten or damaged), so it is not loaded; {rebuild}")
+    # Refused before it is mapped, too: a module built for another torch (its ABI), or from
+    # other sources (the digest the module carries as a string; a stale module, once loaded,
+    # would stay the one that Python returns for this name, the cache's included).
+    built_for = record.get("torch")
+    if built_for is not None and built_for != torch.__version__:
+        return (f"the kernel installed with the package was built for torch {built_for}, "
+                f"this is torch {torch.__version__}")
+    now = _build.sources_digest()
+    if now and now.encode() not in data:
+        return (f"the kernel module {path} was compiled from other sources than the C++ files "
+                f"in {_build.CSRC} (their digest {now} is not in it); rebuild it "
+                "(`python setup.py build_ext --inplace`, `bash scripts/setup.sh` or "
+                "`pip install --no-build-isolation -e .`)")
     return None
 
 
@@ -136,9 +151,10 @@ def _installed() -> Tuple[Optional[ModuleType], str]:
         problem = installed_record_problem(path)
         if problem:
             # a damaged module is worth a warning; one without a record (built before records
-            # were written) is simply replaced by the cache's
-            (logger.info if "has no size and SHA-256 record" in problem else logger.warning)(
-                "rnn_ablations: %s", problem)
+            # were written) or out of date is simply replaced by the cache's, as before
+            quiet = ("has no size and SHA-256 record" in problem or "other sources" in problem
+                     or "built for torch" in problem)
+            (logger.info if quiet else logger.warning)("rnn_ablations: %s", problem)
             return None, problem
     try:
         module = importlib.import_module(MODULE)
