@@ -2,8 +2,17 @@
 # Build the wheel as a user's `pip wheel .` does (isolated build: no torch there, so a pure-Python
 # wheel), install it into a clean venv next to the pinned torch, and check that importing it
 # compiles and uses the CPU kernel, that the configs are shipped and that `rnn-ablations ablate`
-# names its missing extra.  Run by .ci/run after the tests; a few minutes (the kernel's compile).
+# names its missing extra.  Then, each in a clean venv of its own with the wheel and one extra
+# (`[allennlp]`, `[onmt]`) plus the framework installed with --no-deps, from empty directories
+# and the installed package's configs only (the data: the repository's fixtures):
+#   * AllenNLP trains the BiDAF and the parser fixtures three times, finding the encoders through
+#     --include-package rnn_ablations, through a .allennlp_plugins file, and through
+#     `import rnn_ablations` after `import allennlp`;
+#   * OpenNMT-py runs onmt_build_vocab, onmt_train and onmt_translate on the toy config and the
+#     toy data shipped in the wheel.
+# Run by .ci/run after the tests; it prints the seconds of each part.
 # Usage: bash scripts/check_wheel.sh [WORKDIR]   (default: a fresh temporary folder, removed after)
+# CHECK_WHEEL_FRAMEWORKS="allennlp onmt" (default) names the framework checks to run ("" = none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -46,4 +55,73 @@ set -e
 if [ "$rc" != 2 ] || ! grep -q 'pip install "rnn-ablations\[lm\]"' <<<"$msg"; then
   echo "check_wheel: ablate without [lm] should name the extra (rc=$rc): $msg"; exit 1
 fi
-echo "check_wheel: OK ($(basename "$whl"))"
+echo "check_wheel: core checks done in ${SECONDS}s"
+
+FIXTURES="$REPO/tests/fixtures"
+CONSTRAINTS="$REPO/requirements/constraints.txt"
+framework_venv() {  # framework_venv NAME EXTRA NODEPS...: a clean venv with torch, the wheel[EXTRA], NODEPS
+  local v="$W/venv-$1" extra=$2
+  shift 2
+  "$PY" -m venv "$v"
+  "$v/bin/python" -m pip install -q "$torch_pin"
+  "$v/bin/python" -m pip install -q -c "$CONSTRAINTS" "$whl[$extra]"
+  "$v/bin/python" -m pip install -q --no-deps "$@"
+}
+
+for framework in ${CHECK_WHEEL_FRAMEWORKS-allennlp onmt}; do
+  start=$SECONDS
+  case "$framework" in
+  allennlp)
+    framework_venv allennlp allennlp allennlp==2.10.1 allennlp-models==2.10.1
+    AV="$W/venv-allennlp/bin"
+    export SQUAD_TRAIN="$FIXTURES/allennlp/squad_tiny.json" SQUAD_DEV="$FIXTURES/allennlp/squad_tiny.json"
+    export UD_TRAIN="$FIXTURES/allennlp/ud_tiny.conllu" UD_DEV="$FIXTURES/allennlp/ud_tiny.conllu"
+    export GLOVE_6B_100D=""
+    one_epoch='{"trainer.num_epochs": 1}'
+    for how in include-package plugins-file import-after; do
+      run="$W/allennlp-$how"; mkdir -p "$run"; cd "$run"
+      for cfg in bidaf_srnn biaffine_parser_ran; do
+        path=$("$AV/rnn-ablations" configs path "$cfg")
+        case "$how" in
+        include-package)
+          "$AV/allennlp" train "$path" -s "out-$cfg" -o "$one_epoch" --include-package rnn_ablations \
+            >"$cfg.log" 2>&1 ;;
+        plugins-file)
+          echo rnn_ablations >.allennlp_plugins
+          "$AV/allennlp" train "$path" -s "out-$cfg" -o "$one_epoch" >"$cfg.log" 2>&1 ;;
+        import-after)
+          "$AV/python" - "$path" "out-$cfg" "$one_epoch" >"$cfg.log" 2>&1 <<'PY' ;;
+import sys
+import allennlp        # AllenNLP first,
+import rnn_ablations   # then the package: this import registers the encoders
+from allennlp.commands import main
+sys.argv = ["allennlp", "train", sys.argv[1], "-s", sys.argv[2], "-o", sys.argv[3]]
+main()
+PY
+        esac || { tail -40 "$cfg.log"; echo "check_wheel: AllenNLP $cfg via $how failed"; exit 1; }
+        test -f "out-$cfg/model.tar.gz" || { tail -40 "$cfg.log"; echo "check_wheel: no model for $cfg via $how"; exit 1; }
+      done
+      echo "check_wheel: AllenNLP trained bidaf_srnn and biaffine_parser_ran via $how"
+    done
+    ;;
+  onmt)
+    framework_venv onmt onmt OpenNMT-py==3.5.1
+    OV="$W/venv-onmt/bin"
+    run="$W/onmt-toy"; mkdir -p "$run"; cd "$run"
+    export ONMT_TOY_DATA; ONMT_TOY_DATA=$("$OV/rnn-ablations" configs path onmt_toy_data)
+    cfg=$("$OV/rnn-ablations" configs path toy_fixture)
+    { "$OV/onmt_build_vocab" -config "$cfg" -n_sample -1 &&
+      "$OV/onmt_train" -config "$cfg" -encoder_type bran &&
+      "$OV/onmt_translate" -model runs/onmt_toy/model_step_20.pt -src "$ONMT_TOY_DATA/src-val.txt" \
+        -output runs/onmt_toy/pred.txt; } >onmt.log 2>&1 || { tail -40 onmt.log; echo "check_wheel: OpenNMT-py toy run failed"; exit 1; }
+    lines=$(wc -l <runs/onmt_toy/pred.txt)
+    want=$(wc -l <"$ONMT_TOY_DATA/src-val.txt")
+    [ "$lines" = "$want" ] || { echo "check_wheel: $lines translations for $want sentences"; exit 1; }
+    echo "check_wheel: OpenNMT-py built the vocabulary, trained bran and translated $lines sentences"
+    ;;
+  *) echo "check_wheel: unknown framework check '$framework' (allennlp, onmt)"; exit 2 ;;
+  esac
+  echo "check_wheel: $framework checks took $((SECONDS - start))s"
+  cd "$W"
+done
+echo "check_wheel: OK ($(basename "$whl")) in ${SECONDS}s"
