@@ -68,6 +68,56 @@ class KernelCacheError(RuntimeError):
         self.fix = fix
 
 
+class _BuildFailed(KernelCacheError):
+    """The compiler failed: remembered (FAILED) until the build environment changes."""
+
+
+#: in a cache folder: the last failed build's environment and message
+FAILED = "failed.json"
+
+
+def build_environment() -> dict:
+    """What a failed first-use build depends on besides the folder's key (torch, Python,
+    sources): the C++ compiler torch's build would run (``$CXX`` or ``c++`` on the PATH: its
+    path, size and modification time) and the Python headers.  A failure is retried when this
+    changes."""
+    import sysconfig
+
+    name = os.environ.get("CXX") or "c++"
+    found = shutil.which(name)
+    compiler = {"name": name, "path": None}
+    if found:
+        real = os.path.realpath(found)
+        st = os.stat(real)
+        compiler = {"name": name, "path": real, "size": st.st_size, "mtime": int(st.st_mtime)}
+    include = sysconfig.get_paths().get("include") or ""
+    return {"torch": torch.__version__, "compiler": compiler,
+            "python_headers": os.path.isfile(os.path.join(include, "Python.h"))}
+
+
+def _remembered_failure(folder: str) -> Optional[str]:
+    """The message of an earlier failed build in ``folder`` made in this same environment."""
+    try:
+        with open(os.path.join(folder, FAILED)) as f:
+            record = json.load(f)
+        if record.get("environment") == build_environment():
+            return str(record["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _remember_failure(folder: str, message: str) -> None:
+    try:
+        path = os.path.join(folder, FAILED)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"environment": build_environment(), "message": message,
+                       "time": time.time()}, f)
+        os.replace(path + ".tmp", path)
+    except OSError:  # a read-only cache: every import tries again
+        pass
+
+
 def cache_root() -> str:
     return _env.cache_root()
 
@@ -266,9 +316,75 @@ def _run_build(folder: str, out: str, build_temp: str, log_path: str) -> int:
     with open(log_path, "a") as log:
         # -c: sys.path[0] is the working folder, not rnn_ablations/ (whose module names could
         # shadow others); the build does not import this package.
-        return subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-c", code, _build.__file__, "--out", out, "--build-temp", build_temp],
-            cwd=folder, stdout=log, stderr=subprocess.STDOUT).returncode
+            cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+        start, expected = time.time(), _expected_seconds()
+        while True:
+            try:
+                return proc.wait(timeout=PROGRESS_EVERY)
+            except subprocess.TimeoutExpired:
+                logger.warning("rnn_ablations: still compiling the CPU kernel: %.0f s of about "
+                               "%.0f s (log: %s)", time.time() - start, expected, log_path)
+            except BaseException:  # Ctrl-C: the build stops with this process
+                proc.kill()
+                proc.wait()
+                raise
+
+
+#: seconds between two progress messages of a first-use build (or of a wait for another one)
+PROGRESS_EVERY = 30.0
+#: a first build's expected time when no earlier build on this machine recorded one
+_DEFAULT_SECONDS = 150.0
+BUILDING = "building.json"
+
+
+def _expected_seconds() -> float:
+    """How long a build takes here: the slowest recorded in the cache (``build.json``'s
+    ``seconds``) or, before any, :data:`_DEFAULT_SECONDS`."""
+    seen = []
+    try:
+        for entry in os.listdir(cache_root()):
+            try:
+                with open(os.path.join(cache_root(), entry, RECORD)) as f:
+                    seen.append(float(json.load(f)["seconds"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+    except OSError:
+        pass
+    return max(seen) if seen else _DEFAULT_SECONDS
+
+
+def _lock_waiting(fcntl, lock, folder: str) -> None:
+    """Take the build lock; while another process holds it (it is compiling), say so, and
+    again every PROGRESS_EVERY seconds."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    who = ""
+    try:
+        with open(os.path.join(folder, BUILDING)) as f:
+            info = json.load(f)
+        who = (f" (pid {int(info['pid'])}, compiling for {time.time() - float(info['started']):.0f} s"
+               f" of about {_expected_seconds():.0f} s)")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    start = time.time()
+    logger.warning("rnn_ablations: waiting for another process%s that is compiling the CPU "
+                   "kernel into %s; this process uses it when it is done", who, folder)
+    last = start
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(0.5)
+        if time.time() - last >= PROGRESS_EVERY:
+            last = time.time()
+            logger.warning("rnn_ablations: still waiting for the other process's build of the "
+                           "CPU kernel (%.0f s)", last - start)
 
 
 def _publish(folder: str, built: str, seconds: float) -> str:
@@ -310,7 +426,7 @@ def _compile(folder: str) -> str:
             f"the cache folder {folder} cannot be written ({exc})",
             fix=f"set RNN_ABLATIONS_CACHE to a writable folder, or {_FIX}") from exc
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_waiting(fcntl, lock, folder)
         try:
             done, damaged = cached_module(folder)
             if done:  # another process built (or repaired) it while this one waited
@@ -324,8 +440,15 @@ def _compile(folder: str) -> str:
                 logger.warning("rnn_ablations: the cached CPU kernel cannot be used (%s); "
                                "compiling it again (%s)", damaged, folder)
             else:
-                logger.warning("rnn_ablations: compiling the CPU kernel for torch %s (once: 2-3 "
-                               "minutes of CPU; cached in %s)", torch.__version__, folder)
+                logger.warning("rnn_ablations: compiling the CPU kernel for torch %s (once, about "
+                               "%.0f s here; cached in %s; RNN_ABLATIONS_NO_KERNEL=1 skips it and "
+                               "runs the generic path)", torch.__version__, _expected_seconds(),
+                               folder)
+            try:
+                with open(os.path.join(folder, BUILDING), "w") as f:
+                    json.dump({"pid": os.getpid(), "started": time.time()}, f)
+            except OSError:
+                pass
             build_temp = os.path.join(folder, "build")
             log_path = os.path.join(folder, "build.log")
             open(log_path, "w").close()
@@ -344,15 +467,19 @@ def _compile(folder: str) -> str:
                 if rc != 0:
                     with open(log_path) as f:
                         tail = "".join(f.readlines()[-15:])
-                    raise KernelCacheError(
+                    raise _BuildFailed(
                         f"{what} failed: the compiler failed (log: {log_path}):\n{tail}", fix)
                 built = [f for f in sorted(os.listdir(out)) if _is_module_name(f)]
                 if not built:
-                    raise KernelCacheError(
+                    raise _BuildFailed(
                         f"{what} failed: the build produced no module (log: {log_path})", fix)
                 return _publish(folder, os.path.join(out, built[0]), time.time() - start)
             finally:
                 shutil.rmtree(out, ignore_errors=True)
+                try:
+                    os.remove(os.path.join(folder, BUILDING))
+                except OSError:
+                    pass
         except OSError as exc:
             raise KernelCacheError(
                 f"writing the cache folder {folder} failed ({exc})",
@@ -407,17 +534,44 @@ def _from_cache() -> Tuple[ModuleType, str]:
                 f"loading the module just compiled, {path}, failed ({exc2})") from exc2
 
 
+#: seconds the last :func:`load_cpu_kernel` took (what the kernel adds to ``import rnn_ablations``)
+last_load_seconds: Optional[float] = None
+
+
 def load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
     """``(module or None, why not, where from)``; where from is ``"installed"``, ``"cache"``,
     ``"compiled"`` or ``""``."""
+    global last_load_seconds
+    start = time.perf_counter()
+    try:
+        return _load_cpu_kernel()
+    finally:
+        last_load_seconds = time.perf_counter() - start
+
+
+def _load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
     if _kernel_disabled():  # read first: nothing is loaded (a ValueError for a bad value)
         return None, (f"{_env.kernel_switch_set()} is set: no compiled kernel is loaded, the "
                       "generic path runs"), ""
     module, why = _installed()
     if module is not None:
         return module, None, "installed"
+    folder = None
     try:
+        folder = _cache_dir()
+        remembered = None if cached_module(folder)[0] else _remembered_failure(folder)
+        if remembered is not None:  # warned when it failed; not retried in this environment
+            msg = (f"{remembered} (remembered from an earlier import: not compiled again until "
+                   f"the compiler, the Python headers or torch change, or {FAILED} is deleted "
+                   f"from {folder})")
+            logger.info(msg)
+            return None, msg, ""
         module, source = _from_cache()
+        if source == "compiled":
+            try:  # an earlier failure in another environment is history now
+                os.remove(os.path.join(folder, FAILED))
+            except OSError:
+                pass
         return module, None, source
     except Exception as exc:  # no compiler, no headers, read-only cache, ...
         fix = getattr(exc, "fix", _FIX)
@@ -425,5 +579,9 @@ def load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
             f"the kernel cache failed: {type(exc).__name__}: {exc}")
         msg = (f"rnn_ablations: the CPU kernel is not available ({why}; {what}). Using the "
                f"generic PyTorch path (same numbers, slower). To fix: {fix}.")
+        if isinstance(exc, _BuildFailed) and folder is not None:
+            _remember_failure(folder, msg)
+            msg += (" (Later imports do not compile again, and say nothing, until the compiler, "
+                    "the Python headers or torch change.)")
         logger.warning(msg)
         return None, msg, ""

@@ -135,3 +135,87 @@ def test_truncated_installed_module_is_not_mapped(package_copy, tmp_path):
     # no record (a module built before records were written, or copied alone): not mapped either
     os.remove(copy / "rnn_ablations" / _build.INSTALLED_RECORD)
     assert "has no size and SHA-256 record" in _kernel_loader.installed_record_problem(str(module))
+
+
+# ------------------------------------------------------------------------------- first use
+FIRST_USE = """
+import json, time, torch
+t = time.perf_counter()
+import rnn_ablations as ra
+from rnn_ablations import _kernel_loader
+print(json.dumps({"import_s": time.perf_counter() - t, "loader_s": _kernel_loader.last_load_seconds,
+                  "available": ra.kernel_available()}))
+"""
+
+
+def test_failed_first_use_build_is_remembered(tmp_path):
+    """No compiler: the first import tries to compile and warns; the next ones neither try nor
+    print anything (the loader's part of the import well under a second), until the build
+    environment changes."""
+    root = tmp_path / "pkg"
+    shutil.copytree(REPO / "rnn_ablations", root / "rnn_ablations",
+                    ignore=shutil.ignore_patterns("__pycache__", "_C*.so", "_C*.json"))
+    cache = tmp_path / "cache"
+    e = {k: v for k, v in os.environ.items() if k not in ("RNN_ABLATIONS_NO_KERNEL",
+                                                           "RNN_ABLATIONS_DISABLE_KERNEL")}
+    e.update(RNN_ABLATIONS_CACHE=str(cache), PYTHONPATH=str(root), CC="/nonexistent/cc",
+             CXX="/nonexistent/c++")
+    runs = []
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", FIRST_USE], env=e, capture_output=True,
+                              text=True, timeout=600, cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append((json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr))
+    warnings = [err.count("the CPU kernel is not available") for _, err in runs]
+    assert warnings == [1, 0, 0], [err[-2000:] for _, err in runs]
+    assert "compiling the CPU kernel" in runs[0][1] and "Later imports do not compile" in runs[0][1]
+    for result, err in runs[1:]:
+        assert not result["available"] and result["loader_s"] < 1.0, result
+        assert "compiling" not in err
+    # the same record, read in another build environment: tried again
+    folders = [p for p in cache.iterdir() if p.name.startswith("cpu-")]
+    assert len(folders) == 1 and (folders[0] / _kernel_loader.FAILED).is_file()
+    old = dict(os.environ)
+    try:
+        os.environ["CXX"] = "/nonexistent/c++"
+        assert _kernel_loader._remembered_failure(str(folders[0])) is not None
+        os.environ["CXX"] = "/nonexistent/other-c++"
+        assert _kernel_loader._remembered_failure(str(folders[0])) is None
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def test_first_use_build_reports_progress(tmp_path, monkeypatch, caplog):
+    """A build says every PROGRESS_EVERY seconds how long it has run of how long it takes."""
+    script = tmp_path / "slow_build.py"
+    script.write_text("import time; time.sleep(1.5)\n")
+    monkeypatch.setattr(_build, "__file__", str(script))
+    monkeypatch.setattr(_kernel_loader, "PROGRESS_EVERY", 0.4)
+    monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level("WARNING", logger="rnn_ablations"):
+        rc = _kernel_loader._run_build(str(tmp_path), str(tmp_path), str(tmp_path / "t"),
+                                       str(tmp_path / "build.log"))
+    assert rc == 0
+    progress = [r.getMessage() for r in caplog.records if "still compiling" in r.getMessage()]
+    assert progress and "s of about 150 s" in progress[0], progress
+
+
+def test_a_second_process_says_it_waits_for_the_build(tmp_path, monkeypatch, caplog):
+    import fcntl
+    import threading
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    holder = open(folder / ".lock", "w")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    (folder / _kernel_loader.BUILDING).write_text(json.dumps({"pid": 4242, "started": 0}))
+    threading.Timer(1.0, lambda: fcntl.flock(holder, fcntl.LOCK_UN)).start()
+    monkeypatch.setattr(_kernel_loader, "PROGRESS_EVERY", 0.4)
+    with open(folder / ".lock", "w") as lock, caplog.at_level("WARNING", logger="rnn_ablations"):
+        _kernel_loader._lock_waiting(fcntl, lock, str(folder))
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    holder.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("waiting for another process (pid 4242, compiling for" in m for m in messages), messages
+    assert any("still waiting for the other process's build" in m for m in messages), messages
