@@ -198,12 +198,19 @@ def kernel(prog: Program, device: int) -> Kernel:
     return got
 
 
-def launch(k: Kernel, args: Sequence[ctypes._SimpleCData], grid: int, block: int,
-           smem: int = 0, cooperative: bool = False) -> None:
-    """Launch ``k`` with the packed arguments (ctypes values and Structures, in the kernel's
-    parameter order) on torch's current stream of ``k``'s device."""
+def params_of(args: Sequence[ctypes._SimpleCData]) -> ctypes.Array:
+    """The ``kernelParams`` array of a launch: the addresses of ``args`` (which must outlive
+    it; a step loop changes their values in place and launches with the same array)."""
+    return (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+
+
+def launch(k: Kernel, args, grid: int, block: int, smem: int = 0,
+           cooperative: bool = False) -> None:
+    """Launch ``k`` on torch's current stream of its device with ``args``: the packed
+    arguments (ctypes values and Structures, in the kernel's parameter order) or their
+    :func:`params_of` array."""
     _ensure_context(k.device)
-    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    params = args if isinstance(args, ctypes.Array) else params_of(args)
     stream = ctypes.c_void_p(torch.cuda.current_stream(k.device).cuda_stream)
     lib = driver()
     if cooperative:

@@ -35,6 +35,9 @@ __all__ = ["forward", "backward", "scan_forward", "scan_backward", "persistent_f
 #: the scan entry points' calling convention (rnn_ablations.backend.SCAN_ABI)
 SCAN_ABI = 3
 
+#: the device type the entry points take (the CPU tests of the host loops set "cpu", with a
+#: recording stand-in for the driver)
+DEVICE_TYPE = "cuda"
 _THREADS = 256  # element-wise and scan kernels
 _P_THREADS = 512  # persistent_kernel.cuh kThreads
 _MAX_ROWS = 65535  # persistent_kernel.cuh kMaxRows
@@ -42,7 +45,10 @@ _INT32_MAX = 2 ** 31 - 1
 
 _NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16",
           torch.float16: "float16"}
-_NULL = ctypes.c_void_p(0)
+
+
+def _on_device(t: Tensor) -> bool:
+    return t.device.type == DEVICE_TYPE
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -50,7 +56,8 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 def _ptr(t: Optional[Tensor]) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr()) if t is not None else _NULL
+    """A pointer argument (a fresh object: a step loop may move it along in place)."""
+    return ctypes.c_void_p(t.data_ptr() if t is not None else None)
 
 
 def _i64(v: int) -> ctypes.c_int64:
@@ -148,7 +155,7 @@ def _batch_sizes(batch_sizes: Tensor, T: int, B: int, who: str) -> List[int]:
 
 def _check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, who) -> List[int]:
     for t in (proj, w_hh, h0, c0):
-        if t.device.type != "cuda" or t.device != proj.device:
+        if t.device.type != DEVICE_TYPE or t.device != proj.device:
             raise RuntimeError(f"{who}: proj, w_hh, h0, c0 must be on one CUDA device")
         if t.dtype != proj.dtype:
             raise RuntimeError(f"{who}: all tensors must have one dtype")
@@ -167,7 +174,7 @@ def _check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, who) -> List[int]:
 def _check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out, w_hh, h0,
                            c0, batch_sizes, rec_mask, P, who):
     H = _check_w_hh(w_hh, who)
-    if not (out.dim() == 3 and out.size(2) == H and out.is_contiguous() and out.is_cuda):
+    if not (out.dim() == 3 and out.size(2) == H and out.is_contiguous() and _on_device(out)):
         raise RuntimeError(f"{who}: out must be the forward's contiguous (T, B, H) output on cuda")
     if not (P > 0 and P % H == 0 and P >= w_hh.size(0)):
         raise RuntimeError(f"{who}: the projection width must be (R+X)*H, got {P}")
@@ -223,31 +230,31 @@ def _previous_hidden(out, h0, rec_mask, has_mask, t0, length) -> Tensor:
 
 
 # ------------------------------------------------------------------------------ GEMMs
-_dtype_out = None  # whether torch's mm/addmm take out_dtype (fp32 results of 16-bit inputs)
+_dtype_out = {}  # device type -> whether torch's mm/addmm take out_dtype there
 
 
 def _gemm(dst: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
     """dst (+)= a @ b with a, b in the storage dtype and dst in the accumulation type: cuBLAS
     with fp32 accumulation and an fp32 result for the half types."""
-    global _dtype_out
     if dst.dtype == a.dtype:
         if accumulate:
             dst.addmm_(a, b)
         else:
             torch.mm(a, b, out=dst)
         return
-    if _dtype_out is not False:
+    known = _dtype_out.get(dst.device.type)
+    if known is not False:
         try:
             if accumulate:
                 torch.addmm(dst, a, b, out_dtype=dst.dtype, out=dst)
             else:
                 torch.mm(a, b, out_dtype=dst.dtype, out=dst)
-            _dtype_out = True
+            _dtype_out[dst.device.type] = True
             return
         except (RuntimeError, TypeError, NotImplementedError):
-            if _dtype_out:
+            if known:
                 raise
-            _dtype_out = False
+            _dtype_out[dst.device.type] = False
     # the products of 16-bit values are exact in fp32: the same sums, in cuBLAS's fp32 GEMM
     prod = torch.mm(a.to(dst.dtype), b.to(dst.dtype))
     if accumulate:
@@ -281,6 +288,14 @@ def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) 
         hin = torch.empty(T, B, H, dtype=acc, device=dev) if highway and keep_hin else None
         hp_buf = torch.empty(B, H, dtype=proj.dtype, device=dev) if has_mask else None
         w_t = w_hh.t()
+        # the step's arguments, checked once (pack) and then moved along by pointer arithmetic
+        args = pack("step_forward", proj.dtype, ks=ks, n=0, H=H, xo_stride=P, gates=gates,
+                    xo=proj if X > 0 else None, c_prev=c0a, c_out=cs, h_out=out, h_pre_out=hin)
+        params = driver.params_of(args)
+        _, a_n, _, _, a_g, a_xo, a_cp, a_co, a_h, a_hp = args
+        es, ea = proj.element_size(), cs.element_size()
+        p_g, p_x, p_c0, p_cs = gates.data_ptr(), proj.data_ptr(), c0a.data_ptr(), cs.data_ptr()
+        p_out, p_hin = out.data_ptr(), (hin.data_ptr() if hin is not None else None)
         for t in range(T):
             n = bs[t]
             if n <= 0:
@@ -288,13 +303,17 @@ def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) 
             h_prev = h0[:n] if t == 0 else out[t - 1, :n]
             if has_mask:
                 h_prev = torch.mul(h_prev, rec_mask[:n], out=hp_buf[:n])
-            g = gates[t, :n]
-            _gemm(g, h_prev, w_t, accumulate=True)
-            driver.launch(k, pack("step_forward", proj.dtype, ks=ks, n=n, H=H, xo_stride=P,
-                                  gates=g, xo=proj[t, 0, R * H:] if X > 0 else None,
-                                  c_prev=c0a if t == 0 else cs[t - 1], c_out=cs[t],
-                                  h_out=out[t], h_pre_out=hin[t] if hin is not None else None),
-                          _blocks(n * H), _THREADS)
+            _gemm(gates[t, :n], h_prev, w_t, accumulate=True)
+            a_n.value = n
+            a_g.value = p_g + t * B * R * H * ea
+            if X > 0:
+                a_xo.value = p_x + (t * B * P + R * H) * es
+            a_cp.value = p_c0 if t == 0 else p_cs + (t - 1) * B * H * ea
+            a_co.value = p_cs + t * B * H * ea
+            a_h.value = p_out + t * B * H * es
+            if p_hin is not None:
+                a_hp.value = p_hin + t * B * H * ea
+            driver.launch(k, params, _blocks(n * H), _THREADS)
         h_n, c_n = _final_states(ks.memory, out, cs, h0, c0, bs)
     return [out, h_n, c_n, gates, cs,
             hin if hin is not None else torch.empty(0, dtype=acc, device=dev)]
@@ -317,7 +336,7 @@ def backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, pro
         raise RuntimeError(f"{who}: gates must have shape (T, B, R*H) = ({T}, {B}, {R * H})")
     acc = _acc(proj.dtype)
     for t in (gates, cs):
-        if t.dtype != acc or not t.is_contiguous() or not t.is_cuda:
+        if t.dtype != acc or not t.is_contiguous() or not _on_device(t):
             raise RuntimeError(f"{who}: gates and cs must be the contiguous {acc} tensors "
                                "returned by the forward")
     if highway and (hin.dtype != acc or hin.numel() != T * B * H):
@@ -335,19 +354,33 @@ def backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, pro
         c0a = c0.to(acc)
         if not ks.memory:
             dh.add_(dc)  # c_n is a copy of h_n for a cell without memory
+        args = pack("step_backward", proj.dtype, ks=ks, n=0, H=H, P=P, gates=gates,
+                    xo=proj if X > 0 else None, c_cur=cs if ks.memory else None,
+                    c_prev=c0a if ks.memory else None, h_pre=hin if highway else None, dh=dh,
+                    g_out=grad_out, dc=dc, da=dproj)
+        params = driver.params_of(args)
+        _, a_n, _, _, a_g, a_xo, a_cc, a_cp, a_hp, _, a_go, _, a_da = args
+        es, ea = proj.element_size(), gates.element_size()
+        p_g, p_x, p_cs, p_c0 = gates.data_ptr(), proj.data_ptr(), cs.data_ptr(), c0a.data_ptr()
+        p_hin = hin.data_ptr() if highway else None
+        p_go, p_dp = grad_out.data_ptr(), dproj.data_ptr()
         for t in range(T - 1, -1, -1):
             n = bs[t]
             if n == 0:
                 continue
-            dp = dproj[t]
-            driver.launch(k, pack("step_backward", proj.dtype, ks=ks, n=n, H=H, P=P,
-                                  gates=gates[t], xo=proj[t, 0, R * H:] if X > 0 else None,
-                                  c_cur=cs[t] if ks.memory else None,
-                                  c_prev=(c0a if t == 0 else cs[t - 1]) if ks.memory else None,
-                                  h_pre=hin[t] if highway else None, dh=dh, g_out=grad_out[t],
-                                  dc=dc, da=dp),
-                          _blocks(n * H), _THREADS)
-            _gemm(dh[:n], dp[:n, :R * H], w_hh, accumulate=False)
+            a_n.value = n
+            a_g.value = p_g + t * B * R * H * ea
+            if X > 0:
+                a_xo.value = p_x + (t * B * P + R * H) * es
+            if ks.memory:
+                a_cc.value = p_cs + t * B * H * ea
+                a_cp.value = p_c0 if t == 0 else p_cs + (t - 1) * B * H * ea
+            if p_hin is not None:
+                a_hp.value = p_hin + t * B * H * ea
+            a_go.value = p_go + t * B * H * es
+            a_da.value = p_dp + t * B * P * es
+            driver.launch(k, params, _blocks(n * H), _THREADS)
+            _gemm(dh[:n], dproj[t, :n, :R * H], w_hh, accumulate=False)
             if has_mask:
                 dh[:n].mul_(rec_mask[:n])
         dw = torch.mm(dproj.view(T * B, P)[:, :R * H].t(),
@@ -390,7 +423,7 @@ def _check_bias(bias: Optional[Tensor], proj: Tensor, who: str) -> bool:
 
 
 def _check_scan_common(proj, h0, c0, batch_sizes, who) -> List[int]:
-    if not proj.is_cuda:
+    if not _on_device(proj):
         raise RuntimeError(f"{who}: proj must be a CUDA tensor")
     if not (proj.dim() == 3 and (proj.is_contiguous() or _is_batch_major(proj))):
         raise RuntimeError(f"{who}: proj must be (T, B, D*G*H), contiguous or the transpose of a "
@@ -588,7 +621,7 @@ def persistent_plan(spec, highway, proj, w_hh, blocks, batch_tile, backward):
     of the persistent forward (or, with ``backward``, backward) kernel for a call with these
     tensors (proj (T, B, (R+X)*H), w_hh (R*H, H) on CUDA)."""
     who = "rnn_ablations persistent CUDA kernel"
-    if not (proj.is_cuda and w_hh.is_cuda and proj.dim() == 3):
+    if not (_on_device(proj) and _on_device(w_hh) and proj.dim() == 3):
         raise RuntimeError(f"{who}: proj (T, B, (R+X)*H) and w_hh must be CUDA tensors")
     H = _check_w_hh(w_hh, who)
     R = w_hh.size(0) // H
@@ -676,11 +709,12 @@ def persistent_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hi
     H, T, B, P = w_hh.size(1), proj.size(0), proj.size(1), proj.size(2)
     R = w_hh.size(0) // H
     acc = _acc(proj.dtype)
-    if not (gates.dtype == acc and gates.is_contiguous() and gates.is_cuda and gates.dim() == 3
+    if not (gates.dtype == acc and gates.is_contiguous() and _on_device(gates)
+            and gates.dim() == 3
             and tuple(gates.shape) == (T, B, R * H)):
         raise RuntimeError(f"{who}: gates must be the contiguous {acc} (T, B, R*H) tensor the "
                            "forward returned with keep_hin=True")
-    if not (cs.dtype == acc and cs.is_cuda):
+    if not (cs.dtype == acc and _on_device(cs)):
         raise RuntimeError(f"{who}: cs must be the forward's {acc} tensor")
     if highway and not (hin.dtype == acc and hin.numel() == T * B * H):
         raise RuntimeError(f"{who}: hin must be the {acc} tensor returned by the forward "
