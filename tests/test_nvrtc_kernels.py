@@ -366,3 +366,18 @@ def test_nvrtc_host_scan_and_persistent_pack_their_structs(monkeypatch):
     a = structs.PersistentArgs.from_buffer_copy(args)
     assert (a.H, a.B, a.P, a.U, a.steps, a.n_after) == (H, B, R * H, 1, 3, 0)
     assert list(a.n[:3]) == [2, 2, 1] and a.out == res[0].data_ptr() and a.barrier
+
+
+def test_nvrtc_targets_cubin_for_a_known_arch_and_ptx_above_the_newest():
+    known = nvrtc.supported_archs()
+    assert 80 in known and 90 in known
+    assert cache.target_for(90) == ("sm_90", True)
+    # a GPU newer than this NVRTC: PTX for the newest architecture it knows (the driver JITs it)
+    assert cache.target_for(max(known) + 1) == (f"compute_{max(known)}", False)
+    with pytest.raises(nvrtc.NvrtcError, match="newer GPU"):
+        cache.target_for(min(known) - 1)
+    ptx, lowered, _ = nvrtc.compile_program(
+        programs.Program("step_forward", "float32").source, "p.cu",
+        [programs.Program("step_forward", "float32").expression],
+        cache.options_for(f"compute_{max(known)}"), cubin=False)
+    assert b".entry " + lowered[0].encode() in ptx

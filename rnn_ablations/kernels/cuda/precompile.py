@@ -9,7 +9,10 @@ or without a GPU (e.g. to fill a shared cache, or to check the sources).  By def
 instantiation a model of the table can call is compiled; ``--all`` is the same set (kept for
 scripts that name it).  ``--force`` compiles even what the cache holds (the times are then the
 cold first-use times).  Prints one row per instantiation (seconds, where it came from) and the
-total; exits 1 if any program failed.
+total; exits 1 if any program failed.  The package's import builds the CPU kernel on its first
+use: ``RNN_ABLATIONS_NO_KERNEL=1 python -m rnn_ablations.kernels.cuda.precompile`` skips that
+(the switch keeps the kernels from running in that process; this command compiles the CUDA
+programs all the same), e.g. to run it beside the CPU kernel's build.
 """
 from __future__ import annotations
 
