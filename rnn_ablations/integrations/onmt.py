@@ -66,6 +66,7 @@ import argparse
 import functools
 import os
 import re
+import threading
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -607,6 +608,73 @@ def _patch_load_state_dict(model_cls) -> None:
     model_cls.load_state_dict = load_state_dict
 
 
+class _WithoutKeys:
+    """A ``safetensors.safe_open`` handle whose ``keys()`` leave out ``hidden``."""
+
+    def __init__(self, handle, hidden):
+        self._handle, self._hidden = handle, hidden
+
+    def keys(self):
+        return [k for k in self._handle.keys() if k not in self._hidden]
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._handle.__exit__(*exc) if hasattr(self._handle, "__exit__") else False
+
+
+_safe_open_lock = threading.Lock()
+
+
+def _patch_load_safe_state_dict(model_cls) -> None:
+    """Safetensors checkpoints (``-save_format safetensors``) under the ``.pt`` rules
+    (:func:`prepare_checkpoint`): a ``variant_state`` entry of earlier versions is checked
+    against the model and then not loaded (OpenNMT-py's loader would refuse it as an extra key,
+    or, had the module such a buffer, copy a wrong one in silently); a file without it loads as
+    it is.  The variant itself is the checkpoint's ``-encoder_type``, with which OpenNMT-py built
+    the model."""
+    original = model_cls.__dict__.get("load_safe_state_dict")
+    if original is None or _wrapped(original):
+        return
+
+    @functools.wraps(original)
+    def load_safe_state_dict(self, model_path, *args, **kwargs):
+        from glob import glob
+
+        import safetensors
+
+        saved = {}
+        for shard in glob(model_path + ".*.safetensors"):
+            with safetensors.safe_open(shard, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    if key == "variant_state" or key.endswith(".variant_state"):
+                        saved[key] = f.get_tensor(key)
+        if not saved:
+            return original(self, model_path, *args, **kwargs)
+        prepare_checkpoint(self, {"model": dict(saved), "opt": None})  # refuses a wrong one
+        unplaced = [k for k in saved if not any(
+            isinstance(m, AblatedRNN) and k == (f"{n}.variant_state" if n else "variant_state")
+            for n, m in self.named_modules())]
+        if unplaced:
+            raise ValueError(f"the safetensors checkpoint {model_path} holds {unplaced[0]}, but "
+                             "the model has no rnn_ablations encoder there; build the model with "
+                             "the checkpoint's -encoder_type")
+        real = safetensors.safe_open
+        with _safe_open_lock:  # the checked entries are not handed to OpenNMT-py's loader
+            safetensors.safe_open = lambda *a, **k: _WithoutKeys(real(*a, **k), set(saved))
+            try:
+                return original(self, model_path, *args, **kwargs)
+            finally:
+                safetensors.safe_open = real
+
+    load_safe_state_dict.__rnn_ablations_wrapped__ = True
+    model_cls.load_safe_state_dict = load_safe_state_dict
+
+
 def is_registered() -> bool:
     """True when every encoder type is in ``onmt.encoders.str2enc``."""
     import sys
@@ -641,6 +709,7 @@ def _register() -> None:
     _patch_validate_data(onmt.utils.parse.ArgumentParser)
     _patch_build_model([sys.modules.get("onmt.train_single")])
     _patch_load_state_dict(onmt.models.model.BaseModel)
+    _patch_load_safe_state_dict(onmt.models.model.BaseModel)
     if hasattr(torch.serialization, "add_safe_globals"):
         torch.serialization.add_safe_globals([argparse.Namespace])
 
