@@ -104,3 +104,22 @@ def test_onnx_export_of_a_padded_batch_runs_any_length(dynamo, tmp_path):
         x = torch.randn(len(lens), t, 5)
         lens = torch.tensor(lens)
         _same(run(x, lens), model, x, lengths=lens)
+
+
+@pytest.mark.parametrize("variant,highway", [("identity_ran", False),
+                                             ("lstm_minus_srnn_minus_hidden", True)])
+def test_onnx_dynamo_exporter_runs_any_length(variant, highway, tmp_path):
+    """The default exporter on full batches: a cell whose h_t is c_t (the scan's outputs may not
+    alias) and one without a recurrent matrix."""
+    pytest.importorskip("onnxscript", reason="onnxscript is not installed (requirements/core.txt)")
+    model = _model(variant, highway=highway)
+    path = tmp_path / "m.onnx"
+    B, T = torch.export.Dim("B", min=1), torch.export.Dim("T", min=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(9, 3, 5),), str(path), dynamo=True,
+                          dynamic_shapes=({0: T, 1: B},), verbose=False)
+    run = _onnx_runner(path)
+    for n, t in enumerate(LENGTHS):
+        x = torch.randn(t, 2 + n, 5)
+        _same(run(x), model, x)
