@@ -1,8 +1,8 @@
 """Which CUDA recurrence runs a layer's forward: the step kernel or the persistent kernel.
 
-* ``"steps"``: the step kernel (``csrc/cuda/step_kernel.cu``): per step one cuBLAS GEMM and one
+* ``"steps"``: the step kernel (``csrc/cuda/step_kernel.cuh``): per step one cuBLAS GEMM and one
   fused element-wise kernel, the step loop replayed as a CUDA graph (:mod:`.cuda_graphs`).
-* ``"persistent"``: the persistent kernel (``csrc/cuda/persistent_kernel.cu``): the whole forward
+* ``"persistent"``: the persistent kernel (``csrc/cuda/persistent_kernel.cuh``): the whole forward
   in one cooperative launch, each thread block keeping its slice of W_hh in shared memory and the
   grid synchronising once per step.  Its saved tensors are the step kernel's, so the backward is the
   step kernel's hand-written one, or, with the ``persistent_backward`` setting, its recurrence in
@@ -128,9 +128,9 @@ def select(plan, variant, highway: bool, proj, w_hh):
         return graphed
     if raw is None or not hasattr(raw, "persistent_forward"):
         raise RuntimeError(
-            "cuda_recurrence='persistent': this build of rnn_ablations._C_cuda has no "
-            "persistent kernel (rebuild it: `python setup.py build_ext --inplace` with a CUDA "
-            "torch and nvcc), or use rnn_ablations.options(cuda_recurrence='steps')")
+            "cuda_recurrence='persistent': there is no persistent kernel in this process (the "
+            f"CUDA kernels are not in use: {backend._CUDA_KERNEL_ERROR}); use "
+            "rnn_ablations.options(cuda_recurrence='steps') or the generic path")
     blocks, tile, bwd = plan.persistent
     if torch.compiler.is_compiling():
         # persistent_plan reads the device's properties, which a traced graph cannot: the
