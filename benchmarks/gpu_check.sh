@@ -178,7 +178,12 @@ if "$py" -c "import xdist" 2>/dev/null && [ "$device" = cuda ]; then xdist=(-n 4
 want tests && step "tests/test_cuda.py" 120 gpu_tests.log \
     "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/test_cuda.py
 
-gpu=$("$py" -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower() if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo cpu)
+# the GPU's model for the result names: "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200
+gpu=$("$py" -c "
+import re, torch
+name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'
+words = [w for w in re.split(r'[\s_-]+', name.replace('NVIDIA', '')) if re.search(r'\d', w)]
+print((words[0] if words else name.split()[-1]).lower())" 2>/dev/null || echo cpu)
 if [ "$device" = cuda ]; then
     want speed && step "speed, graphs on, eager and graphed cuDNN" 60 gpu_speed.log \
         "$py" benchmarks/speed.py --device cuda --repeats 7 --cuda-graphs on \
