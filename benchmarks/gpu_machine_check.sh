@@ -32,7 +32,7 @@ say() { echo "[gpu_machine_check +$(( $(date +%s) - t_start ))s] $*" | tee -a "$
 say "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) CPUs; budget ${budget}s"
 if ! "$py" -c "import rnn_ablations._C" 2>/dev/null; then
     say "building the CPU kernel for this Python/torch (not carried)"
-    RNN_ABLATIONS_NO_CUDA=1 MAX_JOBS=8 "$py" setup.py -q build_ext --inplace > "$work/cpu/cpu_build.log" 2>&1
+    MAX_JOBS=8 "$py" setup.py -q build_ext --inplace > "$work/cpu/cpu_build.log" 2>&1
     "$py" -c "import rnn_ablations._C" 2>>"$work/cpu/cpu_build.log" || say "CPU kernel build FAILED (cpu/cpu_build.log)"
 fi
 cpus=$(CPU_ISA_CHECK_PRINT_CPUS=1 bash benchmarks/cpu_isa_check.sh)
