@@ -467,7 +467,10 @@ def _compile(folder: str) -> str:
                 if rc != 0:
                     with open(log_path) as f:
                         tail = "".join(f.readlines()[-15:])
-                    raise _BuildFailed(
+                    # remembered only when the build ran to its own end (a build killed by a
+                    # signal, e.g. out of memory, is tried again by the next import)
+                    error = _BuildFailed if rc > 0 else KernelCacheError
+                    raise error(
                         f"{what} failed: the compiler failed (log: {log_path}):\n{tail}", fix)
                 built = [f for f in sorted(os.listdir(out)) if _is_module_name(f)]
                 if not built:
