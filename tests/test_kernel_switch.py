@@ -105,14 +105,23 @@ def test_installed_module_with_its_record_loads(package_copy, tmp_path):
 def test_switch_keeps_the_installed_module_unloaded(package_copy, tmp_path):
     """RNN_ABLATIONS_NO_KERNEL=1 (or its other name) is read before anything is mapped."""
     root, _ = package_copy
-    for var in ("RNN_ABLATIONS_NO_KERNEL", "RNN_ABLATIONS_DISABLE_KERNEL"):
-        result, err = _child(root, tmp_path / "cache", **{var: "1"})
-        assert not result["loaded"] and not result["available"], result
-        assert f"{var}=1 is set" in result["error"] and "Traceback" not in err
+    result, err = _child(root, tmp_path / "cache", RNN_ABLATIONS_NO_KERNEL="1")
+    assert not result["loaded"] and not result["available"], result
+    assert "RNN_ABLATIONS_NO_KERNEL=1 is set" in result["error"] and "Traceback" not in err
     e = dict(os.environ, PYTHONPATH=str(root), RNN_ABLATIONS_NO_KERNEL="yes")
     proc = subprocess.run([sys.executable, "-c", "import rnn_ablations"], env=e,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "RNN_ABLATIONS_NO_KERNEL='yes' is not understood" in proc.stderr
+
+
+def test_other_name_of_the_switch_in_the_loader(monkeypatch):
+    monkeypatch.delenv("RNN_ABLATIONS_NO_KERNEL", raising=False)
+    monkeypatch.setenv("RNN_ABLATIONS_DISABLE_KERNEL", "1")
+    module, why, source = _kernel_loader.load_cpu_kernel()
+    assert module is None and source == "" and "RNN_ABLATIONS_DISABLE_KERNEL=1 is set" in why
+    monkeypatch.setenv("RNN_ABLATIONS_DISABLE_KERNEL", "yes")
+    with pytest.raises(ValueError, match="another name for RNN_ABLATIONS_NO_KERNEL"):
+        _kernel_loader.load_cpu_kernel()
 
 
 @requires_kernel
