@@ -5,7 +5,7 @@
 Importing this package needs only torch; the framework integrations are imported lazily.
 """
 from .variants import ALIASES, VARIANTS, Variant, get_variant, recurrent_param_count
-from .plan import Options, get_options, options, reset_options, set_options
+from .settings import Options, get_options, options, reset_options, set_options
 from .rnn import AblatedRNN
 from .analysis import WeightedSum, weighted_sum
 from .dispatch import (cuda_kernel_available, kernel_available, kernel_isa, set_backend,

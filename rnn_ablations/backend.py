@@ -24,8 +24,9 @@ from typing import Optional
 
 import torch
 
-from . import _kernel_loader, cuda_graphs, ops, ops_cuda
-from .plan import Kernels, LayerCall, cached_plan, get_options, options, process_options, set_options
+from . import _kernel_loader, cuda_graphs, ops, ops_cuda, settings
+from .plan import Kernels, LayerCall, cached_plan
+from .settings import get_options, options, process_options, set_options
 
 __all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "get_backend",
            "use_backend", "kernel_isa", "supported_kernel_isas", "set_kernel_isa",
@@ -76,6 +77,22 @@ def require_a_kernel() -> None:
     if _C is None and _C_cuda is None:
         raise RuntimeError("backend='kernel': no compiled kernel is available (CPU: "
                            f"{_KERNEL_ERROR}; CUDA: {_CUDA_KERNEL_ERROR})")
+
+
+def _check_settings(given) -> None:
+    if given.get("backend") == "kernel":
+        require_a_kernel()
+
+
+def _process_change(old, new) -> None:
+    if new.kernel_isa != old.kernel_isa:
+        apply_kernel_isa(new.kernel_isa)
+    if not new.cuda_graphs and old.cuda_graphs:
+        cuda_graphs.clear_graphs()  # off for the process: free the recorded graphs
+
+
+settings.on_check(_check_settings)
+settings.on_process_change(_process_change)
 
 
 def _has(module, name: str) -> bool:
@@ -130,7 +147,7 @@ def warn_once(plan) -> None:
         if kind in _warned:
             return
         _warned.add(kind)
-    warnings.warn(message, stacklevel=3)
+    warnings.warn(message, stacklevel=6)
 
 
 def kernel_available() -> bool:
@@ -235,9 +252,11 @@ def call_options():
     traced."""
     opts = get_options()
     # torch.jit.trace and the TorchScript-based ONNX exporter record a trace; the dynamo-based
-    # ONNX exporter (torch.onnx.export's default) runs torch.export under its export flag
+    # ONNX exporter (torch.onnx.export's default) runs torch.export under its export flag;
+    # torch.func's transforms (grad, jacrev, vmap) need autograd Functions with a vmap rule
     if opts.backend != "generic" and (torch._C._get_tracing_state() is not None
-                                      or torch.onnx.is_in_onnx_export()):
+                                      or torch.onnx.is_in_onnx_export()
+                                      or torch._C._functorch.maybe_current_level() is not None):
         return dataclasses.replace(opts, backend="generic")
     return opts
 
@@ -253,6 +272,9 @@ def plan_call(fields, policy=None):
     pass to a function it treats as constant)."""
     call = LayerCall(*fields)
     if policy is None:
-        return cached_plan(call_options(), call, kernels())
-    return cached_plan(call_options(), call, kernels(), policy())
+        plan = cached_plan(call_options(), call, kernels())
+    else:
+        plan = cached_plan(call_options(), call, kernels(), policy())
+    warn_once(plan)  # here, where a traced graph does not look: it takes a lock
+    return plan
 

@@ -207,7 +207,6 @@ def _run_layer(plan: Plan, variant, highway, x, w_ih, bias, w_hh, h0, c0, batch_
         proj = torch.nn.functional.linear(x, w_ih, pbias)
         return _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes,
                                         rec_mask)
-    backend.warn_once(plan)
     if plan.path == "cpu" and plan.schedule == "pipelined":
         x, w_ih, w_hh = x.contiguous(), w_ih.contiguous(), w_hh.contiguous()
         h0, c0 = h0.contiguous(), c0.contiguous()

@@ -303,7 +303,6 @@ def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (x, c0, bias, *weights))
     plan = _scan_plan(x, weights, bias, c0.shape[-1], scan_applies(variant), needs_grad)
-    _backend.warn_once(plan)
     ext = _backend._C if plan.path == "cpu" else _backend._C_cuda if plan.path == "cuda" else None
     if plan.schedule == "fused_scan":
         # the projection, the scan (bias added inside) and the backward in one node
