@@ -8,9 +8,8 @@ from .variants import ALIASES, VARIANTS, Variant, get_variant, recurrent_param_c
 from .settings import Options, get_options, options, reset_options, set_options
 from .rnn import AblatedRNN
 from .analysis import WeightedSum, weighted_sum
-from .dispatch import (cuda_kernel_available, kernel_available, kernel_isa, set_backend,
-                       set_kernel_isa, set_pipeline, supported_kernel_isas, use_backend,
-                       use_kernel_isa, use_pipeline)
+from .backend import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
+from .aliases import set_backend, set_kernel_isa, set_pipeline, use_backend, use_kernel_isa, use_pipeline
 from .cuda_graphs import set_cuda_graphs, use_cuda_graphs
 from .cuda_recurrence import get_cuda_recurrence, set_cuda_recurrence, use_cuda_recurrence
 

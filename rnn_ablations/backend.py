@@ -1,18 +1,15 @@
-"""The compiled kernels (loaded here), what they can run, and the public functions that ask
-about them or switch their settings.
+"""The compiled kernels (loaded here) and what they can run: :func:`kernels` describes to the
+run plan what this process has (:class:`Kernels`).
 
 The compiled CPU kernel ``rnn_ablations._C`` runs CPU tensors of dtype float32/float64; the CUDA
-kernel ``rnn_ablations._C_cuda`` (built only with a CUDA torch and nvcc; its step loops are
-replayed as CUDA graphs, see :mod:`rnn_ablations.cuda_graphs`) runs CUDA float32/float64/
-bfloat16/float16 (also under ``torch.autocast("cuda")``).  Everything else (half precision on the
-CPU, other devices, an install without the extension, ``RNN_ABLATIONS_DISABLE_KERNEL=1``) takes
-the generic path, which computes the same function.  Which path a call takes is decided by
-:func:`rnn_ablations.plan.plan_layer` from :func:`rnn_ablations.options`; :func:`kernels`
-describes to it what this process has.
-
-``set_backend`` / ``use_backend`` / ``get_backend`` and ``set_kernel_isa`` / ``use_kernel_isa``
-are short forms of :func:`rnn_ablations.set_options` / :func:`rnn_ablations.options` /
-:func:`rnn_ablations.get_options` for one setting.
+kernel ``rnn_ablations._C_cuda`` (its step loops replayed as CUDA graphs, see
+:mod:`rnn_ablations.cuda_graphs`) runs CUDA float32/float64/bfloat16/float16 (also under
+``torch.autocast("cuda")``).  Everything else (half precision on the CPU, other devices, an
+install without the extension, ``RNN_ABLATIONS_NO_KERNEL=1``) takes the generic path, which
+computes the same function.  Which path a call takes is decided by
+:func:`rnn_ablations.plan.plan_layer`.  The process-wide effects of the settings that concern
+the kernels (the CPU kernel's vector path, freeing the recorded CUDA graphs) and the check that
+``backend="kernel"`` has a kernel are registered here with :mod:`rnn_ablations.settings`.
 """
 from __future__ import annotations
 
@@ -25,12 +22,10 @@ from typing import Optional
 import torch
 
 from . import _kernel_loader, cuda_graphs, ops, ops_cuda, settings
-from .plan import Kernels, LayerCall, cached_plan
-from .settings import get_options, options, process_options, set_options
+from .settings import process_options
 
-__all__ = ["kernel_available", "cuda_kernel_available", "set_backend", "get_backend",
-           "use_backend", "kernel_isa", "supported_kernel_isas", "set_kernel_isa",
-           "use_kernel_isa", "kernels"]
+__all__ = ["kernel_available", "cuda_kernel_available", "kernel_isa", "supported_kernel_isas",
+           "kernels", "Kernels", "onednn_usable"]
 
 # The CPU kernel: built at install time, or compiled on first use and cached (_kernel_loader).
 _C, _KERNEL_ERROR, _KERNEL_SOURCE = _kernel_loader.load_cpu_kernel()
@@ -113,6 +108,61 @@ def _scan_built(module) -> bool:
     return _has(module, "scan_forward") and getattr(module, "scan_abi", 1) == SCAN_ABI
 
 
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """What this process has compiled (``backend.kernels()`` fills it in; tests make their own).
+
+    cpu / cuda: the step kernels; cpu_scan / cuda_scan: the scan kernels (the bias inside, so
+    that the projection, the scan and the backward are one node); persistent:
+    the persistent CUDA kernel is in the build; onednn: torch's oneDNN linear works here;
+    isa: the CPU kernel's vector path in use; cpu_error / cuda_error: why a kernel is missing."""
+
+    cpu: bool = False
+    cuda: bool = False
+    cpu_scan: bool = False
+    cuda_scan: bool = False
+    persistent: bool = False
+    onednn: bool = False
+    isa: Optional[str] = None
+    cpu_error: str = "not built"
+    cuda_error: str = "not built"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
+
+    def __hash__(self) -> int:  # hashed once: part of the plan cache's key on every call
+        return self._hash
+
+
+
+def onednn_usable() -> bool:
+    """Whether oneDNN's linear runs here (probed once, on tiny real tensors; the probe is never
+    recorded by ``torch.jit.trace`` and runs outside the fake-tensor and tracing modes of
+    ``torch.export``, either of which may be what makes the first layer call)."""
+    if _onednn_state["ok"] is None:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        ok = False
+        tracing = torch._C._get_tracing_state()
+        torch._C._set_tracing_state(None)
+        try:
+            with _disable_current_modes():
+                if (torch.backends.mkldnn.is_available()
+                        and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+                    a = torch.ones(2, 3)
+                    y = torch.ops.mkldnn._linear_pointwise(a, torch.ones(4, 3), torch.zeros(4),
+                                                           "none", [], "")
+                    ok = bool(torch.allclose(y, torch.full((2, 4), 3.0)))
+        except Exception:  # pragma: no cover - builds without oneDNN
+            ok = False
+        finally:
+            torch._C._set_tracing_state(tracing)
+        _onednn_state["ok"] = ok
+    return _onednn_state["ok"]
+
+
+_onednn_state = {"ok": None}
+
 _kernels_cache = {}
 
 
@@ -122,15 +172,13 @@ def kernels() -> Kernels:
     key = (id(_C), id(_C_cuda), isa)
     got = _kernels_cache.get(key)
     if got is None:
-        from .projection import _onednn_usable
         scan_why = ("the compiled extension has no scan kernels of this version (scan_abi "
                     f"{SCAN_ABI}): rebuild it "
                     "(`pip install --no-build-isolation -e .`)")
         got = Kernels(
             cpu=_C is not None, cuda=_C_cuda is not None,
             cpu_scan=_scan_built(_C), cuda_scan=_scan_built(_C_cuda),
-            cpu_fused_scan=_scan_built(_C), cuda_fused_scan=_scan_built(_C_cuda),
-            persistent=_has(_C_cuda, "persistent_forward"), onednn=_onednn_usable(), isa=isa,
+            persistent=_has(_C_cuda, "persistent_forward"), onednn=onednn_usable(), isa=isa,
             cpu_error=_KERNEL_ERROR if _C is None else scan_why,
             cuda_error=_CUDA_KERNEL_ERROR if _C_cuda is None else scan_why)
         _kernels_cache.clear()
@@ -176,35 +224,6 @@ def supported_kernel_isas() -> list:
     return list(_C.supported_isas()) if _C is not None else []
 
 
-def set_kernel_isa(name: str) -> None:
-    """``set_options(kernel_isa=name)``: ``"avx512"``, ``"avx2"``, ``"portable"``, ``"auto"``
-    or the test path ``"emulated_avx512"`` (see :func:`kernel_isa`).  ``ValueError`` for a path
-    this CPU/build cannot run, ``RuntimeError`` without a kernel."""
-    set_options(kernel_isa=name)
-
-
-def use_kernel_isa(name: str):
-    """``options(kernel_isa=name)``: the vector path inside the ``with`` block (process-wide),
-    the previous one after it."""
-    return options(kernel_isa=name)
-
-
-def set_backend(name: str) -> None:
-    """``set_options(backend=name)``: ``"auto"`` (a compiled kernel where one applies),
-    ``"kernel"`` (required: an error for tensors no kernel handles) or ``"generic"``."""
-    set_options(backend=name)
-
-
-def get_backend() -> str:
-    """The ``backend`` setting in effect for this thread."""
-    return get_options().backend
-
-
-def use_backend(name: str):
-    """``options(backend=name)``: the backend for this thread inside the ``with`` block."""
-    return options(backend=name)
-
-
 #: ``_C_cuda`` behind CUDA-graph replay (same entry points)
 _graphed_cuda = cuda_graphs.GraphedKernel(_C_cuda) if _C_cuda is not None else None
 
@@ -233,48 +252,3 @@ def autocast_like(proj: torch.Tensor, *tensors: Optional[torch.Tensor]):
     if proj.device.type != "cuda" or autocast_dtype("cuda") is None:
         return tensors
     return tuple(None if t is None else t.to(proj.dtype) for t in tensors)
-
-
-@torch.compiler.assume_constant_result
-def num_threads() -> int:
-    """torch's intra-op thread count, for the plan.  Under ``torch.compile`` / ``torch.export``
-    it is read once, when the graph is traced: it chooses a schedule (every schedule computes
-    the same numbers), not a result."""
-    return torch.get_num_threads()
-
-
-@torch.compiler.assume_constant_result
-def call_options():
-    """The settings a layer call runs under: this thread's (:func:`rnn_ablations.get_options`),
-    except under ``torch.jit.trace`` and ONNX export (``torch.onnx.export``, either exporter),
-    where every layer takes the generic path (a loop of standard operators, which those
-    exporters record; the kernels' operators have no ONNX form).  Under ``torch.compile`` / ``torch.export`` they are read when the graph is
-    traced."""
-    opts = get_options()
-    # torch.jit.trace and the TorchScript-based ONNX exporter record a trace; the dynamo-based
-    # ONNX exporter (torch.onnx.export's default) runs torch.export under its export flag;
-    # torch.func's transforms (grad, jacrev, vmap) need autograd Functions with a vmap rule
-    if opts.backend != "generic" and (torch._C._get_tracing_state() is not None
-                                      or torch.onnx.is_in_onnx_export()
-                                      or torch._C._functorch.maybe_current_level() is not None):
-        return dataclasses.replace(opts, backend="generic")
-    return opts
-
-
-@torch.compiler.assume_constant_result
-def plan_call(fields, policy=None):
-    """The plan of one layer call (:func:`rnn_ablations.plan.plan_layer`) under
-    :func:`call_options` and what this process has compiled; ``policy`` is the function that
-    gives the CPU schedule policy (:class:`rnn_ablations.plan.Policy`), if any.  Under ``torch.compile`` /
-    ``torch.export`` it is made once, when the graph is traced, and the graph holds the operators
-    it chose (the settings are read at tracing time, as the tensors' shapes are).  ``fields``: the
-    :class:`~rnn_ablations.plan.LayerCall`'s fields as a plain tuple (what a traced graph can
-    pass to a function it treats as constant)."""
-    call = LayerCall(*fields)
-    if policy is None:
-        plan = cached_plan(call_options(), call, kernels())
-    else:
-        plan = cached_plan(call_options(), call, kernels(), policy())
-    warn_once(plan)  # here, where a traced graph does not look: it takes a lock
-    return plan
-

@@ -87,8 +87,8 @@ class _KernelLayer(torch.autograd.Function):
         # what it writes and what is saved (proj may be the view a custom Function returned)
         proj = proj.detach()
         mask_ = _or_empty(rec_mask, proj)
-        out, h_n, c_n, gates, cs, hin = _plain_forward(ext, variant.kernel_spec, highway, proj, w_hh,
-                                                       h0, c0, batch_sizes, mask_, True)
+        out, h_n, c_n, gates, cs, hin = _plain_forward(ext, variant.kernel_spec, highway, proj,
+                                                       w_hh, h0, c0, batch_sizes, mask_, True)
         ctx.save_for_backward(gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, mask_, x,
                               w_ih, pbias)
         ctx.variant, ctx.highway, ctx.ext = variant, highway, ext
@@ -122,7 +122,7 @@ class _PipelinedLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_ih, bias, w_hh, h0, c0, variant, highway, batch_sizes, rec_mask, chunk):
         mask_ = _or_empty(rec_mask, x)
-        out, h_n, c_n, gates, cs, hin, xo = backend._C.fused_forward(
+        out, h_n, c_n, gates, cs, hin, xo = backend._C.pipelined_forward(
             variant.kernel_spec, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
             mask_, True, chunk)
         ctx.save_for_backward(gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, mask_,
@@ -148,7 +148,7 @@ class _PipelinedLayer(torch.autograd.Function):
         g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
         need_dw = need[1] or need[3]
         need_bias = ctx.has_bias and need[2]
-        dx, dw_ih, db, dw_hh, dh0, dc0 = backend._C.fused_backward(
+        dx, dw_ih, db, dw_hh, dh0, dc0 = backend._C.pipelined_backward(
             ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x,
             w_ih, w_hh, h0, c0, batch_sizes, mask, need[0], need_dw, need_bias, ctx.chunk)
         return (dx if need[0] else None, dw_ih if need[1] else None, db if need_bias else None,
@@ -220,7 +220,8 @@ _PIPELINED_DIRECTION_ARGS = ("x", "w_ih", "bias", "w_hh", "h0", "c0", "rec_mask"
 
 
 class _PipelinedDirections(torch.autograd.Function):
-    """Autograd wrapper of ``_C.fused_forward_directions`` / ``_C.fused_backward_directions``:
+    """Autograd wrapper of ``_C.pipelined_forward_directions`` /
+    ``_C.pipelined_backward_directions``:
     the directions of a bidirectional layer at once, one per thread, each as
     :class:`_PipelinedLayer` on the ``d``-th group of :data:`_PIPELINED_DIRECTION_ARGS` in
     ``flat`` (``bias`` and ``rec_mask`` may be ``None``); the outputs are ``(out, h_n, c_n)`` of
@@ -231,7 +232,7 @@ class _PipelinedDirections(torch.autograd.Function):
         k = len(_PIPELINED_DIRECTION_ARGS)
         groups = [flat[i:i + k] for i in range(0, len(flat), k)]
         masks = [_or_empty(g[6], g[0]) for g in groups]
-        results = backend._C.fused_forward_directions(
+        results = backend._C.pipelined_forward_directions(
             variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
             [_or_empty(g[2], g[0]) for g in groups], [g[3] for g in groups],
             [g[4] for g in groups], [g[5] for g in groups], batch_sizes, masks, True, chunk)
@@ -269,7 +270,7 @@ class _PipelinedDirections(torch.autograd.Function):
         need_dx = any(need[k * d] for d in range(n))
         need_dw = any(need[k * d + 1] or need[k * d + 3] for d in range(n))
         need_bias = ctx.has_bias and any(need[k * d + 2] for d in range(n))
-        got = backend._C.fused_backward_directions(
+        got = backend._C.pipelined_backward_directions(
             ctx.variant.kernel_spec, ctx.highway, *[[f[i] for f in filled] for i in range(3)],
             *[[p[i] for p in per] for i in range(10)], batch_sizes, [p[10] for p in per],
             need_dx, need_dw, need_bias, ctx.chunk)
@@ -280,3 +281,74 @@ class _PipelinedDirections(torch.autograd.Function):
                                                dw_hh if nd[3] else None, dh0 if nd[4] else None,
                                                dc0 if nd[5] else None]
         return tuple(result)
+
+
+# --------------------------------------------------------------------------- the entry points
+# One function per kernel entry: the autograd Function where a gradient is wanted, else the
+# same kernel's forward alone (it saves nothing for a backward).
+
+def plain_layer(ext, variant, highway: bool, proj, w_hh, h0, c0, x, w_ih, pbias, batch_sizes,
+                rec_mask):
+    """One direction on the step kernel ``ext`` (``_C``, ``_C_cuda``, a graphed or persistent
+    module) from the input projections ``proj`` (a scratch tensor the kernel may overwrite);
+    ``x``, ``w_ih``, ``pbias`` are what ``proj`` was computed from (kept for a
+    ``create_graph=True`` backward)."""
+    proj, w_hh, h0, c0 = proj.contiguous(), w_hh.contiguous(), h0.contiguous(), c0.contiguous()
+    rec_mask = rec_mask.contiguous() if rec_mask is not None else None
+    if _needs_grad(proj, w_hh, h0, c0):
+        return _KernelLayer.apply(proj, w_hh, h0, c0, x, w_ih, pbias, variant, highway,
+                                  batch_sizes, rec_mask, ext)
+    out, h_n, c_n, _, _, _ = _plain_forward(ext, variant.kernel_spec, highway, proj, w_hh, h0, c0,
+                                            batch_sizes, _or_empty(rec_mask, proj), False)
+    return out, h_n, c_n
+
+
+def pipelined_layer(variant, highway: bool, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask,
+                    chunk: int):
+    """One direction on the pipelined CPU kernel, from the layer input (the projection inside);
+    ``chunk``: steps per chunk (0 = automatic)."""
+    x, w_ih, w_hh = x.contiguous(), w_ih.contiguous(), w_hh.contiguous()
+    h0, c0 = h0.contiguous(), c0.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    rec_mask = rec_mask.contiguous() if rec_mask is not None else None
+    if _needs_grad(x, w_ih, bias, w_hh, h0, c0):
+        return _PipelinedLayer.apply(x, w_ih, bias, w_hh, h0, c0, variant, highway, batch_sizes,
+                                     rec_mask, chunk)
+    out, h_n, c_n = backend._C.pipelined_forward(
+        variant.kernel_spec, highway, x, w_ih, _or_empty(bias, x), w_hh, h0, c0, batch_sizes,
+        _or_empty(rec_mask, x), False, chunk)[:3]
+    return out, h_n, c_n
+
+
+def plain_pair(variant, highway: bool, batch_sizes, flat):
+    """The directions of a bidirectional layer at once (one per thread) on the CPU step kernel;
+    ``flat``: per direction the tensors of :data:`_DIRECTION_ARGS`.  Returns ``[(out, h_n,
+    c_n), ...]``."""
+    n = len(flat) // len(_DIRECTION_ARGS)
+    if _needs_grad(*flat):
+        outs = _KernelDirections.apply(variant, highway, batch_sizes, *flat)
+        return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]
+    k = len(_DIRECTION_ARGS)
+    groups = [flat[i:i + k] for i in range(0, len(flat), k)]
+    results = backend._C.forward_directions(
+        variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
+        [g[2] for g in groups], [g[3] for g in groups], batch_sizes,
+        [_or_empty(g[7], g[0]) for g in groups], False, True)
+    return [tuple(r[:3]) for r in results]
+
+
+def pipelined_pair(variant, highway: bool, batch_sizes, chunk: int, flat):
+    """The directions of a bidirectional layer at once (one per thread) on the pipelined CPU
+    kernel; ``flat``: per direction the tensors of :data:`_PIPELINED_DIRECTION_ARGS`."""
+    n = len(flat) // len(_PIPELINED_DIRECTION_ARGS)
+    if _needs_grad(*flat):
+        outs = _PipelinedDirections.apply(variant, highway, batch_sizes, chunk, *flat)
+        return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]
+    k = len(_PIPELINED_DIRECTION_ARGS)
+    groups = [flat[i:i + k] for i in range(0, len(flat), k)]
+    results = backend._C.pipelined_forward_directions(
+        variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
+        [_or_empty(g[2], g[0]) for g in groups], [g[3] for g in groups],
+        [g[4] for g in groups], [g[5] for g in groups], batch_sizes,
+        [_or_empty(g[6], g[0]) for g in groups], False, chunk)
+    return [tuple(r[:3]) for r in results]

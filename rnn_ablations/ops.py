@@ -407,10 +407,10 @@ class CpuKernel:
     def backward(self, *args):
         return list(self._ops(args[2]).plain_backward(*args))
 
-    def fused_forward(self, *args):
+    def pipelined_forward(self, *args):
         return list(self._ops(args[2]).pipelined_forward(*args))
 
-    def fused_backward(self, *args):
+    def pipelined_backward(self, *args):
         return list(self._ops(args[2]).pipelined_backward(*args))
 
     def forward_directions(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
@@ -433,14 +433,14 @@ class CpuKernel:
             spec, highway, *[list(t) for t in tensor_lists], batch_sizes, list(rec_mask))
         return _per_direction(flat, 4)
 
-    def fused_forward_directions(self, spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes,
-                                 rec_mask, keep_hin, chunk):
+    def pipelined_forward_directions(self, spec, highway, x, w_ih, bias, w_hh, h0, c0,
+                                     batch_sizes, rec_mask, keep_hin, chunk):
         flat = self._ops(x[0]).pipelined_directions_forward(
             spec, highway, list(x), list(w_ih), list(bias), list(w_hh), list(h0), list(c0),
             batch_sizes, list(rec_mask), keep_hin, chunk)
         return _per_direction(flat, 7)
 
-    def fused_backward_directions(self, spec, highway, *args):
+    def pipelined_backward_directions(self, spec, highway, *args):
         lists, (batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk) = args[:13], args[13:]
         flat = self._ops(lists[0][0]).pipelined_directions_backward(
             spec, highway, *[list(t) for t in lists], batch_sizes, list(rec_mask), need_dx,

@@ -51,6 +51,8 @@ __all__ = ["Options", "options", "set_options", "get_options", "reset_options",
            "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES"]
 
 
+from . import backend
+from .backend import Kernels
 from .settings import (BACKENDS, CONCURRENT_DIRECTIONS, CPU_SCHEDULES,  # noqa: F401
                        CUDA_RECURRENCES, ENVIRONMENT, KERNEL_ISAS, PROCESS_WIDE, Options,
                        _keep_hash, _kept_hash, from_environment, get_options, options,
@@ -90,33 +92,6 @@ class LayerCall(NamedTuple):
     autocast_dtype: Optional[torch.dtype] = None
     uniform: bool = True
     scan_layout: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernels:
-    """What this process has compiled (``backend.kernels()`` fills it in; tests make their own).
-
-    cpu / cuda: the step kernels; cpu_scan / cuda_scan: the scan kernels; cpu_fused_scan /
-    cuda_fused_scan: the scan with the bias inside (one node with the projection); persistent:
-    the persistent CUDA kernel is in the build; onednn: torch's oneDNN linear works here;
-    isa: the CPU kernel's vector path in use; cpu_error / cuda_error: why a kernel is missing."""
-
-    cpu: bool = False
-    cuda: bool = False
-    cpu_scan: bool = False
-    cuda_scan: bool = False
-    cpu_fused_scan: bool = False
-    cuda_fused_scan: bool = False
-    persistent: bool = False
-    onednn: bool = False
-    isa: Optional[str] = None
-    cpu_error: str = "not built"
-    cuda_error: str = "not built"
-
-    def __post_init__(self) -> None:
-        _keep_hash(self)
-
-    __hash__ = _kept_hash
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,9 +293,9 @@ def _plan_scan(settings: Options, call: LayerCall, kernels: Kernels, policy: Pol
     if not call.scan_layout:
         return Plan("generic", "no scan layout for this cell", onednn=onednn)
     fused_ok = (settings.backend != "generic" and not autocast and not empty and call.uniform
-                and ((call.device == "cpu" and call.dtype in CPU_DTYPES and kernels.cpu_fused_scan)
+                and ((call.device == "cpu" and call.dtype in CPU_DTYPES and kernels.cpu_scan)
                      or (call.device == "cuda" and call.dtype in CUDA_DTYPES
-                         and kernels.cuda_fused_scan)))
+                         and kernels.cuda_scan)))
     if fused_ok:
         return Plan(call.device, f"the compiled {call.device.upper()} scan kernel, one node",
                     isa=kernels.isa if call.device == "cpu" else None, schedule="fused_scan",
@@ -335,3 +310,116 @@ def _plan_scan(settings: Options, call: LayerCall, kernels: Kernels, policy: Pol
 #: :func:`plan_layer` with its plans kept: it is pure and its arguments are frozen dataclasses,
 #: so repeated calls of the same shapes and settings reuse their plan (errors are not kept)
 cached_plan = functools.lru_cache(maxsize=512)(plan_layer)
+
+
+# --------------------------------------------------------------------------- a layer call
+#: The thresholds of the CPU schedule policy in use: their one copy (``Policy``'s defaults,
+#: measured in ``benchmarks/results/schedule_policy.md``).  Every plan of a layer call reads
+#: them from here.
+POLICY = Policy()
+
+
+@torch.compiler.assume_constant_result
+def num_threads() -> int:
+    """torch's intra-op thread count, for the plan.  Under ``torch.compile`` / ``torch.export``
+    it is read once, when the graph is traced: it chooses a schedule (every schedule computes
+    the same numbers), not a result."""
+    return torch.get_num_threads()
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None``."""
+    return backend.autocast_dtype(device_type)
+
+
+@torch.compiler.assume_constant_result
+def call_settings() -> Options:
+    """The settings a layer call runs under: this thread's (:func:`get_options`), except where
+    the call is recorded or transformed by something that cannot take the kernels' operators,
+    and every layer takes the generic path (a loop of standard operators): ``torch.jit.trace``
+    and ONNX export (either exporter: the TorchScript-based one records a trace, the dynamo-based
+    one runs ``torch.export`` under its export flag) and ``torch.func``'s transforms (``grad``,
+    ``jacrev``, ``vmap``: the kernels' autograd Functions have no functorch rules).  Under
+    ``torch.compile`` / ``torch.export`` they are read when the graph is traced."""
+    opts = get_options()
+    if opts.backend != "generic" and (torch._C._get_tracing_state() is not None
+                                      or torch.onnx.is_in_onnx_export()
+                                      or torch._C._functorch.maybe_current_level() is not None):
+        return dataclasses.replace(opts, backend="generic")
+    return opts
+
+
+def threshold_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
+    """Sizes on the same side of each of the plan's thresholds (:data:`POLICY`) as ``steps`` and
+    ``batch``: comparisons only, so a symbolic size gives guards, not a value."""
+    min_steps = POLICY.min_steps
+    steps_for_plan = 0 if steps == 0 else (min_steps if steps >= min_steps else 1)
+    limit = POLICY.max_step_macs if needs_grad else POLICY.max_step_macs_inference
+    per_row = max(1, rec_blocks * hidden * hidden)
+    if batch == 0:
+        batch_for_plan = 0
+    elif batch * per_row < limit:
+        batch_for_plan = 1
+    else:
+        batch_for_plan = -(-limit // per_row)  # the smallest batch at the limit
+    return steps_for_plan, batch_for_plan
+
+
+def plan_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
+    """``(steps, batch)`` for a :class:`LayerCall`.  In eager mode T and B.  Under
+    ``torch.compile`` / ``torch.export`` the plan is made when the graph is traced, and a size
+    may be symbolic (dynamic shapes: one graph for every sequence length, which a plan keyed on
+    the exact size would not allow).  The plan reads the sizes only through its thresholds
+    (zero, ``min_steps``, the step GEMM's ``max_step_macs`` / ``max_step_macs_inference``), so
+    each is replaced by a size on the same side of every threshold (:func:`threshold_sizes`):
+    the graph then guards on those sides, not on the size."""
+    if not torch.compiler.is_compiling():
+        return steps, batch
+    return threshold_sizes(steps, batch, rec_blocks, hidden, needs_grad)
+
+
+def describe(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
+             scan_layout: bool = False, needs_grad: Optional[bool] = None) -> LayerCall:
+    """The :class:`LayerCall` of one layer: ``x`` (T, B, D_in) its input, ``params[d] = (w_ih,
+    w_hh, bias)`` per direction (``w_hh`` is ``None`` for a cell that reads no h_{t-1}, which
+    runs as a scan), ``h0`` / ``c0`` (directions, B, H) its initial states; ``scan_layout``:
+    the scan kernels have a layout for the cell.  A gradient is wanted (``needs_grad=None``)
+    when grad mode is on and a tensor the layer reads requires one (a scan cell reads no h_0)."""
+    w_ih, w_hh, _ = params[0]
+    reads_hidden = w_hh is not None
+    hidden = c0.shape[-1]
+    rec_blocks = w_hh.shape[0] // max(1, hidden) if reads_hidden else 0
+    weights = [t for p in params for t in p if t is not None]
+    if needs_grad is None:
+        needs_grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in [x, c0] + ([h0] if reads_hidden else []) + weights)
+    device = "cpu" if x.is_cpu else x.device.type
+    # whether the directions may run together (the concurrent and one-node kernels take the
+    # parameters in the input's dtype and on its device)
+    uniform = len(params) == 1 or all(t.dtype is x.dtype and t.device == x.device
+                                      for t in weights)
+    # the weight one projection GEMM reads: a direction's (a step cell), or all directions'
+    # together (a scan cell projects them in one GEMM)
+    proj_weight = w_ih.numel() if reads_hidden else sum(p[0].numel() for p in params)
+    steps, batch = plan_sizes(x.shape[0], x.shape[1], rec_blocks, hidden, needs_grad)
+    return LayerCall(device, x.dtype, steps, batch, hidden, rec_blocks, proj_weight, len(params),
+                     needs_grad, num_threads(), autocast_dtype(device), uniform, scan_layout)
+
+
+@torch.compiler.assume_constant_result
+def _plan_of(fields) -> Plan:
+    """The plan of the call whose :class:`LayerCall` fields are ``fields`` (a plain tuple: what
+    a traced graph can pass to a function it treats as constant), under :func:`call_settings`
+    and what this process has compiled.  Under ``torch.compile`` / ``torch.export`` it is made
+    once, when the graph is traced, and the graph holds the operators it chose.  The fallback
+    warning is given here, where a traced graph does not look (it takes a lock)."""
+    plan = cached_plan(call_settings(), LayerCall(*fields), backend.kernels(), POLICY)
+    backend.warn_once(plan)
+    return plan
+
+
+def decide(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
+           scan_layout: bool = False, needs_grad: Optional[bool] = None) -> Plan:
+    """How one layer call runs: :func:`describe`, then :func:`plan_layer` under the call's
+    settings (:func:`call_settings`), what this process has compiled and :data:`POLICY`."""
+    return _plan_of(tuple(describe(x, params, h0, c0, scan_layout, needs_grad)))

@@ -1,7 +1,9 @@
 """The input projection of all time steps at once (``F.linear`` over T·B rows), on the faster
 GEMM library: oneDNN for large float32 CPU weights, where it beat MKL on AMD CPUs (see
-``benchmarks/results/schedule_policy.md``), else ``F.linear``.  The rule is the run plan's
-(:func:`rnn_ablations.plan.onednn_applies`, ``Plan.onednn``)."""
+``benchmarks/results/schedule_policy.md``), else ``F.linear``.  Which one is the run plan's
+decision (:func:`rnn_ablations.plan.onednn_applies`, ``Plan.onednn``), given to
+:func:`input_projection`.  The weight gradient stays on MKL (no faster on oneDNN, which would
+need two transposed copies)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,42 +11,8 @@ from typing import Optional
 import torch
 
 from . import backend
-from .plan import Policy, get_options, onednn_applies
 
-__all__ = ["input_projection", "ONEDNN_MIN_WEIGHT"]
-
-#: oneDNN is used for the all-steps input projection when the weight has at least this many
-#: entries: below it MKL was as fast (small GEMMs), above it oneDNN was faster on the AMD
-#: development machine (``benchmarks/results/schedule_policy.md``).  The weight gradient stays on
-#: MKL (no faster on oneDNN, which would need two transposed copies).
-ONEDNN_MIN_WEIGHT = Policy().onednn_min_weight
-_onednn_state = {"ok": None}
-
-
-def _onednn_usable() -> bool:
-    """Whether oneDNN's linear runs here (probed once, on tiny real tensors; the probe is never
-    recorded by ``torch.jit.trace`` and runs outside the fake-tensor and tracing modes of
-    ``torch.export``, either of which may be what makes the first layer call)."""
-    if _onednn_state["ok"] is None:
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        ok = False
-        tracing = torch._C._get_tracing_state()
-        torch._C._set_tracing_state(None)
-        try:
-            with _disable_current_modes():
-                if (torch.backends.mkldnn.is_available()
-                        and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-                    a = torch.ones(2, 3)
-                    y = torch.ops.mkldnn._linear_pointwise(a, torch.ones(4, 3), torch.zeros(4),
-                                                           "none", [], "")
-                    ok = bool(torch.allclose(y, torch.full((2, 4), 3.0)))
-        except Exception:  # pragma: no cover - builds without oneDNN
-            ok = False
-        finally:
-            torch._C._set_tracing_state(tracing)
-        _onednn_state["ok"] = ok
-    return _onednn_state["ok"]
+__all__ = ["input_projection"]
 
 
 @torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")
@@ -116,20 +84,10 @@ class _OneDnnLinear(torch.autograd.Function):
         return dx, dw, db
 
 
-def _onednn_projection_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The run plan's oneDNN rule for ``F.linear(x, weight)`` under this thread's settings."""
-    return (weight.dtype == x.dtype
-            and onednn_applies(backend.call_options(), x.device.type, x.dtype, weight.numel(),
-                               backend.autocast_dtype(x.device.type) is not None,
-                               x.device.type == "cpu" and _onednn_usable()))
-
-
 def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                     onednn: Optional[bool] = None) -> torch.Tensor:
+                     onednn: bool) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for all time steps at once, on oneDNN where ``onednn``
-    (``Plan.onednn``; ``None``: the plan's rule for these tensors), else ``F.linear``."""
-    if onednn is None:
-        onednn = _onednn_projection_applies(x, weight)
+    (``Plan.onednn``), else ``F.linear``."""
     if onednn:
         return _OneDnnLinear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)

@@ -11,9 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .dispatch import run_directions
+from .dispatch import run_layer_call
 from .export import capture_mode, run_stack
-from .scan import run_scan_layer
 from .functional import projection_bias, reversal_index
 from .validation import check_positive_int, check_prob
 from .variants import VARIANTS, Variant, get_variant
@@ -614,45 +613,21 @@ class AblatedRNN(nn.Module):
 
         layer_input = x
         h_finals, c_finals = [], []
-        H = self.hidden_size
+        H, dirs = self.hidden_size, self.num_directions
         for layer in range(self.num_layers if num_layers is None else num_layers):
-            outputs = []
-            if not self.variant.reads_hidden:
-                # No h_{t-1} anywhere: both directions' projections in one GEMM, then one
-                # element-wise scan (direction 1 runs each row backwards within its length).
-                first, dirs = layer * self.num_directions, self.num_directions
-                params = [self.layer_parameters(layer, d) for d in range(dirs)]
-                out, h_n, c_n = run_scan_layer(self.variant, self.highway, layer_input,
-                                               [p[0] for p in params], [p[2] for p in params],
-                                               h0[first:first + dirs], c0[first:first + dirs],
-                                               batch_sizes)
-                outputs.append(out)
-                h_finals.extend(h_n.unbind(0))
-                c_finals.extend(c_n.unbind(0))
-            # The directions are submitted together (dispatch.run_directions: concurrently where
-            # the run plan says so); the masks are drawn in direction order, so the numbers do
-            # not depend on the schedule.
-            dirs = range(self.num_directions if self.variant.reads_hidden else 0)
-            inputs, params, masks = [], [], []
-            for direction in dirs:
-                inputs.append(layer_input if direction == 0 else reverse(layer_input))
-                params.append(self.layer_parameters(layer, direction))
-                rec_mask = None
-                if self.training and self.recurrent_dropout > 0:
-                    keep = 1.0 - self.recurrent_dropout
-                    rec_mask = torch.empty(batch, H, dtype=x.dtype, device=x.device).bernoulli_(keep) / keep
-                masks.append(rec_mask)
-            first = layer * self.num_directions
-            results = run_directions(self.variant, self.highway, inputs, params,
-                                     [h0[first + d] for d in dirs], [c0[first + d] for d in dirs],
-                                     batch_sizes, masks) if inputs else []
-            for direction, (out, h_n, c_n) in enumerate(results):
-                if direction == 1:
-                    out = reverse(out)
-                outputs.append(out)
-                h_finals.append(h_n)
-                c_finals.append(c_n)
-            layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+            params = [self.layer_parameters(layer, d) for d in range(dirs)]
+            # variational recurrent dropout: one mask per direction, drawn in direction order
+            masks = [None] * dirs
+            if self.training and self.recurrent_dropout > 0 and self.variant.reads_hidden:
+                keep = 1.0 - self.recurrent_dropout
+                masks = [torch.empty(batch, H, dtype=x.dtype, device=x.device).bernoulli_(keep)
+                         / keep for _ in range(dirs)]
+            first = layer * dirs
+            layer_input, h_n, c_n = run_layer_call(
+                self.variant, self.highway, layer_input, params, h0[first:first + dirs],
+                c0[first:first + dirs], batch_sizes, masks, reverse)
+            h_finals.extend(h_n)
+            c_finals.extend(c_n)
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 layer_input = F.dropout(layer_input, self.dropout, True)
         output = layer_input

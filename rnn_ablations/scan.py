@@ -31,15 +31,11 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from . import backend as _backend
-from . import projection as _projection
-from . import dispatch as _dispatch
-from .backend import autocast_like
-from .plan import LayerCall, Plan, cached_plan, get_options, onednn_applies
-from .projection import _dnnl_linear, input_projection
-from .functional import generic_layer, projection_bias, reversal_index
+from .projection import _dnnl_linear
+from .functional import generic_layer, reversal_index
 from .variants import Variant
 
-__all__ = ["run_scan_layer", "scan_applies", "scan_kernel_available"]
+__all__ = ["scan_applies", "scan_kernel_available", "scan_layer", "fused_scan_layer"]
 
 
 def scan_applies(variant: Variant) -> bool:
@@ -57,11 +53,10 @@ def scan_applies(variant: Variant) -> bool:
 
 
 def scan_kernel_available(device: str = "cpu") -> bool:
-    """True when the compiled scan kernel for ``device`` ("cpu" or "cuda") is importable."""
-    # the modules the loader accepted (backend): importing ``_C`` here would map the installed
-    # module before the loader's checks and switches
-    ext = _backend._C if device == "cpu" else _backend._C_cuda
-    return ext is not None and hasattr(ext, "scan_forward")
+    """True when the compiled scan kernel for ``device`` ("cpu" or "cuda") is loaded (the modules
+    the loader accepted, :func:`rnn_ablations.backend.kernels`)."""
+    got = _backend.kernels()
+    return got.cpu_scan if device == "cpu" else got.cuda_scan
 
 
 class _ScanLayer(torch.autograd.Function):
@@ -140,23 +135,13 @@ def _rows_of(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
     return (t.transpose(0, 1) if batch_major else t).reshape(-1, t.shape[-1])
 
 
-def _use_onednn(x2d: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
-    """The run plan's oneDNN rule (:func:`rnn_ablations.plan.onednn_applies`) for the
-    directions' weights together."""
-    return (all(w.dtype == x2d.dtype for w in weights)
-            and onednn_applies(_backend.call_options(), x2d.device.type, x2d.dtype,
-                               sum(w.numel() for w in weights),
-                               _backend.autocast_dtype(x2d.device.type) is not None,
-                               x2d.device.type == "cpu" and _projection._onednn_usable()))
-
-
-def _project(x2d: torch.Tensor, weights: Sequence[torch.Tensor]
+def _project(x2d: torch.Tensor, weights: Sequence[torch.Tensor], onednn: bool
              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """x2d · [W_0; W_1]ᵀ (the directions side by side) on the faster GEMM library, no autograd;
     returns it and the concatenated weight where one was made (kept for the backward).  oneDNN
     reads one weight, so the directions' are concatenated for it; ATen's GEMM writes each
     direction's columns in place instead."""
-    if _use_onednn(x2d, weights):
+    if onednn:
         weight = weights[0] if len(weights) == 1 else torch.cat(list(weights))
         return _dnnl_linear(x2d, weight, None), (weight if len(weights) > 1 else None)
     if len(weights) == 1:
@@ -171,9 +156,9 @@ def _project(x2d: torch.Tensor, weights: Sequence[torch.Tensor]
 
 
 def _project_back(g2d: torch.Tensor, weights: Sequence[torch.Tensor],
-                  cat: Optional[torch.Tensor]) -> torch.Tensor:
+                  cat: Optional[torch.Tensor], onednn: bool) -> torch.Tensor:
     """g2d · [W_0; W_1] (the input gradient of :func:`_project`), on the same library."""
-    if _use_onednn(g2d, weights):
+    if onednn:
         weight = cat if cat is not None else (weights[0] if len(weights) == 1
                                               else torch.cat(list(weights)))
         return _dnnl_linear(g2d, weight.t(), None)  # oneDNN reads the transposed layout
@@ -192,21 +177,30 @@ class _FusedScanLayer(torch.autograd.Function):
     their batch-major order, without a transposed copy.  ``ext`` is the CPU or CUDA extension."""
 
     @staticmethod
-    def forward(ctx, x, c0, h0, batch_sizes, spec, ext, variant, highway, bias, *weights):
+    def forward(ctx, x, c0, h0, batch_sizes, onednn, ext, variant, highway, bias, *weights):
+        out, h_n, c_n, proj, cs, cat, batch_major = _FusedScanLayer.compute(
+            x, c0, h0, batch_sizes, onednn, ext, variant, highway, bias, weights, True)
+        ctx.save_for_backward(x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights)
+        ctx.spec, ctx.ext, ctx.variant, ctx.highway = variant.kernel_spec, ext, variant, highway
+        ctx.batch_major, ctx.onednn = batch_major, onednn
+        return out, h_n, c_n
+
+    @staticmethod
+    def compute(x, c0, h0, batch_sizes, onednn, ext, variant, highway, bias, weights, save):
+        """The forward: the projection of every step and direction, then the scan (``save``:
+        keep what the backward reads)."""
         seq_len, batch = x.shape[0], x.shape[1]
         x2d, batch_major = _rows(x)
-        proj2d, cat = _project(x2d, weights)
+        proj2d, cat = _project(x2d, weights, onednn)
         proj = _as_time_major(proj2d, seq_len, batch, batch_major)
-        out, h_n, c_n, cs = ext.scan_forward(spec, highway, proj, h0, c0, batch_sizes, True, bias)
-        ctx.save_for_backward(x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights)
-        ctx.spec, ctx.ext, ctx.variant, ctx.highway = spec, ext, variant, highway
-        ctx.batch_major = batch_major
-        return out, h_n, c_n
+        out, h_n, c_n, cs = ext.scan_forward(variant.kernel_spec, highway, proj, h0, c0,
+                                             batch_sizes, save, bias)
+        return out, h_n, c_n, proj, cs, cat, batch_major
 
     @staticmethod
     def backward(ctx, g_out, g_hn, g_cn):
         x, c0, h0, bias, proj, cs, batch_sizes, cat, *weights = ctx.saved_tensors
-        # inputs: x, c0, h0, batch_sizes, spec, ext, variant, highway, bias, *weights
+        # inputs: x, c0, h0, batch_sizes, onednn, ext, variant, highway, bias, *weights
         need = ctx.needs_input_grad
         wants = (need[0], need[1], need[8]) + tuple(need[9:])
         if torch.is_grad_enabled():
@@ -234,8 +228,8 @@ class _FusedScanLayer(torch.autograd.Function):
         g2d = _rows_of(dproj, ctx.batch_major)
         dx = dws = None
         if need[0]:
-            dx = _as_time_major(_project_back(g2d, weights, cat), x.shape[0], x.shape[1],
-                                ctx.batch_major)
+            dx = _as_time_major(_project_back(g2d, weights, cat, ctx.onednn), x.shape[0],
+                                x.shape[1], ctx.batch_major)
         if any(need[9:]):
             x2d, _ = _rows(x)
             if x2d.device.type == "cpu" and _backend._C is not None:
@@ -247,23 +241,6 @@ class _FusedScanLayer(torch.autograd.Function):
                 db if need[8] else None, *(dws if dws is not None else [None] * len(weights)))
 
 
-def _scan_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor],
-               hidden: int, applies: bool, needs_grad: bool) -> Plan:
-    """The run plan of this layer (:func:`rnn_ablations.plan.plan_layer`): the generic path, the
-    scan kernel after a projection node, or the whole layer in one node (``fused_scan``)."""
-    device = x.device.type
-    uniform = all(t is None or (t.dtype == x.dtype and t.device == x.device)
-                  for t in (bias, *weights))
-    steps, batch = _dispatch.plan_sizes(x.shape[0], x.shape[1], 0, hidden, needs_grad)
-    call = LayerCall(device=device, dtype=x.dtype, steps=steps, batch=batch,
-                     hidden=hidden, rec_blocks=0,
-                     proj_weight=sum(w.numel() for w in weights), directions=len(weights),
-                     needs_grad=needs_grad, threads=_backend.num_threads(),
-                     autocast_dtype=_backend.autocast_dtype(device), uniform=uniform,
-                     scan_layout=applies)
-    return _backend.plan_call(tuple(call))
-
-
 def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
     """The layer with differentiable torch ops (the generic path) from the fused layer's inputs."""
     weight = weights[0] if len(weights) == 1 else torch.cat(weights)
@@ -271,58 +248,32 @@ def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
     return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
 
 
-def run_scan_layer(variant: Variant, highway: bool, x: torch.Tensor,
-                   weights: Sequence[torch.Tensor], biases: Sequence[Optional[torch.Tensor]],
-                   h0: torch.Tensor, c0: torch.Tensor,
-                   batch_sizes: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer (D = ``len(weights)`` directions, 1 or 2) of a cell that reads no h_{t-1};
-    returns ``(output (T, B, D·H), h_n (D, B, H), c_n (D, B, H))``, the directions side by side as
-    in a bidirectional layer's output.
-
-    ``x`` (T, B, d_in) is the layer input in time order for both directions (direction 1 runs each
-    row backwards within its length), ``weights[d]`` (G·H, d_in) the input weights of direction
-    d in the table's block order, ``biases[d]`` the biased blocks' bias or ``None``; ``h0``/``c0``
-    (D, B, H); ``batch_sizes`` a CPU int64 tensor of length T (rows sorted by decreasing length).
-    The projections of both directions are one GEMM.  ``h0`` is read only for a row with no step
-    (h_n = h_0); nothing else reads it, so it receives no gradient.
-    """
-    if variant.reads_hidden:
-        raise ValueError(f"variant {variant.name!r} reads h_{{t-1}}: it runs through "
-                         "rnn_ablations.dispatch.run_layer, not the scan")
-    dirs = len(weights)
-    if dirs not in (1, 2) or len(biases) != dirs or h0.shape[0] != dirs or c0.shape[0] != dirs:
-        raise ValueError(f"run_scan_layer takes 1 or 2 directions, with one weight, bias, h0 and "
-                         f"c0 each; got {dirs} weights, {len(biases)} biases, h0 {tuple(h0.shape)}")
-    width = weights[0].shape[0]
-    if biases[0] is None:
-        bias = None
-    else:
-        bias = torch.cat([projection_bias(b, width) for b in biases]) if dirs > 1 \
-            else projection_bias(biases[0], width)
-    spec = variant.kernel_spec
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                                 for t in (x, c0, bias, *weights))
-    plan = _scan_plan(x, weights, bias, c0.shape[-1], scan_applies(variant), needs_grad)
-    ext = _backend._C if plan.path == "cpu" else _backend._C_cuda if plan.path == "cuda" else None
-    if plan.schedule == "fused_scan":
-        # the projection, the scan (bias added inside) and the backward in one node
-        h0, c0 = h0.contiguous(), c0.contiguous()
-        if needs_grad:
-            return _FusedScanLayer.apply(x, c0, h0, batch_sizes, spec, ext, variant, highway,
-                                         bias, *weights)
-        with torch.no_grad():  # inference: nothing saved for a backward
-            x2d, batch_major = _rows(x)
-            proj = _as_time_major(_project(x2d, weights)[0], x.shape[0], x.shape[1], batch_major)
-            out, h_n, c_n, _ = ext.scan_forward(spec, highway, proj, h0, c0, batch_sizes, False,
-                                                bias)
-        return out, h_n, c_n
-    weight = torch.cat(list(weights)) if dirs > 1 else weights[0]
-    proj = input_projection(x, weight, bias, onednn=plan.onednn)
-    h0, c0 = autocast_like(proj, h0, c0)  # the scan in the autocast dtype, as the step kernels
-    if ext is None:
-        return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
+def scan_layer(ext, variant: Variant, highway: bool, proj: torch.Tensor, h0: torch.Tensor,
+               c0: torch.Tensor, batch_sizes: torch.Tensor):
+    """The scan kernel of ``ext`` from the projections ``proj`` (T, B, D·G·H): the autograd
+    Function where a gradient is wanted, else the forward alone (nothing saved)."""
     proj, h0, c0 = proj.contiguous(), h0.contiguous(), c0.contiguous()
     if torch.is_grad_enabled() and (proj.requires_grad or c0.requires_grad):
-        return _ScanLayer.apply(proj, h0, c0, batch_sizes, spec, ext, variant, highway)
-    out, h_n, c_n, _ = ext.scan_forward(spec, highway, proj, h0, c0, batch_sizes, False)
+        return _ScanLayer.apply(proj, h0, c0, batch_sizes, variant.kernel_spec, ext, variant,
+                                highway)
+    out, h_n, c_n, _ = ext.scan_forward(variant.kernel_spec, highway, proj, h0, c0, batch_sizes,
+                                        False)
     return out, h_n, c_n
+
+
+def fused_scan_layer(ext, variant: Variant, highway: bool, x: torch.Tensor,
+                     weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor],
+                     h0: torch.Tensor, c0: torch.Tensor, batch_sizes: torch.Tensor,
+                     onednn: bool):
+    """The whole layer in one node (:class:`_FusedScanLayer`: the projection on oneDNN where
+    ``onednn``, the scan with the bias inside, the backward) where a gradient is wanted, else
+    its forward alone (nothing saved)."""
+    h0, c0 = h0.contiguous(), c0.contiguous()
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x, c0, bias, *weights)):
+        return _FusedScanLayer.apply(x, c0, h0, batch_sizes, onednn, ext, variant, highway, bias,
+                                     *weights)
+    with torch.no_grad():
+        return _FusedScanLayer.compute(x, c0, h0, batch_sizes, onednn, ext, variant, highway,
+                                       bias, weights, False)[:3]
+

@@ -1,10 +1,11 @@
 """Both directions of a bidirectional layer at once: the CPU kernel's concurrent
-directions path (``dispatch.run_directions`` → ``_C.forward_directions`` /
+directions path (the runners ``cpu_plain_pair`` / ``cpu_pipelined_pair`` → ``_C.forward_directions`` /
 ``_C.backward_directions``, one direction per thread) against the float64 generic path and
 against the directions run one after the other, with 1 and 2 threads: outputs, final states and
 gradients, padded (lengths, mask, PackedSequence) and unpadded, with and without highway, with
 ``hx``, recurrent dropout, under ``no_grad`` / ``inference_mode`` and ``create_graph``."""
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -12,8 +13,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import rnn_ablations as ra
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, use_pipeline
-from rnn_ablations import dispatch
-from rnn_ablations.dispatch import use_concurrent_directions
+from rnn_ablations import kernel_autograd
+from rnn_ablations.aliases import use_concurrent_directions
 
 from conftest import requires_kernel, threads
 
@@ -55,7 +56,7 @@ class CountingKernel:
     def __init__(self, ext):
         self.ext = ext
         self.calls = {"forward_directions": 0, "backward_directions": 0,
-                      "fused_forward_directions": 0, "fused_backward_directions": 0}
+                      "pipelined_forward_directions": 0, "pipelined_backward_directions": 0}
 
     def __getattr__(self, name):
         fn = getattr(self.ext, name)
@@ -141,7 +142,7 @@ def test_float32_concurrent_equals_sequential(variant, isa):
 
 
 def _forwards(counting):
-    return counting.calls["forward_directions"] + counting.calls["fused_forward_directions"]
+    return counting.calls["forward_directions"] + counting.calls["pipelined_forward_directions"]
 
 
 def test_auto_policy(counting, monkeypatch):
@@ -157,13 +158,14 @@ def test_auto_policy(counting, monkeypatch):
         with threads(2), use_concurrent_directions("never"):
             m(x)
         assert _forwards(counting) == 2
-    assert counting.calls["fused_forward_directions"] == 2  # T = 6, training: pipelined
+    assert counting.calls["pipelined_forward_directions"] == 2  # T = 6, training: pipelined
     torch.testing.assert_close(one, two)
     # more threads: concurrently while a step's GEMM is small (below the split threshold)
     with threads(3), use_backend("kernel"), torch.no_grad():
         m(x)
         assert _forwards(counting) == 4
-        monkeypatch.setattr(dispatch, "PIPELINE_MAX_STEP_MACS_INFERENCE", 3 * 8 * 4)  # B·RH·H
+        monkeypatch.setattr(ra.plan, "POLICY", dataclasses.replace(
+            ra.plan.POLICY, max_step_macs_inference=3 * 8 * 4))  # B·RH·H
         m(x)
         assert _forwards(counting) == 4
     # a unidirectional module and the generic backend never take it
@@ -226,9 +228,9 @@ def test_inference_saves_nothing(variant, mode, counting, monkeypatch):
     backward), also for input and parameters that require grad."""
     def no_function(*args, **kwargs):
         raise AssertionError("an autograd Function ran under no_grad / inference_mode")
-    monkeypatch.setattr(dispatch._KernelDirections, "apply", no_function)
-    monkeypatch.setattr(dispatch._KernelLayer, "apply", no_function)
-    monkeypatch.setattr(dispatch._PipelinedLayer, "apply", no_function)
+    monkeypatch.setattr(kernel_autograd._KernelDirections, "apply", no_function)
+    monkeypatch.setattr(kernel_autograd._KernelLayer, "apply", no_function)
+    monkeypatch.setattr(kernel_autograd._PipelinedLayer, "apply", no_function)
     x = torch.randn(7, 3, 5, dtype=torch.float64, requires_grad=True)
     for bidirectional in (True, False):
         m = _model(variant, True)
@@ -245,7 +247,7 @@ def test_inference_saves_nothing(variant, mode, counting, monkeypatch):
                 assert out.is_inference()
             _assert_all_close([out, h, c], [want[0], *want[1]])
     # the bidirectional model, concurrent: two layers, each form once
-    assert counting.calls["forward_directions"] == counting.calls["fused_forward_directions"] == 2
+    assert counting.calls["forward_directions"] == counting.calls["pipelined_forward_directions"] == 2
 
 
 def test_create_graph_second_derivatives():
@@ -304,8 +306,8 @@ def test_directions_entry_point_checks_its_lists():
 
 def test_concurrent_mode_is_validated():
     with pytest.raises(ValueError, match="unknown concurrent-directions mode 'sometimes'"):
-        ra.dispatch.set_concurrent_directions("sometimes")
-    assert ra.dispatch.get_concurrent_directions() == "auto"
+        ra.aliases.set_concurrent_directions("sometimes")
+    assert ra.aliases.get_concurrent_directions() == "auto"
 
 
 

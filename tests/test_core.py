@@ -267,7 +267,7 @@ def test_pipeline_policy():
     small_w, small_hh = torch.randn(12, 3), torch.randn(12, 3)
     # one step's GEMM of B = 32 rows against a (4H, H) weight at H = 650: 54 M multiply-adds
     wide_x, wide_hh = torch.randn(8, 32, 3), torch.empty(2600, 650)
-    assert 32 * 2600 * 650 >= dispatch.PIPELINE_MAX_STEP_MACS > 32 * 1024 * 256
+    assert 32 * 2600 * 650 >= ra.plan.POLICY.max_step_macs > 32 * 1024 * 256
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -281,7 +281,7 @@ def test_pipeline_policy():
         torch.set_num_threads(1)
         assert schedule(wide_x, small_w, wide_hh, True) == "pipelined"
         assert schedule(big_x, w_big, small_hh, True) == "pipelined"
-        onednn = dispatch._onednn_projection_applies(big_x, w_big)
+        onednn = dispatch.layer_plan([big_x], [(w_big, small_hh, None)], False).onednn
         assert schedule(big_x, w_big, small_hh, False) == ("plain" if onednn else "pipelined")
         with ra.options(cpu_schedule="plain"):
             assert schedule(big_x, small_w, small_hh, True) == "plain"
@@ -631,9 +631,8 @@ def test_bad_forward_inputs():
 @pytest.mark.skipif(not ra.kernel_available(), reason="kernel not built")
 def test_large_projection_path_equals_generic():
     """Above ONEDNN_MIN_WEIGHT the input projection runs on oneDNN (forward and input gradient)."""
-    from rnn_ablations.dispatch import ONEDNN_MIN_WEIGHT
     m = AblatedRNN("lstm", 400, 400)
-    assert m.weight_ih_l0.numel() >= ONEDNN_MIN_WEIGHT
+    assert m.weight_ih_l0.numel() >= ra.plan.POLICY.onednn_min_weight
     x = torch.randn(5, 3, 400, requires_grad=True)
     results = []
     for backend in ("kernel", "generic"):

@@ -72,20 +72,20 @@ def test_compile_fullgraph_dynamic_shapes(variant, bidirectional):
 
 
 def test_threshold_sizes_give_the_plan_of_the_sizes():
-    """The sizes a traced plan sees (dispatch.threshold_sizes) lead to the same plan as the
-    exact sizes, across the policy's thresholds, for every schedule setting."""
-    from rnn_ablations import backend, dispatch
+    """The sizes a traced plan sees (plan.threshold_sizes) lead to the same plan as the exact
+    sizes, across the policy's thresholds, for every schedule setting."""
+    from rnn_ablations import backend, plan
     from rnn_ablations.plan import LayerCall, Options, plan_layer
 
     kernels = backend.kernels()
-    policy = dispatch._policy()
+    policy = plan.POLICY
     for T in (0, 1, policy.min_steps - 1, policy.min_steps, 3 * policy.min_steps):
         for B in (0, 1, 7, 64, 4096):
             for H, R in ((8, 2), (256, 3), (650, 4)):
                 for needs_grad in (False, True):
                     for threads in (1, 2, 4):
                         for directions in (1, 2):
-                            steps, batch = dispatch.threshold_sizes(T, B, R, H, needs_grad)
+                            steps, batch = plan.threshold_sizes(T, B, R, H, needs_grad)
                             calls = [LayerCall("cpu", torch.float32, s, b, H, R, 8 * R * H,
                                                directions, needs_grad, threads)
                                      for s, b in ((T, B), (steps, batch))]
@@ -100,12 +100,12 @@ def test_compile_with_a_onednn_sized_weight(variant):
     raw oneDNN op failed in inference; in training the kernel's in-place gate writes into a view
     the projection's autograd Function returned were refused).  Inference with the default
     backend and training with ``aot_eager`` equal eager."""
-    from rnn_ablations import projection
+    from rnn_ablations import plan
 
     torch.manual_seed(0)
-    hidden = 420  # 3 or 4 blocks of 420 x 420: above projection.ONEDNN_MIN_WEIGHT
+    hidden = 420  # 3 or 4 blocks of 420 x 420: above the plan's onednn_min_weight
     rnn = AblatedRNN(variant, hidden, hidden, num_layers=2, batch_first=True)
-    assert rnn.layer_parameters(0, 0)[0].numel() >= projection.ONEDNN_MIN_WEIGHT
+    assert rnn.layer_parameters(0, 0)[0].numel() >= plan.POLICY.onednn_min_weight
     x = torch.randn(4, 6, hidden, requires_grad=True)
     with torch.no_grad():
         want = rnn(x)

@@ -38,15 +38,14 @@ def _store(section, data):
 
 
 # --------------------------------------------------------------------------- plans
-ALL = Kernels(cpu=True, cuda=True, cpu_scan=True, cuda_scan=True, cpu_fused_scan=True,
-              cuda_fused_scan=True, persistent=True, onednn=True, isa="avx2")
+ALL = Kernels(cpu=True, cuda=True, cpu_scan=True, cuda_scan=True, persistent=True,
+              onednn=True, isa="avx2")
 KERNEL_SETS = {
     "all": ALL,
     "none": Kernels(cpu_error="no compiler", cuda_error="no CUDA"),
-    "cpu only": Kernels(cpu=True, cpu_scan=True, cpu_fused_scan=True, onednn=True, isa="avx512",
+    "cpu only": Kernels(cpu=True, cpu_scan=True, onednn=True, isa="avx512",
                         cuda_error="no CUDA"),
     "no persistent, no onednn": Kernels(cpu=True, cuda=True, cpu_scan=True, cuda_scan=True,
-                                        cpu_fused_scan=True, cuda_fused_scan=True,
                                         isa="portable"),
 }
 SETTINGS = {

@@ -28,7 +28,7 @@ CHILD = textwrap.dedent(r"""
     from torch.utils.flop_counter import FlopCounterMode
     from torch.utils._python_dispatch import TorchDispatchMode
     from rnn_ablations import AblatedRNN, use_backend, use_pipeline
-    from rnn_ablations.dispatch import use_concurrent_directions
+    from rnn_ablations.aliases import use_concurrent_directions
 
     schedule = sys.argv[1]
     torch.set_num_threads(2)

@@ -9,7 +9,7 @@ import torch
 import rnn_ablations as ra
 
 from conftest import requires_kernel, run_python
-from rnn_ablations import cuda_graphs, cuda_recurrence, dispatch
+from rnn_ablations import aliases, cuda_graphs, cuda_recurrence, dispatch
 from rnn_ablations.plan import Options
 
 
@@ -199,25 +199,23 @@ def test_kernel_backend_without_a_kernel_is_refused():
 # --------------------------------------------------------------------------- short forms
 def test_short_forms_are_the_settings():
     with ra.use_backend("generic"):
-        assert ra.get_options().backend == "generic" == ra.dispatch.get_backend()
+        assert ra.get_options().backend == "generic" == aliases.get_backend()
     for word, value in (("always", "pipelined"), ("never", "plain"), ("auto", "auto")):
         with ra.use_pipeline(word):
             assert ra.get_options().cpu_schedule == value
-            assert dispatch.get_pipeline() == word
+            assert aliases.get_pipeline() == word
     for word, value in (("always", "on"), ("never", "off"), ("auto", "auto")):
-        with dispatch.use_concurrent_directions(word):
+        with aliases.use_concurrent_directions(word):
             assert ra.get_options().concurrent_directions == value
-            assert dispatch.get_concurrent_directions() == word
+            assert aliases.get_concurrent_directions() == word
     with ra.use_cuda_graphs(False):
         assert ra.get_options().cuda_graphs is False and not cuda_graphs.get_cuda_graphs()
     with ra.use_cuda_recurrence("persistent"):
         assert ra.get_options().cuda_recurrence == "persistent" == ra.get_cuda_recurrence()
         assert cuda_recurrence.PERSISTENT_BACKWARD is ra.get_options().persistent_backward
-    with ra.options(pipeline_chunk=4):
-        assert dispatch.PIPELINE_CHUNK == 4
     ra.set_pipeline("never")
     assert ra.get_options().cpu_schedule == "plain"
-    dispatch.set_concurrent_directions("always")
+    aliases.set_concurrent_directions("always")
     assert ra.get_options().concurrent_directions == "on"
     ra.set_cuda_recurrence("steps")
     assert ra.get_options().cuda_recurrence == "steps"
@@ -230,7 +228,7 @@ def test_short_forms_validate_in_their_own_words():
                                          "always, never"):
         ra.set_pipeline("sometimes")
     with pytest.raises(ValueError, match="unknown concurrent-directions mode 'plain'"):
-        dispatch.use_concurrent_directions("plain")
+        aliases.use_concurrent_directions("plain")
     with pytest.raises(TypeError, match="set_cuda_graphs takes True or False"):
         ra.set_cuda_graphs("yes")
     with pytest.raises(ValueError, match="cuda_recurrence must be one of"):

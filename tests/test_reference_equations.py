@@ -17,7 +17,7 @@ import torch
 
 import rnn_ablations
 from rnn_ablations import AblatedRNN
-from rnn_ablations.dispatch import kernel_available, use_backend
+from rnn_ablations import kernel_available, use_backend
 
 sigmoid, tanh = torch.sigmoid, torch.tanh
 

@@ -12,8 +12,8 @@ from rnn_ablations import dispatch, plan as P
 from rnn_ablations.plan import Kernels, LayerCall, Options, Plan, Policy, plan_layer
 
 #: a process with every kernel
-ALL = Kernels(cpu=True, cuda=True, cpu_scan=True, cuda_scan=True, cpu_fused_scan=True,
-              cuda_fused_scan=True, persistent=True, onednn=True, isa="avx2")
+ALL = Kernels(cpu=True, cuda=True, cpu_scan=True, cuda_scan=True, persistent=True,
+              onednn=True, isa="avx2")
 NONE = Kernels(cpu_error="no compiler", cuda_error="no nvcc")
 POLICY = Policy()
 
@@ -132,8 +132,6 @@ SCAN_CASES = [
     ("fused", {}, {}, ALL, dict(path="cpu", schedule="fused_scan")),
     ("fused cuda", {}, dict(device="cuda", dtype=torch.float16), ALL,
      dict(path="cuda", schedule="fused_scan")),
-    ("older kernel: two nodes", {}, {}, dataclasses.replace(ALL, cpu_fused_scan=False),
-     dict(path="cpu", schedule="scan")),
     ("empty: two nodes", {}, dict(batch=0), ALL, dict(path="cpu", schedule="scan")),
     ("mixed dtypes: two nodes", {}, dict(uniform=False), ALL, dict(schedule="scan")),
     ("cuda autocast: two nodes in the autocast dtype", {},
@@ -281,10 +279,12 @@ def test_environment_reaches_the_layers(tmp_path):
 # --------------------------------------------------------------------------- plans of real calls
 @pytest.mark.skipif(not ra.kernel_available(), reason="CPU kernel not built")
 def test_layer_calls_follow_the_plan(monkeypatch):
-    """What run_directions runs is what layer_plan says, for each schedule the plan can name."""
+    """What a layer call runs is what layer_plan says, for each schedule the plan can name."""
+    from rnn_ablations import kernel_autograd
+
     ran = []
     for name in ("_PipelinedDirections", "_KernelDirections", "_PipelinedLayer", "_KernelLayer"):
-        fn = getattr(dispatch, name)
+        fn = getattr(kernel_autograd, name)
         original = fn.apply
 
         def spy(*args, _name=name, _original=original):
