@@ -1,7 +1,8 @@
 """The settings that choose how layers run: :class:`Options`, the context manager
 :func:`options`, the process-wide defaults and the environment variables that set them.
 
-This module imports nothing of the package: the run layer reads the settings from here, and the
+This module imports nothing of the package but :mod:`rnn_ablations._env` (the kernel switch,
+``RNN_ABLATIONS_NO_KERNEL``: with it on, ``generic`` is the default backend): the run layer reads the settings from here, and the
 parts that own something process-wide register what a change of it does
 (:func:`on_process_change`: the kernels switch the CPU kernel's vector path, the CUDA graphs
 free their cache) and what a setting needs (:func:`on_check`: ``backend="kernel"`` needs a
@@ -37,6 +38,8 @@ import os
 import threading
 import warnings
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+from . import _env
 
 __all__ = ["Options", "options", "set_options", "get_options", "reset_options",
            "process_options", "ENVIRONMENT", "from_environment", "BACKENDS", "KERNEL_ISAS",
@@ -165,9 +168,6 @@ ENVIRONMENT: Dict[str, Tuple[str, str]] = {
     "RNN_ABLATIONS_PERSISTENT_BATCH_TILE": ("persistent_batch_tile", "count"),
     "RNN_ABLATIONS_PERSISTENT_BACKWARD": ("persistent_backward", "flag"),
 }
-#: ``=1`` keeps the compiled kernels from loading (:mod:`rnn_ablations._kernel_loader`) and makes
-#: ``generic`` the default backend.
-DISABLE_KERNEL = "RNN_ABLATIONS_DISABLE_KERNEL"
 _TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
 
@@ -197,7 +197,9 @@ def _parse(var: str, name: str, kind: str, raw: str):
 
 def from_environment(environ: Optional[Mapping[str, str]] = None) -> Options:
     """The defaults set by the environment variables in ``environ`` (``os.environ`` when
-    ``None``); an empty value counts as unset.  Raises ``ValueError`` naming the variable and its
+    ``None``); an empty value counts as unset; the kernel switch (``RNN_ABLATIONS_NO_KERNEL`` or
+    its other name ``RNN_ABLATIONS_DISABLE_KERNEL``, :mod:`rnn_ablations._env`) set to ``1``
+    makes ``generic`` the default backend.  Raises ``ValueError`` naming the variable and its
     allowed values for a bad one."""
     env = os.environ if environ is None else environ
     settings = {}
@@ -205,11 +207,11 @@ def from_environment(environ: Optional[Mapping[str, str]] = None) -> Options:
         raw = env.get(var, "")
         if raw.strip():
             settings[name] = _parse(var, name, kind, raw)
-    if env.get(DISABLE_KERNEL, "").strip() == "1":
+    if _env.kernel_disabled(env):  # the one kernel switch (RNN_ABLATIONS_NO_KERNEL)
         if settings.get("backend", "generic") != "generic":
-            raise ValueError(f"{DISABLE_KERNEL}=1 keeps the compiled kernels from loading, but "
-                             f"RNN_ABLATIONS_BACKEND={settings['backend']} asks for one; unset one "
-                             "of them")
+            raise ValueError(f"{_env.kernel_switch_set(env)} keeps the compiled kernels from "
+                             f"loading, but RNN_ABLATIONS_BACKEND={settings['backend']} asks for "
+                             "one; unset one of them")
         settings["backend"] = "generic"
     return Options(**settings)
 

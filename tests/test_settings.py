@@ -2,6 +2,9 @@
 checked when they are read (their range included), process-wide settings that two threads'
 blocks cannot overlap on, and the fallback warning outside a traced graph."""
 import ast
+import os
+import subprocess
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -15,24 +18,71 @@ from rnn_ablations import backend, settings
 from rnn_ablations.plan import Kernels
 
 SETTINGS_FILE = Path(settings.__file__)
+SWITCHES = ("RNN_ABLATIONS_NO_KERNEL", "RNN_ABLATIONS_DISABLE_KERNEL")
+
+
+def _run(code, env):
+    """``python -c code`` with the kernel switch's two names taken from ``env`` only."""
+    full = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full,
+                          timeout=300)
 
 
 def test_the_settings_module_imports_nothing_of_the_package():
     tree = ast.parse(SETTINGS_FILE.read_text())
-    relative = [node.module for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.level > 0]
+    relative = [(node.module or "") + ":" + ",".join(a.name for a in node.names)
+                for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0]
     absolute = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names if alias.name.startswith("rnn_ablations")]
-    assert set(relative) <= {"_env"} and not absolute, (relative, absolute)
-    # and it loads on its own, without torch
-    code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('s', {str(SETTINGS_FILE)!r})\n"
-            "m = importlib.util.module_from_spec(spec); sys.modules['s'] = m\n"
-            "spec.loader.exec_module(m)\n"
-            "assert 'torch' not in sys.modules and 'rnn_ablations' not in sys.modules\n"
+    assert relative == [":_env"] and not absolute, (relative, absolute)
+    # and it loads on its own (with the kernel switch it reads), without torch
+    code = ("import sys, types\n"
+            "pkg = types.ModuleType('rnn_ablations')\n"
+            f"pkg.__path__ = [{str(SETTINGS_FILE.parent)!r}]\n"
+            "sys.modules['rnn_ablations'] = pkg\n"
+            "import rnn_ablations.settings as m\n"
+            "loaded = sorted(k for k in sys.modules if k.startswith('rnn_ablations.') or k == 'rnn_ablations')\n"
+            "assert loaded == ['rnn_ablations', 'rnn_ablations._env', 'rnn_ablations.settings'], "
+            "loaded\n"
+            "assert 'torch' not in sys.modules\n"
             "print(m.get_options().backend)")
-    r = run_python(code, env={"RNN_ABLATIONS_NO_KERNEL": "", "RNN_ABLATIONS_DISABLE_KERNEL": ""})
+    r = _run(code, {"RNN_ABLATIONS_NO_KERNEL": "1"})
     assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "generic"
+
+
+@pytest.mark.parametrize("env,backend", [
+    ({"RNN_ABLATIONS_NO_KERNEL": "1"}, "generic"),
+    ({"RNN_ABLATIONS_DISABLE_KERNEL": "1"}, "generic"),
+    ({"RNN_ABLATIONS_NO_KERNEL": "0"}, "auto"),
+    ({"RNN_ABLATIONS_NO_KERNEL": "1", "RNN_ABLATIONS_BACKEND": "generic"}, "generic"),
+])
+def test_the_kernel_switch_makes_generic_the_default(env, backend):
+    assert settings.from_environment(env).backend == backend
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"RNN_ABLATIONS_NO_KERNEL": "yes"}, "RNN_ABLATIONS_NO_KERNEL='yes' is not understood"),
+    ({"RNN_ABLATIONS_DISABLE_KERNEL": "true"}, "RNN_ABLATIONS_DISABLE_KERNEL='true' is not"),
+    ({"RNN_ABLATIONS_NO_KERNEL": "1", "RNN_ABLATIONS_BACKEND": "kernel"},
+     "RNN_ABLATIONS_NO_KERNEL=1 keeps the compiled kernels from loading, but "
+     "RNN_ABLATIONS_BACKEND=kernel asks for one"),
+])
+def test_the_kernel_switch_refuses_other_values(env, match):
+    with pytest.raises(ValueError, match=match):
+        settings.from_environment(env)
+
+
+def test_with_the_kernel_switch_the_plan_names_the_generic_path():
+    code = ("import torch\n"
+            "from rnn_ablations import dispatch\n"
+            "x, w = torch.randn(6, 2, 4), torch.randn(16, 4)\n"
+            "print(dispatch.layer_plan([x], [(w, w, None)]).runner)")
+    for var in SWITCHES:
+        r = _run(code, {var: "1"})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "generic", (var, r.stdout)
 
 
 @pytest.mark.parametrize("value", ["99999999999999999999999", "2147483648", "-3", "1e3"])
