@@ -12,8 +12,9 @@ a description of the call (:class:`LayerCall`: shapes, device, dtype, gradient w
 autocast), what this process has compiled (:class:`Kernels`) and the measured thresholds of the
 CPU schedule policy (:class:`Policy`); it returns a small :class:`Plan`.  It reads no tensor and
 no global, so each decision is unit-tested without running a layer
-(``tests/test_run_plan.py``).  :mod:`rnn_ablations.dispatch` (cells that read h_{t-1}) and
-:mod:`rnn_ablations.scan` (cells that do not) ask it and do what it says.
+(``tests/test_run_plan.py``).  :func:`decide` describes a real call (:func:`describe`, step and
+scan cells alike) and asks it; :mod:`rnn_ablations.dispatch` runs the runner the plan names
+(``Plan.runner``, one of :data:`RUNNERS`).
 
 The decisions, in order:
 
@@ -69,7 +70,7 @@ class LayerCall(NamedTuple):
 
     device: ``"cpu"``, ``"cuda"``, ...; dtype: the input's dtype; steps, batch: T and B (under
     ``torch.compile`` / ``torch.export``: sizes on the same side of every threshold the plan
-    compares them with, see ``dispatch.plan_sizes``);
+    compares them with, see :func:`plan_sizes`);
     hidden: H; rec_blocks: R, the blocks that read h_{t-1} (0 for a cell that reads none: the
     scan); proj_weight: entries of the input weight (of all directions together for the scan,
     which projects them in one GEMM); directions: directions submitted together;

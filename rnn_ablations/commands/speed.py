@@ -31,8 +31,8 @@ import torch
 from ..cuda_graphs import clear_graphs, get_cuda_graphs, graph_stats, set_cuda_graphs
 from .. import cuda_recurrence
 from ..cuda_recurrence import get_cuda_recurrence, use_cuda_recurrence
-from ..dispatch import (cuda_kernel_available, get_backend, kernel_available, kernel_isa,
-                        supported_kernel_isas, use_concurrent_directions, use_kernel_isa)
+from ..aliases import get_backend, use_concurrent_directions, use_kernel_isa
+from ..backend import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
 from ..rnn import AblatedRNN
 from ..variants import VARIANTS, get_variant
 from .machine import cpu_info, describe, gpu_info
@@ -60,7 +60,7 @@ EXPERIMENT_SHAPES = (
 DTYPES = ("float32", "float64", "bfloat16", "float16", "autocast-bfloat16", "autocast-float16")
 
 #: --directions choices: how bidirectional variants run their two directions
-#: (``rnn_ablations.dispatch.set_concurrent_directions``): ``auto`` (the default policy:
+#: (``rnn_ablations.aliases.set_concurrent_directions``): ``auto`` (the default policy:
 #: concurrently with 2 threads), ``sequential`` (one after the other), ``both`` (each
 #: bidirectional variant timed both ways, the second as ``"<variant> [sequential directions]"``).
 DIRECTIONS = ("auto", "sequential", "both")
