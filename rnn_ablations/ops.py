@@ -116,6 +116,18 @@ def _forward_shapes(proj_or_x, w_hh, h0, highway, train):
             else like.new_empty(0, dtype=acc))
 
 
+def _fill_padding(batch_sizes: Tensor, *tensors: Tensor) -> None:
+    """Zero the rows of each (T, B, ·) tensor that no step reaches (row b at step t with
+    b >= batch_sizes[t]), which the kernels do not write: what a forward saves for its backward
+    is then a function of the inputs at every position (the backward never reads those rows)."""
+    live = [t for t in tensors if t.dim() == 3 and t.numel()]
+    if not live or batch_sizes.numel() == 0 or int(batch_sizes[-1]) >= live[0].shape[1]:
+        return
+    padded = (torch.arange(live[0].shape[1]) >= batch_sizes.unsqueeze(1)).unsqueeze(-1)
+    for t in live:
+        t.masked_fill_(padded.to(t.device), 0)
+
+
 def register(raw) -> None:
     """Register the operators for the compiled module ``raw`` (``rnn_ablations._C``); once per
     process (the operators stay bound to the first module)."""
@@ -149,6 +161,7 @@ def register(raw) -> None:
                       train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         out, h_n, c_n, gates, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0,
                                                     batch_sizes, rec_mask, train, False)
+        _fill_padding(batch_sizes, gates, cs, hin)
         return out, h_n, c_n, gates, cs, hin
 
     @plain_forward.register_fake
@@ -161,6 +174,7 @@ def register(raw) -> None:
                        train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         out, h_n, c_n, _, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
                                                 rec_mask, train, True)
+        _fill_padding(batch_sizes, cs, hin)
         return out, h_n, c_n, cs, hin
 
     @plain_forward_.register_fake
@@ -196,6 +210,7 @@ def register(raw) -> None:
                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         r = raw.fused_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask,
                               train, chunk)
+        _fill_padding(batch_sizes, *r[3:])
         return tuple(r)
 
     @pipelined_forward.register_fake
@@ -237,6 +252,8 @@ def register(raw) -> None:
         # (a fixed tuple: functionalization does not take a list result from a mutating operator)
         results = raw.forward_directions(spec, highway, [proj_0, proj_1], w_hh, h0, c0,
                                          batch_sizes, rec_mask, train, True)
+        for r in results:
+            _fill_padding(batch_sizes, r[4], r[5])
         return tuple(t for out, h_n, c_n, _, cs, hin in results
                      for t in (out, h_n, c_n, cs, hin))
 
@@ -272,6 +289,8 @@ def register(raw) -> None:
                                      chunk: int) -> List[Tensor]:
         results = raw.fused_forward_directions(spec, highway, x, w_ih, bias, w_hh, h0, c0,
                                                batch_sizes, rec_mask, train, chunk)
+        for r in results:
+            _fill_padding(batch_sizes, *r[3:])
         return [t for r in results for t in r]
 
     @pipelined_directions_forward.register_fake
@@ -310,7 +329,9 @@ def register(raw) -> None:
     def scan_forward(spec: int, highway: bool, proj: Tensor, h0: Tensor, c0: Tensor,
                      batch_sizes: Tensor, save: bool,
                      bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        return tuple(raw.scan_forward(spec, highway, proj, h0, c0, batch_sizes, save, bias))
+        out, h_n, c_n, cs = raw.scan_forward(spec, highway, proj, h0, c0, batch_sizes, save, bias)
+        _fill_padding(batch_sizes, out, cs)
+        return out, h_n, c_n, cs
 
     @scan_forward.register_fake
     def _(spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
