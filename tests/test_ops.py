@@ -87,15 +87,15 @@ def test_opcheck(recorded, name):
     func = getattr(torch.ops.rnn_ablations, name).default
     calls = recorded[torch.ops.rnn_ablations.plain_forward_.default if name == "plain_forward"
                      else func]
-    # one call per distinct set of flags and sizes (and padding) is enough: they share the
-    # code paths
+    # one call per distinct set of flags and sizes is enough (they share the code paths), and
+    # two of the padded ones (what padding adds is the rows no step reaches)
     seen = set()
     checked = {False: 0, True: 0}
     for args, kwargs, padded in calls:
         key = (padded,) + tuple(a if isinstance(a, (bool, int)) else
                                 (tuple(a.shape) if isinstance(a, torch.Tensor) else len(a))
                                 for a in args)
-        if key in seen:
+        if key in seen or (padded and checked[True] >= 2):
             continue
         seen.add(key)
         opcheck(func, args, kwargs)
@@ -112,7 +112,7 @@ def test_forward_operators_give_the_same_results_twice_on_a_padded_batch(recorde
         calls = [c for c in recorded[torch.ops.rnn_ablations.plain_forward_.default
                                      if name == "plain_forward" else func] if c[2]]
         assert calls, name
-        for args, kwargs, _ in calls[:6]:
+        for args, kwargs, _ in calls[:3]:
             def fresh():
                 return [a.clone() if isinstance(a, torch.Tensor) else
                         [t.clone() for t in a] if isinstance(a, list) else a for a in args]
