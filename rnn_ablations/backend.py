@@ -2,8 +2,8 @@
 run plan what this process has (:class:`Kernels`).
 
 The compiled CPU kernel ``rnn_ablations._C`` runs CPU tensors of dtype float32/float64; the CUDA
-kernel ``rnn_ablations._C_cuda`` (its step loops replayed as CUDA graphs, see
-:mod:`rnn_ablations.cuda_graphs`) runs CUDA float32/float64/bfloat16/float16 (also under
+kernels (compiled at first use by NVRTC, :mod:`rnn_ablations.kernels.cuda`; their step loops replayed as CUDA graphs, see
+:mod:`rnn_ablations.cuda_graphs`) run CUDA float32/float64/bfloat16/float16 (also under
 ``torch.autocast("cuda")``).  Everything else (half precision on the CPU, other devices, an
 install without the extension, ``RNN_ABLATIONS_NO_KERNEL=1``) takes the generic path, which
 computes the same function.  Which path a call takes is decided by
@@ -14,7 +14,6 @@ the kernels (the CPU kernel's vector path, freeing the recorded CUDA graphs) and
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import threading
 import warnings
 from typing import Optional
@@ -22,6 +21,7 @@ from typing import Optional
 import torch
 
 from . import _kernel_loader, cuda_graphs, ops, ops_cuda, settings
+from .kernels import cuda as _cuda_kernels
 from .settings import process_options
 
 __all__ = ["kernel_available", "cuda_kernel_available", "kernel_isa", "supported_kernel_isas",
@@ -33,14 +33,13 @@ if _C is not None:
     # its computing entry points as registered operators, with the module's calling convention
     _C = ops.CpuKernel(_C)
 
-try:  # pragma: no cover - built only with a CUDA build of torch and nvcc (see setup.py)
-    _C_cuda = importlib.import_module(__package__ + "._C_cuda")
-    _CUDA_KERNEL_ERROR: Optional[str] = None
-    # its computing entry points as operators (CUDA implementations of the CPU kernel's)
-    _C_cuda = ops_cuda.CudaKernel(_C_cuda)
-except ImportError as exc:  # pragma: no cover
-    _C_cuda = None
-    _CUDA_KERNEL_ERROR = str(exc)  # why (rnn_ablations.kernels.cuda.unavailable_reason)
+# The CUDA kernels (compiled at first use by NVRTC, rnn_ablations.kernels.cuda): their entry
+# points, or why they are not in use (no CUDA in torch, no device, no NVRTC or driver, the switch).
+_raw_cuda, _CUDA_KERNEL_ERROR = _cuda_kernels.load()
+_CUDA_KERNEL_ERROR: Optional[str]
+# their computing entry points as operators (CUDA implementations of the CPU kernel's)
+_C_cuda = ops_cuda.CudaKernel(_raw_cuda) if _raw_cuda is not None else None
+del _raw_cuda
 
 # Warned once per kind (``Plan.warning``); without a CPU kernel the loader has warned already
 # (or RNN_ABLATIONS_NO_KERNEL / RNN_ABLATIONS_DISABLE_KERNEL asked for that).
