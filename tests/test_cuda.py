@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import rnn_ablations as ra
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, weighted_sum
-from rnn_ablations import cuda_graphs, dispatch
+from rnn_ablations import backend, cuda_graphs, dispatch
 from rnn_ablations.dispatch import cuda_kernel_available, run_layer
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -182,7 +182,7 @@ def test_cuda_kernels_are_in_use():
     """On a GPU the package's CUDA kernels run (NVRTC, no build step): no reason to refuse."""
     from rnn_ablations.kernels.cuda import unavailable_reason
     assert unavailable_reason() is None, unavailable_reason()
-    assert cuda_kernel_available(), dispatch._CUDA_KERNEL_ERROR
+    assert cuda_kernel_available(), backend._CUDA_KERNEL_ERROR
 
 
 @requires_cuda
