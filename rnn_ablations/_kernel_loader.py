@@ -136,15 +136,17 @@ def _load_file(path: str) -> ModuleType:
 
 
 def _installed_file() -> Optional[str]:
-    """The path of the module installed inside the package (found, not loaded), or None."""
-    try:
-        spec = importlib.util.find_spec(MODULE)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin or not isinstance(
-            spec.loader, importlib.machinery.ExtensionFileLoader):
-        return None
-    return spec.origin
+    """The path of the module installed inside the package (found, not loaded), or None.
+
+    Looked up in this package's own folder only: an import-system lookup of ``rnn_ablations._C``
+    can be answered by another copy's finder (an editable install's maps the name to its
+    checkout), which would load a module built from other sources."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(folder, "_C" + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def installed_record_problem(path: str) -> Optional[str]:
