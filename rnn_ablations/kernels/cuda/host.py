@@ -263,11 +263,9 @@ def _gemm(dst: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
         dst.copy_(prod)
 
 
-# ------------------------------------------------------------------------------ step kernel
-def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) -> List[Tensor]:
-    """-> [out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin], as rnn_forward (CPU);
-    out, h_n, c_n in the input dtype; gates, cs, hin in the accumulation type."""
-    who = "rnn_ablations CUDA kernel"
+def _forward_inputs(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, who):
+    """The checks and sizes both forward step loops (eager and persistent) start from:
+    -> (batch sizes, H, T, B, P, R, X, decoded spec, whether a recurrent mask is given)."""
     bs = _check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, who)
     H, T, B, P = w_hh.size(1), proj.size(0), proj.size(1), proj.size(2)
     R = w_hh.size(0) // H
@@ -276,6 +274,16 @@ def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) 
     has_mask = _has_mask(rec_mask)
     if has_mask:
         _check_like(rec_mask, h0.shape, h0, "rec_mask", who)
+    return bs, H, T, B, P, R, X, ks, has_mask
+
+
+# ------------------------------------------------------------------------------ step kernel
+def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) -> List[Tensor]:
+    """-> [out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin], as rnn_forward (CPU);
+    out, h_n, c_n in the input dtype; gates, cs, hin in the accumulation type."""
+    who = "rnn_ablations CUDA kernel"
+    bs, H, T, B, P, R, X, ks, has_mask = _forward_inputs(spec, highway, proj, w_hh, h0, c0,
+                                                         batch_sizes, rec_mask, who)
     prog = _program("step_forward", proj.dtype, who)
     dev = proj.device
     acc = _acc(proj.dtype)
@@ -646,14 +654,8 @@ def persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
     """As :func:`forward`: [out, h_n, c_n, gates, cs, hin]; gates (acc_t) only with keep_hin
     (else empty); hin with highway and keep_hin, else empty."""
     who = "rnn_ablations persistent CUDA kernel"
-    bs = _check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, who)
-    H, T, B, P = w_hh.size(1), proj.size(0), proj.size(1), proj.size(2)
-    R = w_hh.size(0) // H
-    X = P // H - R
-    ks = structs.check_kernel_spec(spec, highway, R, X, who)
-    has_mask = _has_mask(rec_mask)
-    if has_mask:
-        _check_like(rec_mask, h0.shape, h0, "rec_mask", who)
+    bs, H, T, B, P, R, X, ks, has_mask = _forward_inputs(spec, highway, proj, w_hh, h0, c0,
+                                                         batch_sizes, rec_mask, who)
     steps = _active_steps(bs)
     dev = proj.device
     acc = _acc(proj.dtype)
