@@ -58,10 +58,8 @@ def _rel(p: Path) -> str:
 
 def test_the_stated_count_is_the_list():
     after = re.search(r"changes \*\*(\d+) places in (\d+) files\*\*", TEXT)
-    before = re.search(r"took \*\*(\d+) places in (\d+) files\*\*", TEXT)
-    assert after and before, "CONTRIBUTING.md states no count of places (before and after)"
+    assert after, "CONTRIBUTING.md states no count of places for a new output rule"
     assert (int(after.group(1)), int(after.group(2))) == (len(PLACES), len(LISTED))
-    assert int(before.group(1)) > len(PLACES)
 
 
 @pytest.mark.parametrize("path,names", PLACES, ids=[f"{p}:{','.join(n)}" for p, n in PLACES])
