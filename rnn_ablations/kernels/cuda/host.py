@@ -277,6 +277,19 @@ def _forward_inputs(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, wh
     return bs, H, T, B, P, R, X, ks, has_mask
 
 
+def _backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out, proj, w_hh, h0, c0,
+                     batch_sizes, rec_mask, who):
+    """The checks and sizes both backward step loops (eager and persistent) start from:
+    -> (decoded spec, batch sizes, H, T, B, P, R)."""
+    if proj.dim() != 3:
+        raise RuntimeError(f"{who}: proj must be (T, B, (R+X)*H)")
+    ks, bs = _check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out,
+                                    w_hh, h0, c0, batch_sizes, rec_mask, proj.size(2), who)
+    _check_like(proj, (out.size(0), out.size(1), proj.size(2)), out, "proj", who)
+    H, T, B, P = w_hh.size(1), proj.size(0), proj.size(1), proj.size(2)
+    return ks, bs, H, T, B, P, w_hh.size(0) // H
+
+
 # ------------------------------------------------------------------------------ step kernel
 def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) -> List[Tensor]:
     """-> [out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin], as rnn_forward (CPU);
@@ -332,13 +345,8 @@ def backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, pro
     """-> [d_proj, d_w_hh, d_h0, d_c0], as rnn_backward (CPU); gates, cs, hin as the forward
     returned them (accumulation type)."""
     who = "rnn_ablations CUDA kernel (backward)"
-    if proj.dim() != 3:
-        raise RuntimeError(f"{who}: proj must be (T, B, (R+X)*H)")
-    ks, bs = _check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out,
-                                    w_hh, h0, c0, batch_sizes, rec_mask, proj.size(2), who)
-    _check_like(proj, (out.size(0), out.size(1), proj.size(2)), out, "proj", who)
-    H, T, B, P = w_hh.size(1), proj.size(0), proj.size(1), proj.size(2)
-    R = w_hh.size(0) // H
+    ks, bs, H, T, B, P, R = _backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
+                                             out, proj, w_hh, h0, c0, batch_sizes, rec_mask, who)
     X = P // H - R
     if not (gates.dim() == 3 and tuple(gates.shape) == (T, B, R * H)):
         raise RuntimeError(f"{who}: gates must have shape (T, B, R*H) = ({T}, {B}, {R * H})")
@@ -703,13 +711,8 @@ def persistent_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hi
     """As :func:`backward`: [d_proj, d_w_hh, d_h0, d_c0], the recurrence in one persistent
     launch per 1024 steps; the weight gradient one GEMM after it."""
     who = "rnn_ablations persistent CUDA kernel (backward)"
-    if proj.dim() != 3:
-        raise RuntimeError(f"{who}: proj must be (T, B, (R+X)*H)")
-    ks, bs = _check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out,
-                                    w_hh, h0, c0, batch_sizes, rec_mask, proj.size(2), who)
-    _check_like(proj, (out.size(0), out.size(1), proj.size(2)), out, "proj", who)
-    H, T, B, P = w_hh.size(1), proj.size(0), proj.size(1), proj.size(2)
-    R = w_hh.size(0) // H
+    ks, bs, H, T, B, P, R = _backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
+                                             out, proj, w_hh, h0, c0, batch_sizes, rec_mask, who)
     acc = _acc(proj.dtype)
     if not (gates.dtype == acc and gates.is_contiguous() and _on_device(gates)
             and gates.dim() == 3
