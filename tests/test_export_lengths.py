@@ -58,9 +58,9 @@ def test_jit_trace_of_a_padded_batch_runs_any_length_and_lengths():
 def _onnx_runner(path):
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed "
                                                     "(requirements/core.txt)")
-    session = ort.InferenceSession(str(path))
-    names = [i.name for i in session.get_inputs()]
-    return lambda *arrays: session.run(None, dict(zip(names, (a.numpy() for a in arrays))))
+    ort_model = ort.InferenceSession(str(path))
+    names = [i.name for i in ort_model.get_inputs()]
+    return lambda *arrays: ort_model.run(None, dict(zip(names, (a.numpy() for a in arrays))))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
