@@ -60,13 +60,16 @@ CODE_LSTM, CODE_SRNN, CODE_MINUS_SRNN, CODE_RAN, CODE_IDENTITY_RAN, CODE_MINUS_H
 
 #: Output rules (``Variant.output``): how h_t follows from the step.
 OUTPUT_RULES = ("o_tanh", "tanh", "identity", "content")
+#: The output rules that read an output gate ``o`` (a block of its own, placed after the content).
+_GATED_OUTPUTS = ("o_tanh",)
 
 # The step kernels' spec (csrc/common/kernel_spec.h, decode_kernel_spec): one int64 of orthogonal fields.
+# Bits 0-2 the output rule (values 4-7 free), then one bit per field, then the tag in bits 8-15.
 _SPEC_OUTPUT = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
-_SPEC_CONTENT_INPUT_ONLY = 1 << 2
-_SPEC_CONTENT_TANH = 1 << 3
-_SPEC_MEMORY = 1 << 4
-_SPEC_READS_HIDDEN = 1 << 5
+_SPEC_CONTENT_INPUT_ONLY = 1 << 3
+_SPEC_CONTENT_TANH = 1 << 4
+_SPEC_MEMORY = 1 << 5
+_SPEC_READS_HIDDEN = 1 << 6
 _SPEC_TAG = 0xA5 << 8
 
 
@@ -127,7 +130,7 @@ class Variant:
         if self.has_memory != (self.output != "content"):
             raise ValueError(f"variant {self.name!r}: output rule 'content' (h_t = c̃_t) is the "
                              "rule of a cell without memory, and only of one")
-        gates = {"i", "f"} | ({"o"} if self.output == "o_tanh" else set())
+        gates = {"i", "f"} | ({"o"} if self.output in _GATED_OUTPUTS else set())
         wanted = (gates | {self.content_block}) if self.has_memory else {self.content_block}
         if set(names) != wanted:
             raise ValueError(f"variant {self.name!r}: blocks {names} do not match its rules "
@@ -170,7 +173,7 @@ class Variant:
             spec |= _SPEC_READS_HIDDEN
         if self.has_memory:
             expected_rec = ("i", "f") + ((self.content_block,) if content_recurrent else ()) \
-                + (("o",) if self.output == "o_tanh" else ())
+                + (("o",) if self.output in _GATED_OUTPUTS else ())
         else:
             expected_rec = (self.content_block,) if content_recurrent else ()
         expected_inp = () if content_recurrent else (self.content_block,)
@@ -191,7 +194,7 @@ class Variant:
         if not self.reads_hidden and self.has_memory:
             # the element-wise scan derives its block offsets from the spec in this order
             # (csrc/common/kernel_spec.h, decode_scan_spec)
-            expected_biased = ("i", "f") + (("o",) if self.output == "o_tanh" else ())
+            expected_biased = ("i", "f") + (("o",) if self.output in _GATED_OUTPUTS else ())
             expected_plain = (self.content_block,)
             if (self.input_only_biased, self.input_only) != (expected_biased, expected_plain):
                 raise ValueError(

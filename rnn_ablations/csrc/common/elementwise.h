@@ -57,9 +57,10 @@ RNN_ABLATIONS_HD T highway_backward(T gh, T r, T h_pre, T hw, T& d_r, T& d_hw) {
 }
 
 // The output rules of a memory cell (OutputRule; what each reads: kernel_spec.h
-// output_has_gate, output_reads_tanh): h_t, and dL/dc_t.  `out` is a compile-time constant where
-// the caller's loop is a template on the rule (the branches then fold away), else a uniform
-// run-time value.
+// output_has_gate, output_reads_tanh): h_t, dL/dc_t and dL/d(o's pre-activation), each from
+// what the forward read: (o, tc, c).  `out` is a compile-time constant where the caller's loop is
+// a template on the rule (the branches then fold away), else a uniform run-time value.  A rule
+// is these three functions; the kernels call them and name no rule.
 
 // h_t from the output gate o (read by o_tanh only), tc = tanh(c_t) (read by o_tanh and tanh)
 // and c_t
@@ -70,18 +71,22 @@ RNN_ABLATIONS_HD T cell_output(int out, T o, T tc, T c) {
   return c;                                 // kOutCell: h_t = c_t
 }
 
-// dL/dc_t in total: the carried dc plus what reaches c_t through the output rule.
+// dL/dc_t in total: the carried dc plus what reaches c_t from gh = dL/dh_t through the rule.
 template <typename T>
-RNN_ABLATIONS_HD T cell_grad(int out, T dc, T gh, T o, T tc) {
+RNN_ABLATIONS_HD T cell_grad(int out, T dc, T gh, T o, T tc, T c) {
+  (void)c;
   if (out == kOutGatedTanh) return dc + gh * o * (T(1) - tc * tc);
   if (out == kOutTanh) return dc + gh * (T(1) - tc * tc);
   return dc + gh;  // kOutCell: h_t = c_t
 }
 
-// dL/d(o's pre-activation) for h_t = o*tanh(c_t)
+// dL/d(o's pre-activation), for a rule with an output gate (output_has_gate): gh times what o
+// multiplies, times o*(1 - o).
 template <typename T>
-RNN_ABLATIONS_HD T out_gate_grad(T gh, T tc, T o) {
-  return gh * tc * o * (T(1) - o);
+RNN_ABLATIONS_HD T out_gate_grad(int out, T gh, T o, T tc, T c) {
+  (void)out;
+  (void)c;
+  return gh * tc * o * (T(1) - o);  // kOutGatedTanh: h_t = o*tanh(c_t)
 }
 
 // From gc = dL/dc_t: the gradients of the input and forget gates' pre-activations and of the
@@ -141,8 +146,8 @@ RNN_ABLATIONS_HD T scan_backward_element(const Pre& pre, const Put& put, T gh, T
     put(kScanR, d_r);
     put(kScanHw, d_hw);
   }
-  const T gc = cell_grad<T>(Out, dc, gh, o, tc);
-  if constexpr (output_has_gate(Out)) put(kScanO, out_gate_grad<T>(gh, tc, o));
+  const T gc = cell_grad<T>(Out, dc, gh, o, tc, c);
+  if constexpr (output_has_gate(Out)) put(kScanO, out_gate_grad<T>(Out, gh, o, tc, c));
   T d_i, d_f, d_content;
   const T dc_prev = memory_backward<false, T>(gc, Act::sigmoid(pre(kScanI)),
                                               Act::sigmoid(pre(kScanF)), pre(kScanContent),

@@ -7,13 +7,13 @@
 //
 // Layout of the code (keep in step with Variant._derive_kernel_spec in rnn_ablations/variants.py;
 // the test tests/test_variant_table.py compares both sides for every variant):
-//   bits 0-1  output rule   0 h_t = c~_t (no memory: the S-RNN), 1 o_t*tanh(c_t), 2 tanh(c_t),
-//                           3 c_t
-//   bit  2    content source   0: a recurrent block (reads h_{t-1}: the LSTM's g), 1: an
+//   bits 0-2  output rule   0 h_t = c~_t (no memory: the S-RNN), 1 o_t*tanh(c_t), 2 tanh(c_t),
+//                           3 c_t; 4-7 free for new rules (a new rule is a new value here)
+//   bit  3    content source   0: a recurrent block (reads h_{t-1}: the LSTM's g), 1: an
 //                           input-only block without bias (the ablations' c~_t = W_cx x_t)
-//   bit  3    content activation tanh (else identity)
-//   bit  4    memory: input and forget gates i, f and c_t = i*c~ + f*c_{t-1}
-//   bit  5    the gates read h_{t-1} (false: no step kernel; the element-wise scan runs it,
+//   bit  4    content activation tanh (else identity)
+//   bit  5    memory: input and forget gates i, f and c_t = i*c~ + f*c_{t-1}
+//   bit  6    the gates read h_{t-1} (false: no step kernel; the element-wise scan runs it,
 //             decode_scan_spec)
 //   bits 8-15 the tag 0xA5 (so that a stray small integer, e.g. an old variant id, is refused)
 //   every other bit zero.
@@ -64,11 +64,11 @@ RNN_ABLATIONS_SPEC_HD constexpr bool output_reads_tanh(int out) {
   return out == kOutGatedTanh || out == kOutTanh;
 }
 
-constexpr int64_t kSpecOutputMask = 0x3;
-constexpr int64_t kSpecContentInputOnly = 1 << 2;
-constexpr int64_t kSpecContentTanh = 1 << 3;
-constexpr int64_t kSpecMemory = 1 << 4;
-constexpr int64_t kSpecReadsHidden = 1 << 5;
+constexpr int64_t kSpecOutputMask = 0x7;
+constexpr int64_t kSpecContentInputOnly = 1 << 3;
+constexpr int64_t kSpecContentTanh = 1 << 4;
+constexpr int64_t kSpecMemory = 1 << 5;
+constexpr int64_t kSpecReadsHidden = 1 << 6;
 constexpr int64_t kSpecTag = int64_t{0xA5} << 8;
 constexpr int64_t kSpecTagMask = int64_t{0xFF} << 8;
 constexpr int64_t kSpecKnownBits = kSpecOutputMask | kSpecContentInputOnly | kSpecContentTanh |
@@ -94,7 +94,8 @@ inline const char* output_rule_name(int output) {
     case kOutContent: return "content";
     case kOutGatedTanh: return "o_tanh";
     case kOutTanh: return "tanh";
-    default: return "identity";
+    case kOutCell: return "identity";
+    default: return nullptr;  // not a rule: check_spec_tag refuses the code
   }
 }
 
@@ -106,7 +107,8 @@ inline void with_output_rule(int output, F&& f) {
   switch (output) {
     case kOutGatedTanh: f(std::integral_constant<int, kOutGatedTanh>()); break;
     case kOutTanh: f(std::integral_constant<int, kOutTanh>()); break;
-    default: f(std::integral_constant<int, kOutCell>()); break;
+    case kOutCell: f(std::integral_constant<int, kOutCell>()); break;
+    default: TORCH_CHECK(false, "with_output_rule: output rule ", output, " has no case");
   }
 }
 
@@ -115,6 +117,10 @@ inline void check_spec_tag(int64_t code, const char* who) {
               ": unknown kernel spec ", code,
               " (pass Variant.kernel_spec from rnn_ablations/variants.py, not a variant id or "
               "Variant.code)");
+  TORCH_CHECK(output_rule_name(static_cast<int>(code & kSpecOutputMask)) != nullptr, who,
+              ": kernel spec ", code, ": output rule ", code & kSpecOutputMask,
+              " is not one of kernel_spec.h's (OutputRule); a new rule is numbered there "
+              "(CONTRIBUTING.md, 'Adding an element-wise rule')");
 }
 
 // Decode and check `code` (Variant.kernel_spec) for a cell with or without highway; refuses a

@@ -158,12 +158,15 @@ void pointwise_forward(const KernelSpec& ks, const Dims& d, T* gates, const T* x
 }
 
 // Backward of one row of a memory cell, for one output rule and content form (templates, so that
-// the loop over H has no branch).  tcs: tanh(c_t) of the row (unused for the output rule c_t).
+// the loop over H has no branch).  cs: c_t of the row; tcs: tanh(c_t) of the row (filled when the
+// rule reads it).  The rule's maths (common/elementwise.h cell_grad, out_gate_grad) receives
+// what its forward read: o, tanh(c_t) and c_t.
 template <typename T, int Out, bool ContentRecurrent, bool ContentTanh>
 void memory_row_backward(const KernelSpec& ks, int64_t H, const T* __restrict__ g,
-                         const T* __restrict__ xob, const T* __restrict__ tcs,
-                         const T* __restrict__ cp, const T* __restrict__ dhb,
-                         T* __restrict__ dcb, T* __restrict__ dab, T* __restrict__ dxob) {
+                         const T* __restrict__ xob, const T* __restrict__ cs,
+                         const T* __restrict__ tcs, const T* __restrict__ cp,
+                         const T* __restrict__ dhb, T* __restrict__ dcb, T* __restrict__ dab,
+                         T* __restrict__ dxob) {
   const T* __restrict__ i = g;
   const T* __restrict__ f = g + H;
   const T* __restrict__ content = ContentRecurrent ? g + ks.content_block * H
@@ -176,25 +179,26 @@ void memory_row_backward(const KernelSpec& ks, int64_t H, const T* __restrict__ 
   for (int64_t j = 0; j < H; ++j) {
     const T tc = output_reads_tanh(Out) ? tcs[j] : T(0);
     const T gh = dhb[j];
-    const T gc = cell_grad<T>(Out, dcb[j], gh, o[j], tc);
+    const T gc = cell_grad<T>(Out, dcb[j], gh, o[j], tc, cs[j]);
     T d_i, d_f, d_c;
     dcb[j] = memory_backward<ContentTanh, T>(gc, i[j], f[j], content[j], cp[j], d_i, d_f, d_c);
     dab[j] = d_i;
     dab[H + j] = d_f;
     d_content[j] = d_c;
-    if (output_has_gate(Out)) d_o[j] = out_gate_grad<T>(gh, tc, o[j]);
+    if (output_has_gate(Out)) d_o[j] = out_gate_grad<T>(Out, gh, o[j], tc, cs[j]);
   }
 }
 
 template <typename T, int Out>
 void memory_row_backward_out(const KernelSpec& ks, int64_t H, const T* g, const T* xob,
-                             const T* tcs, const T* cp, const T* dhb, T* dcb, T* dab, T* dxob) {
+                             const T* cs, const T* tcs, const T* cp, const T* dhb, T* dcb,
+                             T* dab, T* dxob) {
   if (!ks.content_recurrent) {
-    memory_row_backward<T, Out, false, false>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
+    memory_row_backward<T, Out, false, false>(ks, H, g, xob, cs, tcs, cp, dhb, dcb, dab, dxob);
   } else if (ks.content_tanh) {
-    memory_row_backward<T, Out, true, true>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
+    memory_row_backward<T, Out, true, true>(ks, H, g, xob, cs, tcs, cp, dhb, dcb, dab, dxob);
   } else {
-    memory_row_backward<T, Out, true, false>(ks, H, g, xob, tcs, cp, dhb, dcb, dab, dxob);
+    memory_row_backward<T, Out, true, false>(ks, H, g, xob, cs, tcs, cp, dhb, dcb, dab, dxob);
   }
 }
 
@@ -246,8 +250,8 @@ void pointwise_backward(const KernelSpec& ks, const Dims& d, const T* gates, con
     }
     if (need_tc) tanh_to<T>(cb, tcs, H);
     with_output_rule(ks.output, [&](auto rule) {
-      memory_row_backward_out<T, decltype(rule)::value>(ks, H, g, xob, tcs, cp, dhb, dcb, dab,
-                                                        dxob);
+      memory_row_backward_out<T, decltype(rule)::value>(ks, H, g, xob, cb, tcs, cp, dhb, dcb,
+                                                        dab, dxob);
     });
   }
 }

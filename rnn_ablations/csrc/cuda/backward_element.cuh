@@ -36,9 +36,12 @@ __device__ __forceinline__ A backward_element(const KernelSpec& ks, int64_t H, i
   const A i = g[j], f = g[H + j];
   const int64_t ko = ks.out_gate_block * H + j;  // read with an output gate only
   const A o = output_has_gate(ks.output) ? g[ko] : A(0);
-  const A tc = output_reads_tanh(ks.output) ? tanh(*c_cur) : A(0);
-  const A gc = cell_grad<A>(ks.output, dc, gh, o, tc);
-  if (output_has_gate(ks.output)) dab[ko] = static_cast<T>(out_gate_grad<A>(gh, tc, o));
+  const A c = *c_cur;
+  const A tc = output_reads_tanh(ks.output) ? tanh(c) : A(0);
+  const A gc = cell_grad<A>(ks.output, dc, gh, o, tc, c);
+  if (output_has_gate(ks.output)) {
+    dab[ko] = static_cast<T>(out_gate_grad<A>(ks.output, gh, o, tc, c));
+  }
   const A content = ks.content_recurrent ? g[k] : static_cast<A>(xob[k]);
   A d_i, d_f, d_c;
   const A dc_prev =

@@ -22,11 +22,11 @@ __all__ = ["KernelSpec", "ScanSpec", "Dims", "Strides", "persistent_args",
 
 # common/kernel_spec.h
 OUT_CONTENT, OUT_GATED_TANH, OUT_TANH, OUT_CELL = 0, 1, 2, 3
-_OUTPUT_MASK = 0x3
-_CONTENT_INPUT_ONLY = 1 << 2
-_CONTENT_TANH = 1 << 3
-_MEMORY = 1 << 4
-_READS_HIDDEN = 1 << 5
+_OUTPUT_MASK = 0x7
+_CONTENT_INPUT_ONLY = 1 << 3
+_CONTENT_TANH = 1 << 4
+_MEMORY = 1 << 5
+_READS_HIDDEN = 1 << 6
 _TAG = 0xA5 << 8
 _TAG_MASK = 0xFF << 8
 _KNOWN = _OUTPUT_MASK | _CONTENT_INPUT_ONLY | _CONTENT_TANH | _MEMORY | _READS_HIDDEN | _TAG_MASK
@@ -100,6 +100,10 @@ def _check_tag(code: int, who: str) -> None:
     if (code & _TAG_MASK) != _TAG or (code & ~_KNOWN) != 0:
         raise RuntimeError(f"{who}: unknown kernel spec {code} (pass Variant.kernel_spec from "
                            "rnn_ablations/variants.py, not a variant id or Variant.code)")
+    if (code & _OUTPUT_MASK) not in RULE_NAMES:
+        raise RuntimeError(f"{who}: kernel spec {code}: output rule {code & _OUTPUT_MASK} is not "
+                           "one of kernel_spec.h's (OutputRule); a new rule is numbered there and "
+                           "in RULE_NAMES (CONTRIBUTING.md, 'Adding an element-wise rule')")
 
 
 def decode_kernel_spec(code: int, highway: bool, who: str) -> KernelSpec:
