@@ -7,7 +7,8 @@ is there today; nothing else of the copy changes.  The copy's CPU kernel is then
 package's own build code, and in a subprocess with the copy first on the path a row using the
 rule is added to the copy's table twice (a cell that reads h_{t-1}: the step kernels; a cell
 whose gates read x_t only: the element-wise scan) and checked: kernel == generic path == a
-hand-written float64 cell (``tests/_output_rule_recipe_check.py``).  The copy's CUDA programs
+hand-written float64 cell, and a traced model against the eager one
+(``tests/_output_rule_recipe_check.py``).  The copy's CUDA programs
 that the rule reaches are compiled with NVRTC for sm_90.  The count CONTRIBUTING.md states is the
 number of edits applied here, and the edits are only at listed places."""
 import os
@@ -204,8 +205,8 @@ def test_the_new_rule_runs_and_matches_on_cpu(recipe_copy):
                            str(copy)], cwd=copy.parent, env=_env(copy, cache),
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
-    assert "o_cell: kernel == generic == hand-written reference in 8 configurations" \
-        in done.stdout, done.stdout
+    assert ("o_cell: kernel == generic == hand-written reference in 8 configurations; "
+            "traced == eager for 2 rows") in done.stdout, done.stdout
 
 
 _NVRTC = """
