@@ -55,7 +55,12 @@ def test_specs_are_distinct_and_codes_stable():
         v = get_variant(name)
         specs.setdefault(v.kernel_spec, []).append(name)
     assert all(len(names) == 1 for names in specs.values()), specs
-    assert [get_variant(n).code for n in VARIANTS] == list(range(len(VARIANTS)))
+    codes = [get_variant(n).code for n in VARIANTS]
+    assert len(set(codes)) == len(codes), codes  # each row its own state-dict number
+    # the shipped rows keep the numbers their state dicts hold (a new row takes an unused one)
+    shipped = {"lstm": 0, "srnn": 1, "lstm_minus_srnn": 2, "ran": 3, "identity_ran": 4,
+               "lstm_minus_srnn_minus_hidden": 5}
+    assert {n: get_variant(n).code for n in shipped} == shipped
 
 
 def test_rules_are_table_fields():
