@@ -2,7 +2,7 @@
 
 * ``pip install .`` / ``pip wheel .`` / ``python -m build``: pip builds in an isolated
   environment without torch, so the wheel is pure Python and the CPU kernel is compiled on first
-  use, for the torch then installed, into a cache directory (``rnn_ablations/_kernel_loader.py``).
+  use, for the torch then installed, into a cache directory (``rnn_ablations/kernels/loader.py``).
 * ``pip install --no-build-isolation .`` (``scripts/setup.sh``): torch is importable here, so the
   CPU kernel ``rnn_ablations._C`` is compiled now against the installed torch (the module records
   that torch version; after a torch upgrade the package compiles a fresh one on first use).
@@ -25,7 +25,7 @@ except ImportError:
 
 
 def _load_build_module():
-    # rnn_ablations/_build.py without importing the package (which needs torch at import).
+    # rnn_ablations/kernels/build.py without importing the package (which needs torch at import).
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location(
         "_rnn_ablations_build", os.path.join(here, "rnn_ablations", "_build.py"))

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import rnn_ablations as ra
-from rnn_ablations import backend
+from rnn_ablations.kernels import backend
 from rnn_ablations.commands.machine import describe
 
 SHAPES = [("ran", 650, 20, 35), ("lstm", 650, 20, 35), ("ran", 256, 32, 64), ("lstm", 256, 32, 64),

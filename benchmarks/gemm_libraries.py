@@ -7,7 +7,7 @@ each, the two libraries called alternately.
     python benchmarks/gemm_libraries.py --out benchmarks/results
 
 These are the products that ``nn.LSTM`` computes too (``benchmarks/profile_cpu.py`` measures
-their share of a layer's CPU time); ``rnn_ablations/projection.py`` takes oneDNN for the projection
+their share of a layer's CPU time); ``rnn_ablations/kernels/projection.py`` takes oneDNN for the projection
 above a weight size.  Prints and writes ``OUT/gemm_libraries.{json,md}``.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _pair_ms(fa, fb, n: int = 21):
 
 
 def main(argv=None) -> int:
-    from rnn_ablations import backend
+    from rnn_ablations.kernels import backend
     from rnn_ablations.commands.machine import describe
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)

@@ -34,7 +34,7 @@ import rnn_ablations
 from rnn_ablations import AblatedRNN, get_variant
 from rnn_ablations.commands import speed as speed_cmd
 from rnn_ablations.commands.machine import machine_info
-from rnn_ablations.scan import scan_kernel_available
+from rnn_ablations.kernels.scan import scan_kernel_available
 
 #: (name, layers, d_in, H, bidirectional, batch, seq_len): the experiments' shapes, the same
 #: table as ``rnn-ablations speed --shapes experiments``

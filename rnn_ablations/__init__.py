@@ -8,10 +8,10 @@ from .variants import ALIASES, VARIANTS, Variant, get_variant, recurrent_param_c
 from .settings import Options, get_options, options, reset_options, set_options
 from .rnn import AblatedRNN
 from .analysis import WeightedSum, weighted_sum
-from .backend import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
+from .kernels.backend import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
 from .aliases import set_backend, set_kernel_isa, set_pipeline, use_backend, use_kernel_isa, use_pipeline
-from .cuda_graphs import set_cuda_graphs, use_cuda_graphs
-from .cuda_recurrence import get_cuda_recurrence, set_cuda_recurrence, use_cuda_recurrence
+from .kernels.cuda_graphs import set_cuda_graphs, use_cuda_graphs
+from .kernels.cuda_recurrence import get_cuda_recurrence, set_cuda_recurrence, use_cuda_recurrence
 
 __version__ = "0.1.0"
 

@@ -6,8 +6,8 @@ against them; new code names the setting, e.g. ``rnn_ablations.options(backend="
 thread (``use_kernel_isa``: for the process, the setting being process-wide), ``get_X()`` the
 value in effect for this thread.  ``set_pipeline`` / ``set_concurrent_directions`` speak their
 own words: ``"auto"``, ``"always"``, ``"never"`` (``docs/options.md``).  The CUDA settings' short
-forms live beside their mechanisms (:mod:`rnn_ablations.cuda_graphs`,
-:mod:`rnn_ablations.cuda_recurrence`).
+forms live beside their mechanisms (:mod:`rnn_ablations.kernels.cuda_graphs`,
+:mod:`rnn_ablations.kernels.cuda_recurrence`).
 """
 from __future__ import annotations
 

@@ -22,11 +22,11 @@ from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
-from . import backend, cuda_recurrence, kernel_autograd, scan
-from .backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/test_cuda.py)
+from .kernels import autograd, backend, cuda_recurrence, scan
+from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/test_cuda.py)
 from .functional import projection_bias
 from .plan import Plan, decide
-from .projection import input_projection
+from .kernels.projection import input_projection
 from .variants import Variant
 
 __all__ = ["RUNNERS", "run_layer_call", "run_layer", "run_scan_layer", "layer_plan"]
@@ -57,7 +57,7 @@ def _run_generic(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_mas
                                                      params)):
         proj, _ = _projection(plan, xd, w_ih, bias)
         w_hh, hd, cd, mask = backend.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
-        results.append(kernel_autograd._generic_from_projection(variant, highway, proj, w_hh, hd,
+        results.append(autograd._generic_from_projection(variant, highway, proj, w_hh, hd,
                                                                 cd, batch_sizes, mask))
     return _assemble(results, reverse)
 
@@ -74,7 +74,7 @@ def _plain_runner(module: Callable[[Plan, Variant, bool, torch.Tensor, torch.Ten
             proj, pbias = _projection(plan, xd, w_ih, bias)
             w_hh, hd, cd, mask = backend.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
             ext = module(plan, variant, highway, proj, w_hh)
-            results.append(kernel_autograd.plain_layer(ext, variant, highway, proj, w_hh, hd, cd,
+            results.append(autograd.plain_layer(ext, variant, highway, proj, w_hh, hd, cd,
                                                        xd, w_ih, pbias, batch_sizes, mask))
         return _assemble(results, reverse)
     return run
@@ -87,7 +87,7 @@ def _cpu_kernel(plan, variant, highway, proj, w_hh):
 def _run_cpu_pipelined(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
                        reverse):
     """The pipelined CPU kernel (the projection inside), one direction after the other."""
-    results = [kernel_autograd.pipelined_layer(variant, highway, xd, w_ih, bias, w_hh, h0[d],
+    results = [autograd.pipelined_layer(variant, highway, xd, w_ih, bias, w_hh, h0[d],
                                                c0[d], batch_sizes, rec_masks[d], plan.chunk)
                for d, (xd, (w_ih, w_hh, bias)) in enumerate(
                    zip(_direction_inputs(x, reverse, len(params)), params))]
@@ -107,7 +107,7 @@ def _run_cpu_plain_pair(plan, variant, highway, x, params, h0, c0, batch_sizes, 
         proj, pbias = _projection(plan, xd, w_ih, bias)
         flat += [proj.contiguous(), w_hh.contiguous(), h0[d].contiguous(), c0[d].contiguous(), xd,
                  w_ih, pbias, _contiguous(rec_masks[d])]
-    return _assemble(kernel_autograd.plain_pair(variant, highway, batch_sizes, flat), reverse)
+    return _assemble(autograd.plain_pair(variant, highway, batch_sizes, flat), reverse)
 
 
 def _run_cpu_pipelined_pair(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
@@ -118,7 +118,7 @@ def _run_cpu_pipelined_pair(plan, variant, highway, x, params, h0, c0, batch_siz
                                                      params)):
         flat += [xd.contiguous(), w_ih.contiguous(), _contiguous(bias), w_hh.contiguous(),
                  h0[d].contiguous(), c0[d].contiguous(), _contiguous(rec_masks[d])]
-    return _assemble(kernel_autograd.pipelined_pair(variant, highway, batch_sizes, plan.chunk,
+    return _assemble(autograd.pipelined_pair(variant, highway, batch_sizes, plan.chunk,
                                                     flat), reverse)
 
 

@@ -5,8 +5,8 @@ A Python loop over the time steps is unrolled by every graph capture that record
 (``torch.jit.trace``, the TorchScript-based ONNX exporter ``torch.onnx.export(dynamo=False)``)
 and specialised to one length by ``torch.export`` (which the default, dynamo-based ONNX exporter
 runs): the captured graph would then hold exactly the traced number of steps.  While such a
-capture is running, :class:`~rnn_ablations.AblatedRNN` hands its whole stack to
-:func:`run_stack`, which puts the recurrence into the graph as a loop:
+capture is running (:func:`rnn_ablations.plan.stack_runner` says so),
+:class:`~rnn_ablations.AblatedRNN` hands its whole stack to :func:`run_stack`, which puts the recurrence into the graph as a loop:
 
 * under ``torch.jit.trace`` (and so ``torch.onnx.export(dynamo=False)``): a ``torch.jit.script``
   function whose loop runs ``input.size(0)`` steps (an ONNX ``Loop``);
@@ -38,21 +38,10 @@ import torch.nn.functional as F
 from .functional import pointwise
 from .variants import Variant
 
-__all__ = ["capture_mode", "run_stack", "step_layout"]
+__all__ = ["run_stack", "step_layout"]
 
 #: ``Variant.output`` -> the code the scripted step branches on
 _OUTPUT_CODES = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
-
-
-def capture_mode() -> Optional[str]:
-    """``"script"`` while ``torch.jit.trace`` (or the TorchScript-based ONNX exporter) records,
-    ``"scan"`` while the dynamo-based ONNX exporter captures the model, else ``None`` (eager,
-    ``torch.compile``, ``torch.export.export``: the layers run as usual)."""
-    if torch._C._get_tracing_state() is not None:
-        return "script"
-    if torch.compiler.is_compiling() and torch.onnx.is_in_onnx_export():
-        return "scan"
-    return None
 
 
 def step_layout(variant: Variant, highway: bool, hidden_size: int) -> List[int]:
@@ -201,11 +190,12 @@ def _scan_direction(variant: Variant, highway: bool, pre: torch.Tensor,
 
 
 def run_stack(module, x: torch.Tensor, lengths: Optional[torch.Tensor], h0: torch.Tensor,
-              c0: torch.Tensor, num_layers: Optional[int] = None):
+              c0: torch.Tensor, num_layers: Optional[int], mode: str):
     """:class:`~rnn_ablations.AblatedRNN`'s layers on the time-major ``x`` (T, B, d_in) in the
-    original batch order, for the capture :func:`capture_mode` names; returns
-    ``(output, h_n, c_n)`` as ``AblatedRNN._run`` does."""
-    mode = capture_mode()
+    original batch order, for the capture ``mode`` (:func:`rnn_ablations.plan.stack_runner`:
+    ``"script"`` or ``"scan"``); returns ``(output, h_n, c_n)`` as ``AblatedRNN._run`` does."""
+    if mode not in ("script", "scan"):
+        raise ValueError(f"run_stack runs a captured stack ('script' or 'scan'), got {mode!r}")
     variant, highway, dirs = module.variant, module.highway, module.num_directions
     layout = step_layout(variant, highway, module.hidden_size)
     if lengths is not None:

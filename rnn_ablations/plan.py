@@ -52,8 +52,8 @@ __all__ = ["Options", "options", "set_options", "get_options", "reset_options",
            "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES"]
 
 
-from . import backend
-from .backend import Kernels
+from .kernels import backend
+from .kernels.backend import Kernels
 from .settings import (BACKENDS, CONCURRENT_DIRECTIONS, CPU_SCHEDULES,  # noqa: F401
                        CUDA_RECURRENCES, ENVIRONMENT, KERNEL_ISAS, PROCESS_WIDE, Options,
                        _keep_hash, _kept_hash, from_environment, get_options, options,
@@ -331,6 +331,26 @@ def num_threads() -> int:
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None``."""
     return backend.autocast_dtype(device_type)
+
+
+#: How a whole stack of layers runs (:func:`stack_runner`): each layer planned and run on its own
+#: (:func:`decide`, ``dispatch.RUNNERS``), or the whole stack as a loop in a captured graph
+#: (``export.run_stack``): a TorchScript loop, or ``torch._higher_order_ops.scan``.
+STACK_RUNNERS = ("layers", "script", "scan")
+
+
+def stack_runner() -> str:
+    """How ``AblatedRNN`` runs its stack of layers (one of :data:`STACK_RUNNERS`): ``"script"``
+    while ``torch.jit.trace`` (or the TorchScript-based ONNX exporter) records, ``"scan"`` while
+    the dynamo-based ONNX exporter captures the model (a Python loop over the steps would be
+    unrolled, or specialised to one length: ``export.run_stack`` keeps the length dynamic),
+    else ``"layers"`` (eager, ``torch.compile``, ``torch.export.export``: every layer is planned
+    by :func:`decide` and carried out by its runner)."""
+    if torch._C._get_tracing_state() is not None:
+        return "script"
+    if torch.compiler.is_compiling() and torch.onnx.is_in_onnx_export():
+        return "scan"
+    return "layers"
 
 
 @torch.compiler.assume_constant_result

@@ -12,8 +12,9 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .dispatch import run_layer_call
-from .export import capture_mode, run_stack
+from .export import run_stack
 from .functional import projection_bias, reversal_index
+from .plan import stack_runner
 from .validation import check_positive_int, check_prob
 from .variants import VARIANTS, Variant, get_variant
 
@@ -578,9 +579,10 @@ class AblatedRNN(nn.Module):
     def _run(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
         """Time-major core: x (T, B, d_in), original batch order; ``num_layers`` stops early
         (:meth:`layer_input`)."""
-        if capture_mode() is not None:
+        runner = stack_runner()
+        if runner != "layers":
             # torch.jit.trace / ONNX export: the recurrence as a loop in the graph (export.py)
-            return run_stack(self, x, lengths, h0, c0, num_layers)
+            return run_stack(self, x, lengths, h0, c0, num_layers, runner)
         seq_len, batch = x.shape[0], x.shape[1]
         order = None
         # traced (torch.compile / torch.export) nothing here reads the lengths' values: the batch

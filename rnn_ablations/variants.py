@@ -39,7 +39,7 @@ is a new row here (``CONTRIBUTING.md``).
 
 A variant with no recurrent block (``reads_hidden`` False) has no ``weight_hh`` and no per-step
 matrix product: its memory is an element-wise linear recurrence, run as one input projection
-plus an element-wise scan (:mod:`rnn_ablations.scan`).
+plus an element-wise scan (:mod:`rnn_ablations.kernels.scan`).
 
 The optional highway connection of AllenNLP's ``AugmentedLstm`` adds a gate ``r`` and an
 input-only projection ``hw`` (no bias): ``h_t ← r_t∘h_t + (1 − r_t)∘W_hw x_t``, with
@@ -207,7 +207,7 @@ class Variant:
     @property
     def has_step_kernel(self) -> bool:
         """True when the step kernels (``_C.forward`` / ``_C_cuda.forward`` …) run the variant:
-        it reads h_{t-1}.  (A cell that does not runs through :mod:`rnn_ablations.scan`.)"""
+        it reads h_{t-1}.  (A cell that does not runs through :mod:`rnn_ablations.kernels.scan`.)"""
         return self.reads_hidden
 
     def _layout(self, highway: bool) -> Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[str, ...]]:

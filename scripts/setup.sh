@@ -15,7 +15,7 @@ PIP=".venv/bin/python -m pip"
 C="-c requirements/constraints.txt"
 stamp=.venv/.rnn_ablations_setup
 shopt -s globstar  # csrc/** : the kernel sources in every sub-folder
-want=$(cat requirements/*.txt setup.py pyproject.toml rnn_ablations/_build.py rnn_ablations/csrc/**/*.cpp \
+want=$(cat requirements/*.txt setup.py pyproject.toml rnn_ablations/kernels/build.py rnn_ablations/csrc/**/*.cpp \
   rnn_ablations/csrc/**/*.cuh rnn_ablations/csrc/**/*.h | sha1sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import rnn_ablations._C" 2>/dev/null; then
   echo "setup: .venv is up to date"

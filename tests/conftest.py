@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import rnn_ablations as ra
-from rnn_ablations.scan import scan_kernel_available
+from rnn_ablations.kernels.scan import scan_kernel_available
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("RNN_ABLATIONS_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -154,7 +154,7 @@ def test_ab_kernel_modules_end_to_end(kernel, capsys, tmp_path):
     """``benchmarks/ab_kernel_modules.py`` with a copy of this build as the other module: every
     row is timed on both and gives the same numbers; --out writes the rows; an --isa the CPU
     lacks and a path that is not a module are refused."""
-    from rnn_ablations import backend
+    from rnn_ablations.kernels import backend
 
     other = tmp_path / Path(backend._C.raw.__file__).name
     shutil.copy(backend._C.raw.__file__, other)

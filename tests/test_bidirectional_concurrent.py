@@ -13,7 +13,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import rnn_ablations as ra
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, use_pipeline
-from rnn_ablations import kernel_autograd
+from rnn_ablations.kernels import autograd as kernel_autograd
 from rnn_ablations.aliases import use_concurrent_directions
 
 from conftest import requires_kernel, threads

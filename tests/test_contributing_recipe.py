@@ -12,7 +12,7 @@ import torch
 
 from conftest import requires_kernel
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend
-from rnn_ablations.scan import scan_applies
+from rnn_ablations.kernels.scan import scan_applies
 from rnn_ablations.variants import OUTPUT_RULES, VARIANTS_TABLE, Variant
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_every_kernel_family_runs_the_shared_templates():
     # the scan has no numbering of its own
     assert not re.search(r"\bScanOutput\b|\bscan_layout\s*\(|OUTPUT_CODES",
                          "".join(p.read_text() for p in _sources())
-                         + (ROOT / "rnn_ablations" / "scan.py").read_text())
+                         + (ROOT / "rnn_ablations" / "kernels" / "scan.py").read_text())
 
 
 # --------------------------------------------------------------------------- rows from the fields
@@ -211,7 +211,7 @@ def test_a_new_scan_row_runs_on_the_scan_kernel(monkeypatch, name, highway):
     torch.manual_seed(0)
     m = AblatedRNN(v.name, 4, 5, num_layers=2, bidirectional=True, highway=highway).double()
     x = torch.randn(6, 3, 4, dtype=torch.float64, requires_grad=True)
-    import rnn_ablations.scan as scan_module
+    import rnn_ablations.kernels.scan as scan_module
     reference = scan_module._generic_directions
     results = {}
     for backend in ("generic", "kernel"):

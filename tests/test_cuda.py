@@ -2,11 +2,11 @@
 and against nn.LSTM / nn.RNN (cuDNN); gradcheck on the GPU.
 
 Half precision (bfloat16, float16, torch.autocast) and CUDA-graph replay of the kernel's step
-loop (rnn_ablations/cuda_graphs.py) are tested here too: the half kernel against the float64
+loop (rnn_ablations/kernels/cuda_graphs.py) are tested here too: the half kernel against the float64
 generic path, graphs on against graphs off, a caller's own capture of a training step.
 The CUDA kernels are NVRTC's (rnn_ablations/kernels/cuda: compiled at first use, no build
 step), so on a GPU nothing here skips for a missing kernel.  The persistent kernels
-(csrc/cuda/persistent_kernel.cuh, run by rnn_ablations/cuda_recurrence.py where
+(csrc/cuda/persistent_kernel.cuh, run by rnn_ablations/kernels/cuda_recurrence.py where
 the cuda_recurrence setting asks for them, off by default) are tested at the end
 (`-k persistent`): every step-kernel variant against the float64 generic path in float32/
 bfloat16/float16, forced grids and batch tiles, the saved tensors and the backward against the
@@ -27,7 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import rnn_ablations as ra
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, weighted_sum
-from rnn_ablations import backend, cuda_graphs, dispatch
+from rnn_ablations import dispatch
+from rnn_ablations.kernels import backend, cuda_graphs
 from rnn_ablations.dispatch import cuda_kernel_available, run_layer
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -52,7 +53,7 @@ def test_graph_env_flag():
 
 class _FakeGraphs:
     """Stand-ins for torch.cuda's graph and stream objects, so that the bookkeeping of
-    rnn_ablations.cuda_graphs (keys, static buffers, copy-in, replay, copy-out, failures) runs
+    rnn_ablations.kernels.cuda_graphs (keys, static buffers, copy-in, replay, copy-out, failures) runs
     on the CPU: a fake "kernel" registers, while a fake graph captures, a closure that recomputes
     its outputs in place from its inputs; replay runs the closures."""
 
@@ -432,14 +433,14 @@ def test_autocast_runs_the_kernel(monkeypatch, dtype, variant):
     def no_generic(*args, **kwargs):
         raise AssertionError("the generic Python loop ran under autocast")
 
-    from rnn_ablations import scan
+    from rnn_ablations.kernels import scan
     monkeypatch.setattr(scan, "_generic_directions", no_generic)
 
     m = AblatedRNN(variant, 12, 32, num_layers=2, recurrent_dropout=0.0).cuda()
     x = torch.randn(9, 4, 12, device="cuda")
     ref = _run_and_grads(m, x.clone().requires_grad_())
     m.zero_grad()
-    from rnn_ablations import kernel_autograd
+    from rnn_ablations.kernels import autograd as kernel_autograd
     monkeypatch.setattr(kernel_autograd, "generic_layer", no_generic)
     xg = x.clone().requires_grad_()
     with torch.autocast("cuda", dtype=dtype):
@@ -587,8 +588,8 @@ def test_caller_captures_a_training_step(fresh_graphs, dtype):
 # --------------------------------------------------------------------------- persistent kernel
 # the run plan asks for it (cuda_recurrence="persistent"; off by default), cuda_recurrence.select
 # runs it; csrc/cuda/persistent_kernel.cuh.  The policy tests run on the CPU; the kernel tests need a GPU.
-from rnn_ablations import cuda_recurrence  # noqa: E402
-from rnn_ablations.cuda_recurrence import use_cuda_recurrence  # noqa: E402
+from rnn_ablations.kernels import cuda_recurrence  # noqa: E402
+from rnn_ablations.kernels.cuda_recurrence import use_cuda_recurrence  # noqa: E402
 
 
 def test_cuda_recurrence_switch_validates_and_restores():
@@ -653,7 +654,7 @@ def test_cuda_recurrence_selection(monkeypatch):
     """auto and steps keep the step kernel (graphed as the plan says); persistent asks the
     kernel's plan, runs the persistent forward and the step kernel's backward, or says why it
     cannot and what to do."""
-    from rnn_ablations import backend
+    from rnn_ablations.kernels import backend
     from rnn_ablations.plan import Kernels, LayerCall, plan_layer
     v = get_variant("ran")
     fake = _FakePersistentExt()
@@ -1034,7 +1035,7 @@ def test_speed_rows_of_the_persistent_kernel():
 
 
 # --------------------------------------------------------------------------- operators
-# rnn_ablations/ops_cuda.py: the CUDA kernels as the CUDA implementations of the operators
+# rnn_ablations/kernels/ops_cuda.py: the CUDA kernels as the CUDA implementations of the operators
 # (tests/test_ops_cuda.py checks the registration and the fake kernels without a GPU).
 
 class _RecordOps(TorchDispatchMode):

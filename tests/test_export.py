@@ -74,7 +74,8 @@ def test_compile_fullgraph_dynamic_shapes(variant, bidirectional):
 def test_threshold_sizes_give_the_plan_of_the_sizes():
     """The sizes a traced plan sees (plan.threshold_sizes) lead to the same plan as the exact
     sizes, across the policy's thresholds, for every schedule setting."""
-    from rnn_ablations import backend, plan
+    from rnn_ablations import plan
+    from rnn_ablations.kernels import backend
     from rnn_ablations.plan import LayerCall, Options, plan_layer
 
     kernels = backend.kernels()

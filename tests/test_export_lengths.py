@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rnn_ablations import VARIANTS, AblatedRNN
-from rnn_ablations.export import capture_mode
+from rnn_ablations.plan import stack_runner
 
 LENGTHS = (1, 5, 14)   # traced with 9
 
@@ -35,7 +35,7 @@ def test_jit_trace_runs_any_length(variant, highway):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(model, (torch.randn(9, 3, 5),))
-    assert capture_mode() is None
+    assert stack_runner() == "layers"
     for n, t in enumerate(LENGTHS):
         x = torch.randn(t, 2 + n, 5)
         out, (h, c) = traced(x)
@@ -123,3 +123,27 @@ def test_onnx_dynamo_exporter_runs_any_length(variant, highway, tmp_path):
     for n, t in enumerate(LENGTHS):
         x = torch.randn(t, 2 + n, 5)
         _same(run(x), model, x)
+
+
+def test_the_stack_runner_is_decided_in_the_plan(monkeypatch):
+    """Under torch.jit.trace the stack runs as a scripted loop: the plan says so, and the module
+    carries out what it says (a wrong answer from the plan reaches the module)."""
+    from rnn_ablations import plan, rnn as rnn_module
+
+    seen = []
+
+    def spy():
+        seen.append(plan.stack_runner())
+        return seen[-1]
+
+    monkeypatch.setattr(rnn_module, "stack_runner", spy)
+    model = _model("ran", layers=1, highway=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.jit.trace(model, (torch.randn(4, 2, 5),), check_trace=False)
+    assert seen and set(seen) == {"script"}
+    model(torch.randn(4, 2, 5))
+    assert seen[-1] == "layers"
+    monkeypatch.setattr(rnn_module, "stack_runner", lambda: "unknown")
+    with pytest.raises(ValueError, match="'script' or 'scan'"):
+        model(torch.randn(4, 2, 5))

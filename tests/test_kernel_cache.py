@@ -1,4 +1,4 @@
-"""The first-use kernel cache (``rnn_ablations._kernel_loader``): a module in the cache is loaded
+"""The first-use kernel cache (``rnn_ablations.kernels.loader``): a module in the cache is loaded
 only when it matches the size and SHA-256 recorded beside it; a truncated or overwritten one is
 compiled again (or, without a compiler, the package warns, says what happened and how to fix it,
 and runs its generic path), and ``import rnn_ablations`` never dies.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rnn_ablations import _kernel_loader
+from rnn_ablations.kernels import loader as _kernel_loader
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ import json, sys
 sys.modules["rnn_ablations._C"] = None
 import torch
 import rnn_ablations as ra
-from rnn_ablations import backend
+from rnn_ablations.kernels import backend
 
 torch.manual_seed(0)
 worst = 0.0
@@ -258,7 +258,7 @@ def test_installed_module_compiled_from_other_sources_is_refused(monkeypatch):
     """An in-place or editable build that predates an edit of csrc/ (its recorded digest differs
     from the files beside it) is not used: the reason names the rebuild command; a module from
     the same sources, or where no sources are shipped, is."""
-    from rnn_ablations import _build
+    from rnn_ablations.kernels import build as _build
 
     monkeypatch.setattr(_build, "sources_digest", lambda: "0123456789abcdef")
     assert _kernel_loader._stale_sources(_Module("0123456789abcdef")) == ""
@@ -273,7 +273,7 @@ def test_installed_module_compiled_from_other_sources_is_refused(monkeypatch):
 def test_this_checkout_s_module_records_its_sources():
     """The module built by scripts/setup.sh records the digest of the sources it came from, and
     the loader took it (so the digest of the files now is the same)."""
-    from rnn_ablations import _build, backend
+    from rnn_ablations.kernels import build as _build, backend
 
     if backend._KERNEL_SOURCE != "installed":
         pytest.skip(f"the kernel in use did not come from the install ({backend._KERNEL_SOURCE!r})")

@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 
-from rnn_ablations import cuda_graphs, cuda_recurrence, ops, ops_cuda
+from rnn_ablations.kernels import cuda_graphs, cuda_recurrence, ops, ops_cuda
 from rnn_ablations.kernels.interface import PipelinedKernel, ScanKernel, StepKernel
 
 CLASSES = {
@@ -36,6 +36,6 @@ def test_every_kernel_class_implements_its_interface(name):
 
 
 def test_the_loaded_kernels_are_instances():
-    from rnn_ablations import backend
+    from rnn_ablations.kernels import backend
     if backend._C is not None:
         assert isinstance(backend._C, (StepKernel, ScanKernel, PipelinedKernel))

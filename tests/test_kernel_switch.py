@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from rnn_ablations import _build, _env, _kernel_loader
+from rnn_ablations import _env
+
+from rnn_ablations.kernels import build as _build, loader as _kernel_loader
 
 from conftest import REPO, requires_kernel
 
@@ -47,7 +49,7 @@ def test_cache_root():
 
 
 def _kernel_file():
-    from rnn_ablations import backend
+    from rnn_ablations.kernels import backend
     return getattr(backend._C, "raw", backend._C).__file__
 
 
@@ -67,7 +69,7 @@ def package_copy(tmp_path_factory):
 CHILD = """
 import json, sys, torch
 import rnn_ablations as ra
-from rnn_ablations import backend
+from rnn_ablations.kernels import backend
 m = ra.AblatedRNN("ran", 3, 4)
 x = torch.randn(5, 2, 3)
 out = m(x)[0]
@@ -151,7 +153,7 @@ FIRST_USE = """
 import json, time, torch
 t = time.perf_counter()
 import rnn_ablations as ra
-from rnn_ablations import _kernel_loader
+from rnn_ablations.kernels import loader as _kernel_loader
 print(json.dumps({"import_s": time.perf_counter() - t, "loader_s": _kernel_loader.last_load_seconds,
                   "available": ra.kernel_available()}))
 """

@@ -10,7 +10,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from rnn_ablations import (AblatedRNN, VARIANTS, get_variant, recurrent_param_count, use_backend,
                            weighted_sum)
 from rnn_ablations.dispatch import run_scan_layer
-from rnn_ablations.scan import scan_applies, scan_kernel_available
+from rnn_ablations.kernels.scan import scan_applies, scan_kernel_available
 
 NAME = "lstm_minus_srnn_minus_hidden"
 HAS_KERNEL = scan_kernel_available("cpu")

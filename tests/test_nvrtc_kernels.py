@@ -106,7 +106,7 @@ def test_nvrtc_spec_decoder_agrees_with_kernel_spec_h():
     """The launcher's decoder (structs.py) reads every code as the CPU kernel's kernel_spec.h
     does (every combination of the spec's bits, so every variant of the table among them), and
     refuses what it refuses."""
-    from rnn_ablations.backend import _C
+    from rnn_ablations.kernels.backend import _C
     codes = {(0xA5 << 8) | bits for bits in range(128)}
     assert {v.kernel_spec for v in VARIANTS_TABLE.values()} <= codes
     checked = 0
@@ -172,7 +172,8 @@ def test_nvrtc_kernels_not_in_use_says_why_without_a_device(monkeypatch):
     torch has no CUDA; a CUDA torch without a visible device has no device.  Never a build
     error (there is no build)."""
     import torch
-    from rnn_ablations import backend, dispatch
+    from rnn_ablations import dispatch
+    from rnn_ablations.kernels import backend
     from rnn_ablations.kernels import cuda
     if torch.version.cuda is None:
         assert "this torch has no CUDA" in cuda.unavailable_reason()

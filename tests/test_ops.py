@@ -1,4 +1,4 @@
-"""The CPU kernel's operators (rnn_ablations.ops): ``torch.library.opcheck`` on every operator, as
+"""The CPU kernel's operators (rnn_ablations.kernels.ops): ``torch.library.opcheck`` on every operator, as
 the layers call it (every variant, uni- and bidirectional, both schedules, training and
 inference, with and without the highway connection), and what a dispatch mode sees."""
 import pytest
@@ -7,7 +7,7 @@ from torch.library import opcheck
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rnn_ablations import AblatedRNN, VARIANTS, kernel_available, options
-from rnn_ablations.ops import OPERATORS
+from rnn_ablations.kernels.ops import OPERATORS
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="the CPU kernel is not built")
 
@@ -155,7 +155,7 @@ def test_opcheck_onednn_linear():
     """The oneDNN input projection's operator (what a compiled graph calls), in the layouts the
     projection uses: a weight as it is and transposed (the input gradient), with and without
     bias."""
-    from rnn_ablations import backend
+    from rnn_ablations.kernels import backend
 
     if not backend.onednn_usable():
         pytest.skip("this torch build has no oneDNN linear")

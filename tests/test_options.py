@@ -9,7 +9,8 @@ import torch
 import rnn_ablations as ra
 
 from conftest import requires_kernel, run_python
-from rnn_ablations import aliases, cuda_graphs, cuda_recurrence, dispatch
+from rnn_ablations import aliases, dispatch
+from rnn_ablations.kernels import cuda_graphs, cuda_recurrence
 from rnn_ablations.plan import Options
 
 

@@ -127,7 +127,7 @@ def test_wheel_contents(pure_wheel):
         f.rsplit("/", 1)[-1] for f in csrc}
     for f in csrc:  # every kernel source, so that the kernel can be compiled on first use
         assert f"rnn_ablations/csrc/{f}" in names, f
-    assert "rnn_ablations/_build.py" in names and "rnn_ablations/_kernel_loader.py" in names
+    assert "rnn_ablations/kernels/build.py" in names and "rnn_ablations/kernels/loader.py" in names
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("rnn_ablations/configs/")}
     in_repo = {p.name for d in ("allennlp_configs", "onmt_configs", "tests/fixtures/onmt")
                for p in (ROOT / d).iterdir()}
@@ -175,7 +175,7 @@ def test_kernel_module_is_stripped_and_records_its_torch():
 
 def test_first_use_compile_failure_warns_and_names_the_fix(tmp_path, monkeypatch, caplog):
     """Without a working compiler the loader returns no kernel, says why and how to fix it."""
-    from rnn_ablations import _kernel_loader
+    from rnn_ablations.kernels import loader as _kernel_loader
     monkeypatch.setattr(_kernel_loader, "_installed", lambda: (None, "no kernel built at install time"))
     monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RNN_ABLATIONS_NO_KERNEL", raising=False)

@@ -14,7 +14,8 @@ import torch
 
 import rnn_ablations as ra
 from conftest import run_python
-from rnn_ablations import backend, settings
+from rnn_ablations import settings
+from rnn_ablations.kernels import backend
 from rnn_ablations.plan import Kernels
 
 SETTINGS_FILE = Path(settings.__file__)

@@ -120,11 +120,11 @@ def test_a_copy_of_a_row_gets_the_same_kernel():
 @requires_kernel
 @pytest.mark.parametrize("highway", [False, True])
 def test_scan_predicate_agrees_with_the_scan_decoder(highway):
-    """rnn_ablations.scan.scan_applies (which sends a layer to the scan kernels) is True exactly
+    """rnn_ablations.kernels.scan.scan_applies (which sends a layer to the scan kernels) is True exactly
     for the specs the C++ scan decoder accepts: every row of the table, the toys, and cells that
     read no h_{t-1} but have a rule the scan lacks (a tanh content, no memory)."""
     from rnn_ablations import _C
-    from rnn_ablations.scan import scan_applies
+    from rnn_ablations.kernels.scan import scan_applies
     extra = [_toy("toy_tanh_content_minus_hidden", 120, recurrent=(), input_only_biased=("i", "f"),
                   input_only=("c",), content_block="c", content_activation="tanh",
                   has_memory=True, output="tanh"),

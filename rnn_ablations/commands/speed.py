@@ -28,11 +28,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..cuda_graphs import clear_graphs, get_cuda_graphs, graph_stats, set_cuda_graphs
-from .. import cuda_recurrence
-from ..cuda_recurrence import get_cuda_recurrence, use_cuda_recurrence
+from ..kernels.cuda_graphs import clear_graphs, get_cuda_graphs, graph_stats, set_cuda_graphs
+from ..kernels import cuda_recurrence
+from ..kernels.cuda_recurrence import get_cuda_recurrence, use_cuda_recurrence
 from ..aliases import get_backend, use_concurrent_directions, use_kernel_isa
-from ..backend import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
+from ..kernels.backend import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
 from ..rnn import AblatedRNN
 from ..variants import VARIANTS, get_variant
 from .machine import cpu_info, describe, gpu_info
@@ -66,7 +66,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16", "autocast-bfloat16", "aut
 DIRECTIONS = ("auto", "sequential", "both")
 SEQUENTIAL_SUFFIX = " [sequential directions]"
 
-#: --cuda-recurrence choices (``rnn_ablations.cuda_recurrence``): the CUDA forward of every
+#: --cuda-recurrence choices (``rnn_ablations.kernels.cuda_recurrence``): the CUDA forward of every
 #: variant on the step kernel (``steps``), on the persistent kernel (``persistent``), as the
 #: policy picks (``auto``), or ``both``: each variant timed on the step kernel and again as
 #: ``"<variant> [persistent]"``, in the same interleaved rounds.  Every row carries its

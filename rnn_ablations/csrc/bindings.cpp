@@ -103,7 +103,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("torch_version") = RNN_ABLATIONS_TORCH_VERSION;  // the torch this module was built for
 #endif
 #ifdef RNN_ABLATIONS_SOURCES_DIGEST
-  // rnn_ablations/_build.py sources_digest() of the sources this module was compiled from
+  // rnn_ablations/kernels/build.py sources_digest() of the sources this module was compiled from
   m.attr("sources_digest") = RNN_ABLATIONS_SOURCES_DIGEST;
 #endif
   register_scan(m);

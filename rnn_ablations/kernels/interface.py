@@ -7,7 +7,7 @@ only through these methods (``kernel_autograd.plain_layer``, ``scan.scan_layer``
 (``ops.CpuKernel``), the CUDA kernel (``ops_cuda.CudaKernel``), its CUDA-graph replay
 (``cuda_graphs.GraphedKernel``) and the persistent CUDA kernel
 (``cuda_recurrence.PersistentKernel``).  The arguments and results are those of the operators
-documented in ``rnn_ablations/ops.py``.
+documented in ``rnn_ablations/kernels/ops.py``.
 """
 from __future__ import annotations
 

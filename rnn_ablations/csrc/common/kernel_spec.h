@@ -137,7 +137,7 @@ inline KernelSpec decode_kernel_spec(int64_t code, bool highway, const char* who
   TORCH_CHECK((code & kSpecReadsHidden) != 0, who, ": kernel spec ", code,
               " is a cell whose gates read no h_{t-1} (such as lstm_minus_srnn_minus_hidden); it "
               "has no step kernel and runs through scan_forward / scan_backward "
-              "(rnn_ablations/scan.py)");
+              "(rnn_ablations/kernels/scan.py)");
   TORCH_CHECK(s.memory == (s.output != kOutContent), who, ": kernel spec ", code, ": output rule '",
               output_rule_name(s.output), "' ",
               s.memory ? "needs a cell without memory (h_t = c~_t is the S-RNN's rule); give the "
@@ -236,7 +236,7 @@ inline ScanSpec decode_scan_spec(int64_t code, bool highway, const char* who) {
   TORCH_CHECK((code & kSpecContentTanh) == 0, who, ": kernel spec ", code,
               ": a tanh of the content is not implemented by the element-wise scan (it reads "
               "c~_t = W_cx x_t as it is); add that element-wise rule (CONTRIBUTING.md, 'Adding an "
-              "element-wise rule') or use content_activation='identity' (rnn_ablations.scan."
+              "element-wise rule') or use content_activation='identity' (rnn_ablations.kernels.scan."
               "scan_applies is False for such a cell: it runs on the generic path)");
   ScanSpec s;
   s.output = output;

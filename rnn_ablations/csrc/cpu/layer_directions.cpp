@@ -7,7 +7,7 @@
 // the directions run one after the other, which computes the same numbers.
 //
 // Two forms, as for one direction: from the input projections (rnn_*_directions: the caller,
-// rnn_ablations/kernel_autograd.py, computes both directions' projections before, as large GEMMs
+// rnn_ablations/kernels/autograd.py, computes both directions' projections before, as large GEMMs
 // on all threads, and their input / w_ih gradients after), or from the layer input
 // (fused_*_directions: each direction's pipelined entry point, whose two roles then run one
 // after the other on the direction's thread, projecting each chunk of steps just before the

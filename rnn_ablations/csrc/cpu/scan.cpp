@@ -1,6 +1,6 @@
 // Element-wise scan (CPU) of a gated memory whose gates read x_t only: the recurrence of
 // LSTM - S-RNN - HIDDEN (rnn_ablations/variants.py; the generic reference is
-// rnn_ablations/functional.py, the autograd wrapper rnn_ablations/scan.py).
+// rnn_ablations/functional.py, the autograd wrapper rnn_ablations/kernels/scan.py).
 //
 //   spec, highway     the variant's kernel spec (Variant.kernel_spec) and whether the layer has
 //                     the highway blocks; common/kernel_spec.h decode_scan_spec derives the output

@@ -11,7 +11,7 @@ on disk, and launched through the CUDA driver API on torch's current stream.
   into ``$RNN_ABLATIONS_CACHE/cuda`` (:mod:`.cache`).
 * ``python -m rnn_ablations.kernels.cuda.precompile``: compile them all ahead, with the times.
 
-``rnn_ablations.backend`` calls :func:`load` once at import and wraps the entry points in the
+``rnn_ablations.kernels.backend`` calls :func:`load` once at import and wraps the entry points in the
 operators (``backend._C_cuda``); importing this package never raises, so a walk over every
 submodule (AllenNLP's ``--include-package``) works on any machine.
 """

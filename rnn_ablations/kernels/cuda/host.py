@@ -11,7 +11,7 @@ element-wise kernel (:mod:`.driver`, on torch's current stream); the backward is
 element-wise launch, then the GEMM for dL/dh_{t-1}), the weight gradient one GEMM after the loop.
 No host synchronisation, no allocation outside torch's caching allocator and no host-to-device
 copy but an asynchronous one from pinned memory, so a call can be captured in a CUDA graph
-(:mod:`rnn_ablations.cuda_graphs` replays the whole loop so).  The scan and the persistent
+(:mod:`rnn_ablations.kernels.cuda_graphs` replays the whole loop so).  The scan and the persistent
 kernels are one launch per call (per 1024 steps for the persistent ones).
 
 Dtypes: float64, float32, bfloat16 and float16; the saved tensors (gates, cs, hin) and the
@@ -32,7 +32,7 @@ from .programs import PARAMS, Program
 __all__ = ["forward", "backward", "scan_forward", "scan_backward", "persistent_forward",
            "persistent_backward", "persistent_plan", "SCAN_ABI", "pack"]
 
-#: the scan entry points' calling convention (rnn_ablations.backend.SCAN_ABI)
+#: the scan entry points' calling convention (rnn_ablations.kernels.backend.SCAN_ABI)
 SCAN_ABI = 3
 
 #: the device type the entry points take (the CPU tests of the host loops set "cpu", with a
@@ -731,7 +731,7 @@ def persistent_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hi
         p, k = make_plan(True, ks, H, bs[0] if steps > 0 else 0, proj.dtype, dev.index,
                          int(blocks), int(batch_tile))
         if not p.ok:
-            raise RuntimeError(f"{who} does not apply: {p.why} (rnn_ablations.cuda_recurrence."
+            raise RuntimeError(f"{who} does not apply: {p.why} (rnn_ablations.kernels.cuda_recurrence."
                                "PERSISTENT_BACKWARD = False runs the step kernel's backward)")
         if R * H > _INT32_MAX or B * H > _INT32_MAX:
             raise RuntimeError(f"{who}: shape too large")

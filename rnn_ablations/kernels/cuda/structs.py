@@ -120,7 +120,7 @@ def decode_kernel_spec(code: int, highway: bool, who: str) -> KernelSpec:
         raise RuntimeError(
             f"{who}: kernel spec {code} is a cell whose gates read no h_{{t-1}} (such as "
             "lstm_minus_srnn_minus_hidden); it has no step kernel and runs through scan_forward "
-            "/ scan_backward (rnn_ablations/scan.py)")
+            "/ scan_backward (rnn_ablations/kernels/scan.py)")
     if s.memory != (s.output != OUT_CONTENT):
         need = ("needs a cell without memory (h_t = c~_t is the S-RNN's rule); give the variant "
                 "an output rule o_tanh, tanh or identity" if s.memory else

@@ -3,7 +3,7 @@ run plan what this process has (:class:`Kernels`).
 
 The compiled CPU kernel ``rnn_ablations._C`` runs CPU tensors of dtype float32/float64; the CUDA
 kernels (compiled at first use by NVRTC, :mod:`rnn_ablations.kernels.cuda`; their step loops replayed as CUDA graphs, see
-:mod:`rnn_ablations.cuda_graphs`) run CUDA float32/float64/bfloat16/float16 (also under
+:mod:`rnn_ablations.kernels.cuda_graphs`) run CUDA float32/float64/bfloat16/float16 (also under
 ``torch.autocast("cuda")``).  Everything else (half precision on the CPU, other devices, an
 install without the extension, ``RNN_ABLATIONS_NO_KERNEL=1``) takes the generic path, which
 computes the same function.  Which path a call takes is decided by
@@ -20,15 +20,16 @@ from typing import Optional
 
 import torch
 
-from . import _kernel_loader, cuda_graphs, ops, ops_cuda, settings
-from .kernels import cuda as _cuda_kernels
-from .settings import process_options
+from .. import settings
+from ..settings import process_options
+from . import cuda as _cuda_kernels
+from . import cuda_graphs, loader, ops, ops_cuda
 
 __all__ = ["kernel_available", "cuda_kernel_available", "kernel_isa", "supported_kernel_isas",
            "kernels", "Kernels", "onednn_usable"]
 
-# The CPU kernel: built at install time, or compiled on first use and cached (_kernel_loader).
-_C, _KERNEL_ERROR, _KERNEL_SOURCE = _kernel_loader.load_cpu_kernel()
+# The CPU kernel: built at install time, or compiled on first use and cached (kernels/loader.py).
+_C, _KERNEL_ERROR, _KERNEL_SOURCE = loader.load_cpu_kernel()
 if _C is not None:
     # its computing entry points as registered operators, with the module's calling convention
     _C = ops.CpuKernel(_C)

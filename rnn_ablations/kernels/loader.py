@@ -19,7 +19,7 @@ truncated file that the loader maps (loading a truncated shared library kills th
 SIGBUS).  A module that does not match its record, or that has none, is compiled again.
 
 The module installed inside the package is checked the same way before it is mapped: ``setup.py``
-writes its size and SHA-256 beside it (``_C.build.json``, :data:`_build.INSTALLED_RECORD`); a
+writes its size and SHA-256 beside it (``_C.build.json``, :data:`rnn_ablations.kernels.build.INSTALLED_RECORD`); a
 module without that record, or that does not match it, is not loaded (the cache is used instead).
 
 Environment (parsed by :mod:`rnn_ablations._env`, before any module is touched):
@@ -47,11 +47,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _env
+from .. import _env
 
 logger = logging.getLogger("rnn_ablations")
 
-MODULE = __package__ + "._C"
+MODULE = __package__.rpartition(".")[0] + "._C"  # rnn_ablations._C
 RECORD = "build.json"
 _FIX = ("install a C++ compiler and the Python headers (e.g. `apt install g++ python3-dev`) and "
         "import rnn_ablations again, or reinstall with `pip install --no-build-isolation .` in an "
@@ -141,7 +141,7 @@ def _installed_file() -> Optional[str]:
     Looked up in this package's own folder only: an import-system lookup of ``rnn_ablations._C``
     can be answered by another copy's finder (an editable install's maps the name to its
     checkout), which would load a module built from other sources."""
-    folder = os.path.dirname(os.path.abspath(__file__))
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rnn_ablations/
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = os.path.join(folder, "_C" + suffix)
         if os.path.isfile(path):
@@ -152,7 +152,7 @@ def _installed_file() -> Optional[str]:
 def installed_record_problem(path: str) -> Optional[str]:
     """What is wrong with the installed module ``path`` against the size and SHA-256 recorded
     beside it at build time (no record, another size or digest), or None when it matches."""
-    from . import _build
+    from . import build as _build
 
     record_path = os.path.join(os.path.dirname(path), _build.INSTALLED_RECORD)
     rebuild = ("rebuild it (`python setup.py build_ext --inplace`, `bash scripts/setup.sh` or "
@@ -231,7 +231,7 @@ def _installed() -> Tuple[Optional[ModuleType], str]:
 def _stale_sources(module: ModuleType) -> str:
     """Why ``module`` was not compiled from the C++ sources beside it (an in-place or editable
     build that predates an edit of ``csrc/``), or "" when it was (or no sources are here)."""
-    from . import _build
+    from . import build as _build
 
     now = _build.sources_digest()
     built_from = getattr(module, "sources_digest", None)
@@ -244,7 +244,7 @@ def _stale_sources(module: ModuleType) -> str:
 
 
 def _cache_dir() -> str:
-    from . import _build
+    from . import build as _build
 
     fp = _build.fingerprint()
     name = "cpu-{python}-torch{torch}-{sources}".format(**fp).replace("+", "_")
@@ -253,7 +253,7 @@ def _cache_dir() -> str:
 
 def _digest(path: str) -> Tuple[int, str]:
     """``(size in bytes, SHA-256 hex digest)`` of a file."""
-    from . import _build
+    from . import build as _build
 
     return _build.file_digest(path)
 
@@ -311,7 +311,7 @@ def _fsync_dir(folder: str) -> None:
 
 
 def _run_build(folder: str, out: str, build_temp: str, log_path: str) -> int:
-    from . import _build
+    from . import build as _build
 
     code = ("import runpy, sys; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')")

@@ -1,6 +1,6 @@
 """The compiled CUDA kernel's entry points as PyTorch operators (namespace ``rnn_ablations``).
 
-The CUDA kernels implement the same operators as the CPU kernel (:mod:`rnn_ablations.ops`),
+The CUDA kernels implement the same operators as the CPU kernel (:mod:`rnn_ablations.kernels.ops`),
 registered for the CUDA dispatch key next to the CPU implementations, so that one operator is
 one function of its inputs on either device:
 
@@ -26,8 +26,8 @@ as on the CPU.  ``persistent_forward`` returns ``gates`` only with ``train`` (it
 them, its inference never writes them).
 
 :class:`CudaKernel` puts the operators behind ``_C_cuda``'s own calling convention (what
-:mod:`rnn_ablations.cuda_recurrence` and :mod:`rnn_ablations.cuda_graphs` call), and, as
-:class:`rnn_ablations.ops.CpuKernel` does, calls the implementation directly in plain eager mode.
+:mod:`rnn_ablations.kernels.cuda_recurrence` and :mod:`rnn_ablations.kernels.cuda_graphs` call), and, as
+:class:`rnn_ablations.kernels.ops.CpuKernel` does, calls the implementation directly in plain eager mode.
 ``persistent_plan`` (a question about a shape, not a computation) stays the module's own.
 """
 from __future__ import annotations
@@ -143,7 +143,7 @@ def register_cuda(raw) -> bool:
 class CudaKernel:
     """``rnn_ablations._C_cuda`` with its computing entry points routed through the operators
     (same names, same arguments); everything else (``persistent_plan``, …) is the module's own.
-    A plain eager call runs the implementation directly (:func:`rnn_ablations.ops._plain_eager`);
+    A plain eager call runs the implementation directly (:func:`rnn_ablations.kernels.ops._plain_eager`);
     every other call goes through the operator, so what traces or intercepts operators
     (``torch.compile``, ``torch.export``, a ``TorchDispatchMode``) sees it.  Where the
     operators could not be registered (no CPU kernel in this process) every call goes to the

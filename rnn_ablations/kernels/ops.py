@@ -6,7 +6,7 @@ running it, and the CPU implementation.  Through the dispatcher the kernels are 
 operators to PyTorch: ``torch.compile(fullgraph=True)`` and ``torch.export`` trace them (with
 their fake kernels), a ``TorchDispatchMode`` or ``FlopCounterMode`` sees them, and
 ``torch.library.opcheck`` checks them.  Their gradients stay where they were written: the
-autograd Functions of :mod:`rnn_ablations.kernel_autograd` call the forward and backward
+autograd Functions of :mod:`rnn_ablations.kernels.autograd` call the forward and backward
 operators (so saved-tensor hooks see what they save).
 
 The interface, once (one layer; T steps, B rows, H units, R recurrent and X input-only blocks of
@@ -380,7 +380,7 @@ def _plain_eager(first: Tensor) -> bool:
 class _Direct:
     """The operators' implementations called without the dispatcher (same functions, same
     results), for the plain eager calls of :class:`CpuKernel` (and of
-    :class:`rnn_ablations.ops_cuda.CudaKernel`, with its own table)."""
+    :class:`rnn_ablations.kernels.ops_cuda.CudaKernel`, with its own table)."""
 
     def __init__(self, implementations):
         self._implementations = implementations

@@ -43,7 +43,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .settings import get_options, options, process_options, set_options
+from ..settings import get_options, options, process_options, set_options
 
 __all__ = ["set_cuda_graphs", "get_cuda_graphs", "use_cuda_graphs", "graph_stats",
            "clear_graphs", "GraphedKernel", "CAPTURE_AFTER"]

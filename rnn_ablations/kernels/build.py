@@ -3,7 +3,7 @@
 * at install time by ``setup.py``, when torch can be imported in the build environment (``pip
   install --no-build-isolation .``, ``scripts/setup.sh``); the module then records the torch
   version it was compiled against (``_C.torch_version``);
-* on first use by :mod:`rnn_ablations._kernel_loader` otherwise (a plain ``pip install .``, whose
+* on first use by :mod:`rnn_ablations.kernels.loader` otherwise (a plain ``pip install .``, whose
   isolated build environment has no torch, or a torch upgraded after the install): this file is
   then run as a script, in a subprocess, to compile the kernel into a cache directory.
 
@@ -27,7 +27,8 @@ import platform
 import sys
 from typing import Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+#: the package folder (``rnn_ablations/``), which holds ``csrc/`` and the installed module
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(HERE, "csrc")
 
 

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from . import backend
-from .functional import generic_layer, projection_bias
+from ..functional import generic_layer, projection_bias
 
 
 def _or_empty(t: Optional[torch.Tensor], ref: torch.Tensor) -> torch.Tensor:

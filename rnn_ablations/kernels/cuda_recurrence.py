@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from . import backend, cuda_graphs
-from .settings import CUDA_RECURRENCES, get_options, options, set_options
+from ..settings import CUDA_RECURRENCES, get_options, options, set_options
 
 __all__ = ["set_cuda_recurrence", "get_cuda_recurrence", "use_cuda_recurrence",
            "RECURRENCES", "persistent_stats", "PersistentKernel", "select"]

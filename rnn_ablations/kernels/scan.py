@@ -32,8 +32,8 @@ import torch
 
 from . import backend as _backend
 from .projection import _dnnl_linear
-from .functional import generic_layer, reversal_index
-from .variants import Variant
+from ..functional import generic_layer, reversal_index
+from ..variants import Variant
 
 __all__ = ["scan_applies", "scan_kernel_available", "scan_layer", "fused_scan_layer"]
 
@@ -54,7 +54,7 @@ def scan_applies(variant: Variant) -> bool:
 
 def scan_kernel_available(device: str = "cpu") -> bool:
     """True when the compiled scan kernel for ``device`` ("cpu" or "cuda") is loaded (the modules
-    the loader accepted, :func:`rnn_ablations.backend.kernels`)."""
+    the loader accepted, :func:`rnn_ablations.kernels.backend.kernels`)."""
     got = _backend.kernels()
     return got.cpu_scan if device == "cpu" else got.cuda_scan
 
