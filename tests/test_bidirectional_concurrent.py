@@ -1,6 +1,6 @@
 """Both directions of a bidirectional layer at once: the CPU kernel's concurrent
-directions path (the runners ``cpu_plain_pair`` / ``cpu_pipelined_pair`` → ``_C.forward_directions`` /
-``_C.backward_directions``, one direction per thread) against the float64 generic path and
+directions path (the runners ``cpu_plain_pair`` / ``cpu_pipelined_pair`` → ``_C.plain_directions_forward`` /
+``_C.plain_directions_backward``, one direction per thread) against the float64 generic path and
 against the directions run one after the other, with 1 and 2 threads: outputs, final states and
 gradients, padded (lengths, mask, PackedSequence) and unpadded, with and without highway, with
 ``hx``, recurrent dropout, under ``no_grad`` / ``inference_mode`` and ``create_graph``."""
@@ -55,8 +55,8 @@ class CountingKernel:
 
     def __init__(self, ext):
         self.ext = ext
-        self.calls = {"forward_directions": 0, "backward_directions": 0,
-                      "pipelined_forward_directions": 0, "pipelined_backward_directions": 0}
+        self.calls = {"plain_directions_forward": 0, "plain_directions_backward": 0,
+                      "pipelined_directions_forward": 0, "pipelined_directions_backward": 0}
 
     def __getattr__(self, name):
         fn = getattr(self.ext, name)
@@ -71,8 +71,8 @@ class CountingKernel:
 
 @pytest.fixture
 def counting(monkeypatch):
-    kernel = CountingKernel(ra.backend._C)
-    monkeypatch.setattr(ra.backend, "_C", kernel)
+    kernel = CountingKernel(ra.kernels.backend._C)
+    monkeypatch.setattr(ra.kernels.backend, "_C", kernel)
     return kernel
 
 
@@ -142,7 +142,7 @@ def test_float32_concurrent_equals_sequential(variant, isa):
 
 
 def _forwards(counting):
-    return counting.calls["forward_directions"] + counting.calls["pipelined_forward_directions"]
+    return counting.calls["plain_directions_forward"] + counting.calls["pipelined_directions_forward"]
 
 
 def test_auto_policy(counting, monkeypatch):
@@ -158,7 +158,7 @@ def test_auto_policy(counting, monkeypatch):
         with threads(2), use_concurrent_directions("never"):
             m(x)
         assert _forwards(counting) == 2
-    assert counting.calls["pipelined_forward_directions"] == 2  # T = 6, training: pipelined
+    assert counting.calls["pipelined_directions_forward"] == 2  # T = 6, training: pipelined
     torch.testing.assert_close(one, two)
     # more threads: concurrently while a step's GEMM is small (below the split threshold)
     with threads(3), use_backend("kernel"), torch.no_grad():
@@ -247,7 +247,7 @@ def test_inference_saves_nothing(variant, mode, counting, monkeypatch):
                 assert out.is_inference()
             _assert_all_close([out, h, c], [want[0], *want[1]])
     # the bidirectional model, concurrent: two layers, each form once
-    assert counting.calls["forward_directions"] == counting.calls["pipelined_forward_directions"] == 2
+    assert counting.calls["plain_directions_forward"] == counting.calls["pipelined_directions_forward"] == 2
 
 
 def test_create_graph_second_derivatives():
@@ -293,13 +293,13 @@ def test_directions_entry_point_checks_its_lists():
     e = torch.empty(0, dtype=torch.float64)
     spec = get_variant("ran").kernel_spec
     with pytest.raises(RuntimeError, match="w_hh must be a list of one tensor per direction"):
-        _C.forward_directions(spec, False, [proj, proj], [w], [h, h], [h, h], bs, [e, e], False)
+        _C.plain_directions_forward(spec, False, [proj, proj], [w], [h, h], [h, h], bs, [e, e], False)
     with pytest.raises(RuntimeError, match="the directions must have the same shapes"):
-        _C.forward_directions(spec, False, [proj, proj[:2]], [w, w], [h, h], [h, h], bs, [e, e],
+        _C.plain_directions_forward(spec, False, [proj, proj[:2]], [w, w], [h, h], [h, h], bs, [e, e],
                               False)
     # an error inside one direction (bad h0) is raised after the parallel region, not lost
     with threads(2), pytest.raises(RuntimeError, match="h0/c0 must be contiguous"):
-        _C.forward_directions(spec, False, [proj, proj.clone()], [w, w],
+        _C.plain_directions_forward(spec, False, [proj, proj.clone()], [w, w],
                               [h, torch.zeros(2, 3, dtype=torch.float64)], [h, h], bs, [e, e],
                               False)
 
@@ -324,7 +324,7 @@ def test_cpu_autocast_keeps_the_sequential_way(counting):
     for mode in ("auto", "never"):
         with threads(2), use_concurrent_directions(mode), torch.autocast("cpu", torch.bfloat16):
             results.append(m(x)[0])
-    assert counting.calls["forward_directions"] == 0
+    assert counting.calls["plain_directions_forward"] == 0
     torch.testing.assert_close(results[0], results[1])
 
 

@@ -96,7 +96,7 @@ class _FakeGraphs:
         return outs
 
     class Ext:
-        def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
+        def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
             outs = [torch.empty_like(proj) for _ in range(6)]
 
             def compute():
@@ -104,7 +104,7 @@ class _FakeGraphs:
                     o.copy_(proj * (i + 1) + w_hh.sum() + h0.sum() - c0.sum() + spec)
             return _FakeGraphs.op(outs, compute)
 
-        def backward(self, spec, highway, *tensors):
+        def plain_backward(self, spec, highway, *tensors):
             g_out, gates, proj, w_hh = tensors[0], tensors[3], tensors[7], tensors[8]
             outs = [torch.empty_like(g_out) for _ in range(4)]
 
@@ -127,8 +127,8 @@ def test_graph_bookkeeping_with_fake_graphs(monkeypatch):
         for keep_hin in (True, False):
             for _ in range(4):
                 args = [torch.randn(3, 3, 4), torch.randn(4, 4), torch.randn(3, 4), torch.randn(3, 4)]
-                got = gk.forward(1, False, *args, bs, empty, keep_hin)
-                want = ext.forward(1, False, *args, bs, empty, keep_hin)
+                got = gk.plain_forward(1, False, *args, bs, empty, keep_hin)
+                want = ext.plain_forward(1, False, *args, bs, empty, keep_hin)
                 n = 6 if keep_hin else 3
                 assert len(got) == 6
                 for a, b in zip(got[:n], want[:n]):
@@ -140,11 +140,11 @@ def test_graph_bookkeeping_with_fake_graphs(monkeypatch):
         assert (stats["captures"], stats["replays"], stats["eager"]) == (2, 6, 2), stats
         for _ in range(3):
             ts = [torch.randn(3, 3, 4) for _ in range(12)]
-            got = gk.backward(1, False, *ts[:11], bs, ts[11])
-            for a, b in zip(got, ext.backward(1, False, *ts[:11], bs, ts[11])):
+            got = gk.plain_backward(1, False, *ts[:11], bs, ts[11])
+            for a, b in zip(got, ext.plain_backward(1, False, *ts[:11], bs, ts[11])):
                 assert torch.equal(a, b)
         assert cuda_graphs.graph_stats()["captures"] == 3
-        gk.forward(1, False, *args, torch.tensor([3, 2, 1]), empty, True)  # a new key
+        gk.plain_forward(1, False, *args, torch.tensor([3, 2, 1]), empty, True)  # a new key
         assert cuda_graphs.graph_stats()["eager"] == 4
 
         class Failing(_FakeGraphs.Graph):
@@ -155,8 +155,8 @@ def test_graph_bookkeeping_with_fake_graphs(monkeypatch):
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Failing)
         with pytest.warns(UserWarning, match="CUDA graph capture failed"):
             for _ in range(3):
-                got = gk.forward(2, True, *args, bs, empty, True)
-                for a, b in zip(got, ext.forward(2, True, *args, bs, empty, True)):
+                got = gk.plain_forward(2, True, *args, bs, empty, True)
+                for a, b in zip(got, ext.plain_forward(2, True, *args, bs, empty, True)):
                     assert torch.equal(a, b)
         stats = cuda_graphs.graph_stats()
         assert stats["failed"] == 1 and stats["eager"] == 7, stats
@@ -641,7 +641,7 @@ class _FakePersistentExt:
         self.calls.append(("persistent_forward",) + args)
         return "persistent result"
 
-    def backward(self, *args):
+    def plain_backward(self, *args):
         self.calls.append(("backward",) + args)
         return "step backward"
 
@@ -676,18 +676,18 @@ def test_cuda_recurrence_selection(monkeypatch):
     assert isinstance(ext, cuda_recurrence.PersistentKernel)
     assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, False)
     before = cuda_recurrence.persistent_stats()["persistent_forward"]
-    assert ext.forward(v.kernel_spec, True, "p", "w", "h", "c", "bs", "m", True) == \
+    assert ext.plain_forward(v.kernel_spec, True, "p", "w", "h", "c", "bs", "m", True) == \
         "persistent result"
     assert fake.calls[-1] == ("persistent_forward", v.kernel_spec, True, "p", "w", "h", "c",
                               "bs", "m", True, 3, 0)
     assert cuda_recurrence.persistent_stats()["persistent_forward"] == before + 1
-    assert ext.backward(1, 2, 3) == "step backward"
+    assert ext.plain_backward(1, 2, 3) == "step backward"
     ext_b = select(cuda_recurrence="persistent", persistent_blocks=3, persistent_backward=True,
                    cuda_graphs=False)
     assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, True)
-    assert ext_b is not ext and ext_b.backward(1, 2) == "persistent backward"
+    assert ext_b is not ext and ext_b.plain_backward(1, 2) == "persistent backward"
     assert fake.calls[-1] == ("persistent_backward", 1, 2, 3, 0)
-    assert ext.backward(1, 2, 3) == "step backward"  # chosen at the forward, kept
+    assert ext.plain_backward(1, 2, 3) == "step backward"  # chosen at the forward, kept
     graphed = select(cuda_recurrence="persistent", persistent_blocks=3, persistent_backward=True,
                      cuda_graphs=True)
     assert isinstance(graphed, cuda_graphs.GraphedKernel)
@@ -723,8 +723,8 @@ def test_graph_keys_separate_kernels(monkeypatch):
             for tag, gk in kernels.items():
                 args = [torch.randn(2, 2, 4), torch.randn(4, 4), torch.randn(2, 4),
                         torch.randn(2, 4)]
-                got = gk.forward(1, False, *args, bs, empty, True)
-                want = exts[tag].forward(1, False, *args, bs, empty, True)
+                got = gk.plain_forward(1, False, *args, bs, empty, True)
+                want = exts[tag].plain_forward(1, False, *args, bs, empty, True)
                 for a, b in zip(got, want):
                     assert torch.equal(a, b), tag
         assert cuda_graphs.graph_stats()["captures"] == 2
@@ -827,13 +827,13 @@ def test_persistent_backward_equals_step_backward(variant, highway):
     proj = torch.nn.functional.linear(t["x"], t["w_ih"], pbias).contiguous()
     c0 = t["c0"] if v.has_memory else t["h0"]
     bs = torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 0, 0])
-    out, h_n, c_n, gates, cs, hin = ext.forward(v.kernel_spec, highway, proj.clone(), t["w_hh"],
+    out, h_n, c_n, gates, cs, hin = ext.plain_forward(v.kernel_spec, highway, proj.clone(), t["w_hh"],
                                                 t["h0"], c0, bs, t["mask"], True)
     g = torch.Generator(device="cuda").manual_seed(5)
     grads = [torch.randn(x.shape, device="cuda", generator=g) for x in (out, h_n, c_n)]
     args = (v.kernel_spec, highway, *grads, gates, cs, hin, out, proj, t["w_hh"], t["h0"], c0,
             bs, t["mask"])
-    want = ext.backward(*args)
+    want = ext.plain_backward(*args)
     for blocks, tile in PERSISTENT_CONFIGS.values():
         got = ext.persistent_backward(*args, blocks, tile)
         for name, a, b in zip(["dproj", "dw_hh", "dh0", "dc0"], got, want):
@@ -855,7 +855,7 @@ def test_persistent_saves_what_the_step_kernel_saves(variant, highway):
     c0 = t["c0"] if v.has_memory else t["h0"]
     bs = torch.tensor([6, 6, 5, 5, 5, 4, 4, 3, 3, 2, 2, 0, 0])  # the last two steps: no row
     args = (v.kernel_spec, highway, proj, t["w_hh"], t["h0"], c0, bs, t["mask"])
-    want = ext.forward(*args, True)
+    want = ext.plain_forward(*args, True)
     for blocks, tile in PERSISTENT_CONFIGS.values():
         got = ext.persistent_forward(*args, True, blocks, tile)
         for i, name in enumerate(["out", "h_n", "c_n"]):

@@ -28,19 +28,19 @@ def test_entry_points_refuse_unknown_kernel_specs():
     for spec in (-1, 0, 3, 6, 99, RAN & 0xFF, RAN | (1 << 20), RAN | (1 << 6)):
         proj, w_hh, h0, c0, bs = _plain_args("ran", False, 3, 2, 4)
         with pytest.raises(RuntimeError, match=f"unknown kernel spec {spec} .*Variant.kernel_spec"):
-            _C.forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
+            _C.plain_forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
         x, w_ih = torch.randn(3, 2, 5, dtype=torch.float64), torch.randn(12, 5, dtype=torch.float64)
         with pytest.raises(RuntimeError, match=f"unknown kernel spec {spec}"):
-            _C.fused_forward(spec, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
+            _C.pipelined_forward(spec, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
     # LSTM − S-RNN − HIDDEN's spec is a valid one, but its gates read no h_{t-1}: the step entry
     # points send it to the scan
     mh = get_variant("lstm_minus_srnn_minus_hidden")
     assert not mh.has_step_kernel
     proj, w_hh, h0, c0, bs = _plain_args("ran", False, 3, 2, 4)
     with pytest.raises(RuntimeError, match=f"kernel spec {mh.kernel_spec} .*has no step kernel.*scan"):
-        _C.forward(mh.kernel_spec, False, proj, w_hh, h0, c0, bs, e, True)
+        _C.plain_forward(mh.kernel_spec, False, proj, w_hh, h0, c0, bs, e, True)
     with pytest.raises(RuntimeError, match=f"kernel spec {mh.kernel_spec} .*has no step kernel"):
-        _C.fused_forward(mh.kernel_spec, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
+        _C.pipelined_forward(mh.kernel_spec, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
     # combinations the kernels do not implement are refused with what to do
     srnn, lstm = get_variant("srnn").kernel_spec, get_variant("lstm").kernel_spec
     for spec, message in ((srnn | 0x10, "output rule 'content' needs a cell without memory"),
@@ -48,16 +48,16 @@ def test_entry_points_refuse_unknown_kernel_specs():
                           (srnn | 0x4, "no recurrence at all"),
                           (RAN | 0x8, "input-only content with tanh")):
         with pytest.raises(RuntimeError, match=message):
-            _C.forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
+            _C.plain_forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
     # a valid spec whose block layout does not match the tensors (lstm needs 4 blocks, not 2+1)
     with pytest.raises(RuntimeError, match="needs 4 recurrent and 0 input-only blocks"):
-        _C.forward(lstm, False, proj, w_hh, h0, c0, bs, e, True)
-    out, h_n, c_n, gates, cs, hin = _C.forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
+        _C.plain_forward(lstm, False, proj, w_hh, h0, c0, bs, e, True)
+    out, h_n, c_n, gates, cs, hin = _C.plain_forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
     g = torch.ones_like(out)
     for spec in (-1, 5, mh.kernel_spec, lstm):
         with pytest.raises(RuntimeError, match="unknown kernel spec|needs 4 recurrent|no step "
                                                "kernel"):
-            _C.backward(spec, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0, bs, e)
+            _C.plain_backward(spec, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0, bs, e)
 
 def test_entry_points_check_sizes():
     from rnn_ablations import _C
@@ -65,14 +65,14 @@ def test_entry_points_check_sizes():
     proj, w_hh, h0, c0, bs = _plain_args("ran", False, 3, 2, 4)
     # H = 0 was a division by zero (w_hh.size(0) % w_hh.size(1))
     with pytest.raises(RuntimeError, match="H > 0"):
-        _C.forward(RAN, False, torch.randn(3, 2, 0, dtype=torch.float64),
+        _C.plain_forward(RAN, False, torch.randn(3, 2, 0, dtype=torch.float64),
                    torch.empty(0, 0, dtype=torch.float64), h0[:, :0], c0[:, :0], bs, e, True)
     x = torch.randn(3, 2, 5, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="H > 0"):
-        _C.fused_forward(RAN, False, x, torch.empty(0, 5, dtype=torch.float64), e,
+        _C.pipelined_forward(RAN, False, x, torch.empty(0, 5, dtype=torch.float64), e,
                          torch.empty(0, 0, dtype=torch.float64), h0[:, :0], c0[:, :0], bs, e,
                          True, 0)
-    out, h_n, c_n, gates, cs, hin = _C.forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
+    out, h_n, c_n, gates, cs, hin = _C.plain_forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
     g = torch.ones_like(out)
     bad = {"grad_out": (torch.ones(3, 1, 4, dtype=torch.float64), "grad_out must have shape"),
            "grad_hn": (torch.ones(1, 4, dtype=torch.float64), "grad_hn must have shape"),
@@ -82,21 +82,21 @@ def test_entry_points_check_sizes():
         args = dict(grad_out=g, grad_hn=h_n, grad_cn=c_n, gates=gates, cs=cs)
         args[name] = value
         with pytest.raises(RuntimeError, match=message):
-            _C.backward(RAN, False, args["grad_out"], args["grad_hn"], h_n, args["gates"],
+            _C.plain_backward(RAN, False, args["grad_out"], args["grad_hn"], h_n, args["gates"],
                         args["cs"], hin, out, proj, w_hh, h0, c0, bs, e)
     with pytest.raises(RuntimeError, match="batch_sizes"):
-        _C.backward(RAN, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0,
+        _C.plain_backward(RAN, False, g, h_n, c_n, gates, cs, hin, out, proj, w_hh, h0, c0,
                     torch.tensor([2, 3, 1]), e)
     p2, w2, _, _, _ = _plain_args("ran", True, 3, 2, 4)
-    o2, hn2, cn2, g2, cs2, hin2 = _C.forward(RAN, True, p2.clone(), w2, h0, c0, bs, e, True)
+    o2, hn2, cn2, g2, cs2, hin2 = _C.plain_forward(RAN, True, p2.clone(), w2, h0, c0, bs, e, True)
     with pytest.raises(RuntimeError, match="hin \\(highway inputs\\)"):  # highway without hin
-        _C.backward(RAN, True, torch.ones_like(o2), hn2, cn2, g2, cs2, e, o2, p2, w2, h0, c0,
+        _C.plain_backward(RAN, True, torch.ones_like(o2), hn2, cn2, g2, cs2, e, o2, p2, w2, h0, c0,
                     bs, e)
     # an inference forward (keep_hin=False) keeps no memories and no hin: the backward says so
-    o3, hn3, cn3, g3, cs3, hin3 = _C.forward(RAN, True, p2.clone(), w2, h0, c0, bs, e, False)
+    o3, hn3, cn3, g3, cs3, hin3 = _C.plain_forward(RAN, True, p2.clone(), w2, h0, c0, bs, e, False)
     assert cs3.numel() == 0 and hin3.numel() == 0
     with pytest.raises(RuntimeError, match="inference \\(keep_hin=False\\) and kept nothing"):
-        _C.backward(RAN, True, torch.ones_like(o3), hn3, cn3, g3, cs3, hin3, o3, p2, w2, h0, c0,
+        _C.plain_backward(RAN, True, torch.ones_like(o3), hn3, cn3, g3, cs3, hin3, o3, p2, w2, h0, c0,
                     bs, e)
 
 @pytest.mark.parametrize("T,B", [(0, 3), (4, 0), (0, 0), (2, 0)])
@@ -107,19 +107,19 @@ def test_entry_points_on_empty_sizes(T, B):
     e = torch.empty(0, dtype=torch.float64)
     H, D = 3, 5
     proj, w_hh, h0, c0, bs = _plain_args("ran", False, T, B, H)
-    out, h_n, c_n, gates, cs, hin = _C.forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
+    out, h_n, c_n, gates, cs, hin = _C.plain_forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, e, True)
     assert out.shape == (T, B, H) and h_n.shape == (B, H)
-    dproj, dw, dh0, dc0 = _C.backward(RAN, False, torch.ones_like(out), h_n, c_n, gates, cs, hin,
+    dproj, dw, dh0, dc0 = _C.plain_backward(RAN, False, torch.ones_like(out), h_n, c_n, gates, cs, hin,
                                       out, proj, w_hh, h0, c0, bs, e)
     assert dproj.shape == proj.shape and dw.shape == w_hh.shape and not dw.any()
     x, w_ih = torch.randn(T, B, D, dtype=torch.float64), torch.randn(3 * H, D, dtype=torch.float64)
     b = torch.randn(2 * H, dtype=torch.float64)
     for chunk in (0, 1):
-        out, h_n, c_n, gates, cs, hin, xo = _C.fused_forward(RAN, False, x, w_ih, b, w_hh, h0, c0,
+        out, h_n, c_n, gates, cs, hin, xo = _C.pipelined_forward(RAN, False, x, w_ih, b, w_hh, h0, c0,
                                                              bs, e, True, chunk)
         assert out.shape == (T, B, H)
         for need_dx in (True, False):
-            dx, dw_ih, db, dw_hh, dh0, dc0 = _C.fused_backward(
+            dx, dw_ih, db, dw_hh, dh0, dc0 = _C.pipelined_backward(
                 RAN, False, torch.ones_like(out), h_n, c_n, gates, cs, hin, xo, out, x, w_ih, w_hh,
                 h0, c0, bs, e, need_dx, True, True, chunk)
             assert dw_ih.shape == w_ih.shape and dw_hh.shape == w_hh.shape and db.shape == b.shape
@@ -134,7 +134,7 @@ def test_entry_points_check_the_recurrent_dropout_mask():
     for mask, message in ((torch.ones(2, 4), "rec_mask must have dtype"),
                           (torch.ones(2, 3, dtype=torch.float64), "rec_mask must be contiguous")):
         with pytest.raises(RuntimeError, match=message):
-            _C.forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, mask, True)
+            _C.plain_forward(RAN, False, proj.clone(), w_hh, h0, c0, bs, mask, True)
         x, w_ih = torch.randn(3, 2, 5, dtype=torch.float64), torch.randn(12, 5, dtype=torch.float64)
         with pytest.raises(RuntimeError, match=message):
-            _C.fused_forward(RAN, False, x, w_ih, e, w_hh, h0, c0, bs, mask, True, 0)
+            _C.pipelined_forward(RAN, False, x, w_ih, e, w_hh, h0, c0, bs, mask, True, 0)

@@ -317,7 +317,7 @@ def test_nvrtc_host_step_loop_moves_its_pointers_with_the_steps(dtype, monkeypat
     w_hh = torch.randn(R * H, H, dtype=t)
     h0, c0 = torch.randn(B, H, dtype=t), torch.randn(B, H, dtype=t)
     bs = torch.tensor([3, 3, 2, 0])
-    out, h_n, c_n, gates, cs, hin = host.forward(v.kernel_spec, False, proj, w_hh, h0, c0, bs,
+    out, h_n, c_n, gates, cs, hin = host.plain_forward(v.kernel_spec, False, proj, w_hh, h0, c0, bs,
                                                  torch.empty(0), True)
     assert [r[0] for r in rec.launches] == ["step_forward"] * 3  # stops at the empty step
     for step, (_, grid, block, _, a) in enumerate(rec.launches):
@@ -328,7 +328,7 @@ def test_nvrtc_host_step_loop_moves_its_pointers_with_the_steps(dtype, monkeypat
         assert a[6] == (cs[step - 1].data_ptr() if step else 0) or step == 0
     assert gates.dtype == cs.dtype == (torch.float32 if dtype == "bfloat16" else t)
     rec.launches.clear()
-    d = host.backward(v.kernel_spec, False, torch.ones(T, B, H, dtype=t), torch.ones(B, H, dtype=t),
+    d = host.plain_backward(v.kernel_spec, False, torch.ones(T, B, H, dtype=t), torch.ones(B, H, dtype=t),
                       torch.ones(B, H, dtype=t), gates, cs, hin, out, proj, w_hh, h0, c0, bs,
                       torch.empty(0))
     assert [tuple(x.shape) for x in d] == [(T, B, R * H), (R * H, H), (B, H), (B, H)]

@@ -107,7 +107,7 @@ def test_forward_operators_give_the_same_results_twice_on_a_padded_batch(recorde
     """What a forward saves at the rows no step reaches is written, not left as it was in
     memory: two calls with the same inputs give the same bits in every result."""
     for name in ("plain_forward", "pipelined_forward", "pipelined_directions_forward",
-                 "pair_forward_", "plain_forward_", "scan_forward"):
+                 "plain_directions_forward_", "plain_forward_", "scan_forward"):
         func = getattr(torch.ops.rnn_ablations, name).default
         calls = [c for c in recorded[torch.ops.rnn_ablations.plain_forward_.default
                                      if name == "plain_forward" else func] if c[2]]

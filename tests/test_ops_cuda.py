@@ -53,7 +53,7 @@ with FakeTensorMode():
                     bs = torch.full((T,), B, dtype=torch.int64)
                     mask = torch.empty(0, **kw)
                     key = f"{v.name}/{dtype}/{train}/{highway}"
-                    plain = kernel.forward(v.kernel_spec, highway, proj, w_hh, h0, c0, bs, mask,
+                    plain = kernel.plain_forward(v.kernel_spec, highway, proj, w_hh, h0, c0, bs, mask,
                                            train)
                     pers = kernel.persistent_forward(v.kernel_spec, highway, proj, w_hh, h0, c0,
                                                      bs, mask, train, 0, 0)

@@ -107,31 +107,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("sources_digest") = RNN_ABLATIONS_SOURCES_DIGEST;
 #endif
   register_scan(m);
-  m.def("forward", &rnn_forward, py::call_guard<py::gil_scoped_release>(),
+  m.def("plain_forward", &plain_forward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: forward from the input projections; with in_place=True the "
         "recurrent blocks of proj become the returned gates (proj must be a scratch tensor)",
         py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
         py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
         py::arg("in_place") = false);
-  m.def("backward", &rnn_backward, py::call_guard<py::gil_scoped_release>(), "one layer, one direction: backward to the input projections");
-  m.def("forward_directions", &rnn_forward_directions, py::call_guard<py::gil_scoped_release>(),
-        "the directions of a bidirectional layer at once (one per thread): `forward` on the d-th "
+  m.def("plain_backward", &plain_backward, py::call_guard<py::gil_scoped_release>(), "one layer, one direction: backward to the input projections");
+  m.def("plain_directions_forward", &plain_directions_forward, py::call_guard<py::gil_scoped_release>(),
+        "the directions of a bidirectional layer at once (one per thread): `plain_forward` on the d-th "
         "entry of each list; returns one result list per direction",
         py::arg("spec"), py::arg("highway"), py::arg("proj"), py::arg("w_hh"), py::arg("h0"),
         py::arg("c0"), py::arg("batch_sizes"), py::arg("rec_mask"), py::arg("keep_hin"),
         py::arg("in_place") = false);
-  m.def("backward_directions", &rnn_backward_directions, py::call_guard<py::gil_scoped_release>(),
-        "the directions of a bidirectional layer at once (one per thread): `backward` on the "
+  m.def("plain_directions_backward", &plain_directions_backward, py::call_guard<py::gil_scoped_release>(),
+        "the directions of a bidirectional layer at once (one per thread): `plain_backward` on the "
         "d-th entry of each list; returns one result list per direction");
-  m.def("fused_forward_directions", &fused_forward_directions, py::call_guard<py::gil_scoped_release>(),
-        "the directions of a bidirectional layer at once (one per thread): `fused_forward` on "
+  m.def("pipelined_directions_forward", &pipelined_directions_forward, py::call_guard<py::gil_scoped_release>(),
+        "the directions of a bidirectional layer at once (one per thread): `pipelined_forward` on "
         "the d-th entry of each list; returns one result list per direction");
-  m.def("fused_backward_directions", &fused_backward_directions, py::call_guard<py::gil_scoped_release>(),
-        "the directions of a bidirectional layer at once (one per thread): `fused_backward` on "
+  m.def("pipelined_directions_backward", &pipelined_directions_backward, py::call_guard<py::gil_scoped_release>(),
+        "the directions of a bidirectional layer at once (one per thread): `pipelined_backward` on "
         "the d-th entry of each list; returns one result list per direction");
-  m.def("fused_forward", &fused_forward, py::call_guard<py::gil_scoped_release>(),
+  m.def("pipelined_forward", &pipelined_forward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: pipelined input projection + recurrence");
-  m.def("fused_backward", &fused_backward, py::call_guard<py::gil_scoped_release>(),
+  m.def("pipelined_backward", &pipelined_backward, py::call_guard<py::gil_scoped_release>(),
         "one layer, one direction: pipelined recurrence backward + input/weight gradients");
   m.def("packed_gemm", &packed_gemm_available,
         "whether the vector path in use has the packed step GEMM (float32; AVX2 + FMA or AVX-512)");

@@ -33,8 +33,8 @@ def _plain_forward(ext, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, ke
     :func:`input_projection`, which saves no output for its backward), so the CPU kernel may turn
     its recurrent blocks into the gate activations in place instead of copying them."""
     if ext is backend._C:
-        return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True)
-    return ext.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
+        return ext.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True)
+    return ext.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
 
 
 def _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask):
@@ -107,7 +107,7 @@ class _KernelLayer(torch.autograd.Function):
                 [w_hh if need[1] else None, h0 if need[2] else None, c0 if need[3] else None])
             return (dproj if need[0] else None, dw, dh0, dc0) + (None,) * 8
         g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
-        dproj, dw, dh0, dc0 = ctx.ext.backward(ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn,
+        dproj, dw, dh0, dc0 = ctx.ext.plain_backward(ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn,
                                                gates, cs, hin, out, proj, w_hh, h0, c0,
                                                batch_sizes, mask)
         return (dproj, dw, dh0, dc0) + (None,) * 8
@@ -160,8 +160,8 @@ _DIRECTION_ARGS = ("proj", "w_hh", "h0", "c0", "x", "w_ih", "pbias", "rec_mask")
 
 
 class _KernelDirections(torch.autograd.Function):
-    """Autograd wrapper of the CPU kernel's directions entry points (``_C.forward_directions`` /
-    ``_C.backward_directions``): the directions of a bidirectional layer submitted together, run
+    """Autograd wrapper of the CPU kernel's directions entry points (``_C.plain_directions_forward`` /
+    ``_C.plain_directions_backward``): the directions of a bidirectional layer submitted together, run
     concurrently (one per thread) in the forward and in the hand-written backward.  Direction
     ``d`` is :class:`_KernelLayer` on the ``d``-th group of :data:`_DIRECTION_ARGS` in ``flat``
     (``rec_mask`` may be ``None``); the outputs are ``(out, h_n, c_n)`` of every direction, in
@@ -174,7 +174,7 @@ class _KernelDirections(torch.autograd.Function):
         groups = [(g[0].detach(),) + tuple(g[1:])  # proj: as in _KernelLayer.forward
                   for g in (flat[i:i + k] for i in range(0, len(flat), k))]
         masks = [_or_empty(g[7], g[0]) for g in groups]
-        results = backend._C.forward_directions(
+        results = backend._C.plain_directions_forward(
             variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
             [g[2] for g in groups], [g[3] for g in groups], batch_sizes, masks, True, True)
         saved = []
@@ -205,7 +205,7 @@ class _KernelDirections(torch.autograd.Function):
                 result[3 + k * d:3 + k * d + 4] = [dproj if nd[0] else None, dw, dh0, dc0]
             return tuple(result)
         filled = [_incoming_grads(*g, p[3], p[6], p[7]) for g, p in zip(incoming, per)]
-        got = backend._C.backward_directions(
+        got = backend._C.plain_directions_backward(
             ctx.variant.kernel_spec, ctx.highway, *[[f[i] for f in filled] for i in range(3)],
             *[[p[i] for p in per] for i in range(8)], batch_sizes, [p[8] for p in per])
         for d, (dproj, dw, dh0, dc0) in enumerate(got):
@@ -220,8 +220,8 @@ _PIPELINED_DIRECTION_ARGS = ("x", "w_ih", "bias", "w_hh", "h0", "c0", "rec_mask"
 
 
 class _PipelinedDirections(torch.autograd.Function):
-    """Autograd wrapper of ``_C.pipelined_forward_directions`` /
-    ``_C.pipelined_backward_directions``:
+    """Autograd wrapper of ``_C.pipelined_directions_forward`` /
+    ``_C.pipelined_directions_backward``:
     the directions of a bidirectional layer at once, one per thread, each as
     :class:`_PipelinedLayer` on the ``d``-th group of :data:`_PIPELINED_DIRECTION_ARGS` in
     ``flat`` (``bias`` and ``rec_mask`` may be ``None``); the outputs are ``(out, h_n, c_n)`` of
@@ -232,7 +232,7 @@ class _PipelinedDirections(torch.autograd.Function):
         k = len(_PIPELINED_DIRECTION_ARGS)
         groups = [flat[i:i + k] for i in range(0, len(flat), k)]
         masks = [_or_empty(g[6], g[0]) for g in groups]
-        results = backend._C.pipelined_forward_directions(
+        results = backend._C.pipelined_directions_forward(
             variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
             [_or_empty(g[2], g[0]) for g in groups], [g[3] for g in groups],
             [g[4] for g in groups], [g[5] for g in groups], batch_sizes, masks, True, chunk)
@@ -270,7 +270,7 @@ class _PipelinedDirections(torch.autograd.Function):
         need_dx = any(need[k * d] for d in range(n))
         need_dw = any(need[k * d + 1] or need[k * d + 3] for d in range(n))
         need_bias = ctx.has_bias and any(need[k * d + 2] for d in range(n))
-        got = backend._C.pipelined_backward_directions(
+        got = backend._C.pipelined_directions_backward(
             ctx.variant.kernel_spec, ctx.highway, *[[f[i] for f in filled] for i in range(3)],
             *[[p[i] for p in per] for i in range(10)], batch_sizes, [p[10] for p in per],
             need_dx, need_dw, need_bias, ctx.chunk)
@@ -330,7 +330,7 @@ def plain_pair(variant, highway: bool, batch_sizes, flat):
         return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]
     k = len(_DIRECTION_ARGS)
     groups = [flat[i:i + k] for i in range(0, len(flat), k)]
-    results = backend._C.forward_directions(
+    results = backend._C.plain_directions_forward(
         variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
         [g[2] for g in groups], [g[3] for g in groups], batch_sizes,
         [_or_empty(g[7], g[0]) for g in groups], False, True)
@@ -346,7 +346,7 @@ def pipelined_pair(variant, highway: bool, batch_sizes, chunk: int, flat):
         return [tuple(outs[3 * d:3 * d + 3]) for d in range(n)]
     k = len(_PIPELINED_DIRECTION_ARGS)
     groups = [flat[i:i + k] for i in range(0, len(flat), k)]
-    results = backend._C.pipelined_forward_directions(
+    results = backend._C.pipelined_directions_forward(
         variant.kernel_spec, highway, [g[0] for g in groups], [g[1] for g in groups],
         [_or_empty(g[2], g[0]) for g in groups], [g[3] for g in groups],
         [g[4] for g in groups], [g[5] for g in groups], batch_sizes,

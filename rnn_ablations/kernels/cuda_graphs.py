@@ -163,12 +163,12 @@ class GraphedKernel:
         self.tag = tag  # in every key: kernels behind one entry-point name record apart
 
     # forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin)
-    def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
+    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
         tensors = (proj, w_hh, h0, c0, rec_mask)
         head = (self.tag, "forward", int(spec), bool(highway), bool(keep_hin))
 
         def call(p, w, h, c, m):
-            return self.ext.forward(spec, highway, p, w, h, c, batch_sizes, m, keep_hin)
+            return self.ext.plain_forward(spec, highway, p, w, h, c, batch_sizes, m, keep_hin)
 
         # keep_hin=False is the inference call (nothing saved for a backward): only out, h_n,
         # c_n are copied out of a replayed graph; gates, cs, hin come back empty
@@ -176,13 +176,13 @@ class GraphedKernel:
 
     # backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
     #          batch_sizes, rec_mask)
-    def backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
+    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
                  batch_sizes, rec_mask):
         tensors = (g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0, rec_mask)
         head = (self.tag, "backward", int(spec), bool(highway))
 
         def call(go, gh, gc, ga, cs_, hi, o, p, w, h, c, m):
-            return self.ext.backward(spec, highway, go, gh, gc, ga, cs_, hi, o, p, w, h, c,
+            return self.ext.plain_backward(spec, highway, go, gh, gc, ga, cs_, hi, o, p, w, h, c,
                                      batch_sizes, m)
 
         return _run(head, tensors, batch_sizes, call)

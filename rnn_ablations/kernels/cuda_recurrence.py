@@ -82,16 +82,16 @@ class PersistentKernel:
         self.ext, self.persistent_backward = ext, backward
         self.blocks, self.batch_tile = blocks, batch_tile
 
-    def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
+    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
         _calls["persistent_forward"] += 1
         return self.ext.persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
                                            rec_mask, keep_hin, self.blocks, self.batch_tile)
 
-    def backward(self, *args):
+    def plain_backward(self, *args):
         if self.persistent_backward:
             _calls["persistent_backward"] += 1
             return self.ext.persistent_backward(*args, self.blocks, self.batch_tile)
-        return self.ext.backward(*args)
+        return self.ext.plain_backward(*args)
 
 
 _modules = {}

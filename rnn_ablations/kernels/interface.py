@@ -22,12 +22,12 @@ __all__ = ["StepKernel", "ScanKernel", "PipelinedKernel"]
 class StepKernel(Protocol):
     """``plain_forward`` / ``plain_backward`` of ``ops.py``."""
 
-    def forward(self, spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
+    def plain_forward(self, spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
                 c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
                 keep_hin: bool) -> List[Tensor]:
         """→ out, h_n, c_n, gates, cs, hin."""
 
-    def backward(self, spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
+    def plain_backward(self, spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
                  gates: Tensor, cs: Tensor, hin: Tensor, out: Tensor, proj: Tensor, w_hh: Tensor,
                  h0: Tensor, c0: Tensor, batch_sizes: Tensor,
                  rec_mask: Tensor) -> List[Tensor]:
@@ -52,17 +52,17 @@ class ScanKernel(Protocol):
 @runtime_checkable
 class PipelinedKernel(Protocol):
     """The CPU kernel's entries that take the layer input (the projection inside) and the
-    directions of a bidirectional layer at once: ``pipelined_*``, ``pair_forward_`` /
-    ``directions_backward`` of ``ops.py``."""
+    directions of a bidirectional layer at once: ``pipelined_*``, ``plain_directions_forward_`` /
+    ``plain_directions_backward`` of ``ops.py``."""
 
     def pipelined_forward(self, *args) -> List[Tensor]: ...
 
     def pipelined_backward(self, *args) -> List[Tensor]: ...
 
-    def forward_directions(self, *args, **kwargs) -> List[List[Tensor]]: ...
+    def plain_directions_forward(self, *args, **kwargs) -> List[List[Tensor]]: ...
 
-    def backward_directions(self, *args) -> List[List[Tensor]]: ...
+    def plain_directions_backward(self, *args) -> List[List[Tensor]]: ...
 
-    def pipelined_forward_directions(self, *args) -> List[List[Tensor]]: ...
+    def pipelined_directions_forward(self, *args) -> List[List[Tensor]]: ...
 
-    def pipelined_backward_directions(self, *args) -> List[List[Tensor]]: ...
+    def pipelined_directions_backward(self, *args) -> List[List[Tensor]]: ...

@@ -34,10 +34,10 @@ operator                 arguments → results
                          h0, c0, batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk →
                          dx (empty unless need_dx), d_w_ih, d_bias (empty unless need_bias),
                          d_w_hh (both empty unless need_dw), d_h0, d_c0
-``pair_forward_``        ``plain_forward_`` of the two directions of a bidirectional layer at once
+``plain_directions_forward_``        ``plain_forward_`` of the two directions of a bidirectional layer at once
                          (one per thread): proj_0 and proj_1 (both mutated), the other tensors
                          as lists of two → the five results of each direction, flat
-``directions_backward``  ``plain_backward`` of the directions at once, on the d-th entry of each
+``plain_directions_backward``  ``plain_backward`` of the directions at once, on the d-th entry of each
                          list → the four results of every direction, flat
 ``pipelined_directions_forward`` / ``pipelined_directions_backward``: ``pipelined_forward`` /
                          ``pipelined_backward`` likewise (seven / six results per direction, flat)
@@ -65,7 +65,7 @@ __all__ = ["CpuKernel", "OPERATORS", "register"]
 
 #: The operators' names (``torch.ops.rnn_ablations.<name>``).
 OPERATORS = ("plain_forward", "plain_forward_", "plain_backward", "pipelined_forward",
-             "pipelined_backward", "pair_forward_", "directions_backward",
+             "pipelined_backward", "plain_directions_forward_", "plain_directions_backward",
              "pipelined_directions_forward", "pipelined_directions_backward", "scan_forward",
              "scan_backward", "weight_grad")
 
@@ -159,7 +159,7 @@ def register(raw) -> None:
     def plain_forward(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
                       c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
                       train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        out, h_n, c_n, gates, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0,
+        out, h_n, c_n, gates, cs, hin = raw.plain_forward(spec, highway, proj, w_hh, h0, c0,
                                                     batch_sizes, rec_mask, train, False)
         _fill_padding(batch_sizes, gates, cs, hin)
         return out, h_n, c_n, gates, cs, hin
@@ -172,7 +172,7 @@ def register(raw) -> None:
     def plain_forward_(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
                        c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
                        train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        out, h_n, c_n, _, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
+        out, h_n, c_n, _, cs, hin = raw.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
                                                 rec_mask, train, True)
         _fill_padding(batch_sizes, cs, hin)
         return out, h_n, c_n, cs, hin
@@ -187,7 +187,7 @@ def register(raw) -> None:
                        gates: Tensor, cs: Tensor, hin: Tensor, out: Tensor, proj: Tensor,
                        w_hh: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
                        rec_mask: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        return tuple(raw.backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj,
+        return tuple(raw.plain_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj,
                                   w_hh, h0, c0, batch_sizes, rec_mask))
 
     @plain_backward.register_fake
@@ -208,7 +208,7 @@ def register(raw) -> None:
                           w_hh: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
                           rec_mask: Tensor, train: bool, chunk: int
                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        r = raw.fused_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask,
+        r = raw.pipelined_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask,
                               train, chunk)
         _fill_padding(batch_sizes, *r[3:])
         return tuple(r)
@@ -233,7 +233,7 @@ def register(raw) -> None:
                            batch_sizes: Tensor, rec_mask: Tensor, need_dx: bool, need_dw: bool,
                            need_bias: bool, chunk: int
                            ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        return tuple(raw.fused_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo,
+        return tuple(raw.pipelined_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo,
                                         out, x, w_ih, w_hh, h0, c0, batch_sizes, rec_mask,
                                         need_dx, need_dw, need_bias, chunk))
 
@@ -243,21 +243,21 @@ def register(raw) -> None:
         return _pipelined_grads_fake(x, w_ih, w_hh, h0, c0, need_dx, need_dw, need_bias)
 
     # -- the directions of a bidirectional layer at once ------------------------------------
-    @_op("pair_forward_", ("proj_0", "proj_1"))
-    def pair_forward_(spec: int, highway: bool, proj_0: Tensor, proj_1: Tensor,
+    @_op("plain_directions_forward_", ("proj_0", "proj_1"))
+    def plain_directions_forward_(spec: int, highway: bool, proj_0: Tensor, proj_1: Tensor,
                       w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor],
                       batch_sizes: Tensor, rec_mask: List[Tensor], train: bool
                       ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
                                  Tensor, Tensor, Tensor, Tensor, Tensor]:
         # (a fixed tuple: functionalization does not take a list result from a mutating operator)
-        results = raw.forward_directions(spec, highway, [proj_0, proj_1], w_hh, h0, c0,
+        results = raw.plain_directions_forward(spec, highway, [proj_0, proj_1], w_hh, h0, c0,
                                          batch_sizes, rec_mask, train, True)
         for r in results:
             _fill_padding(batch_sizes, r[4], r[5])
         return tuple(t for out, h_n, c_n, _, cs, hin in results
                      for t in (out, h_n, c_n, cs, hin))
 
-    @pair_forward_.register_fake
+    @plain_directions_forward_.register_fake
     def _(spec, highway, proj_0, proj_1, w_hh, h0, c0, batch_sizes, rec_mask, train):
         flat = []
         for p, w, h in zip((proj_0, proj_1), w_hh, h0):
@@ -265,17 +265,17 @@ def register(raw) -> None:
             flat += [out, h_n, c_n, cs, hin]
         return tuple(flat)
 
-    @_op("directions_backward", ())
-    def directions_backward(spec: int, highway: bool, g_out: List[Tensor], g_hn: List[Tensor],
+    @_op("plain_directions_backward", ())
+    def plain_directions_backward(spec: int, highway: bool, g_out: List[Tensor], g_hn: List[Tensor],
                             g_cn: List[Tensor], gates: List[Tensor], cs: List[Tensor],
                             hin: List[Tensor], out: List[Tensor], proj: List[Tensor],
                             w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor],
                             batch_sizes: Tensor, rec_mask: List[Tensor]) -> List[Tensor]:
-        results = raw.backward_directions(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out,
+        results = raw.plain_directions_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out,
                                           proj, w_hh, h0, c0, batch_sizes, rec_mask)
         return [t for r in results for t in r]
 
-    @directions_backward.register_fake
+    @plain_directions_backward.register_fake
     def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
           batch_sizes, rec_mask):
         return [t.new_empty(t.shape) for p, w, h, c in zip(proj, w_hh, h0, c0)
@@ -287,7 +287,7 @@ def register(raw) -> None:
                                      h0: List[Tensor], c0: List[Tensor], batch_sizes: Tensor,
                                      rec_mask: List[Tensor], train: bool,
                                      chunk: int) -> List[Tensor]:
-        results = raw.fused_forward_directions(spec, highway, x, w_ih, bias, w_hh, h0, c0,
+        results = raw.pipelined_directions_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0,
                                                batch_sizes, rec_mask, train, chunk)
         for r in results:
             _fill_padding(batch_sizes, *r[3:])
@@ -306,7 +306,7 @@ def register(raw) -> None:
             w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor], batch_sizes: Tensor,
             rec_mask: List[Tensor], need_dx: bool, need_dw: bool, need_bias: bool,
             chunk: int) -> List[Tensor]:
-        results = raw.fused_backward_directions(spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
+        results = raw.pipelined_directions_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
                                                 xo, out, x, w_ih, w_hh, h0, c0, batch_sizes,
                                                 rec_mask, need_dx, need_dw, need_bias, chunk)
         return [t for r in results for t in r]
@@ -413,7 +413,7 @@ class CpuKernel:
     def __getattr__(self, name):
         return getattr(self.raw, name)
 
-    def forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
+    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
                 in_place=False):
         if in_place:
             # proj is a scratch tensor the caller hands over (it may be the view an autograd
@@ -425,7 +425,7 @@ class CpuKernel:
         return list(self._ops(proj).plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
                                             rec_mask, keep_hin))
 
-    def backward(self, *args):
+    def plain_backward(self, *args):
         return list(self._ops(args[2]).plain_backward(*args))
 
     def pipelined_forward(self, *args):
@@ -434,34 +434,34 @@ class CpuKernel:
     def pipelined_backward(self, *args):
         return list(self._ops(args[2]).pipelined_backward(*args))
 
-    def forward_directions(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
+    def plain_directions_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
                            keep_hin, in_place=False):
         if len(proj) != 2:
-            raise ValueError(f"forward_directions runs the two directions of a bidirectional "
+            raise ValueError(f"plain_directions_forward runs the two directions of a bidirectional "
                              f"layer; got {len(proj)} (run forward once per direction instead)")
         # the operator writes the gates into proj: copies, or the caller's scratch tensors
         proj = [p.clone() if not in_place else p.detach() for p in proj]
-        flat = self._ops(proj[0]).pair_forward_(spec, highway, proj[0], proj[1], list(w_hh),
+        flat = self._ops(proj[0]).plain_directions_forward_(spec, highway, proj[0], proj[1], list(w_hh),
                                                 list(h0), list(c0), batch_sizes, list(rec_mask),
                                                 keep_hin)
         return [[flat[5 * d], flat[5 * d + 1], flat[5 * d + 2],
                  p.narrow(2, 0, w.shape[0]), flat[5 * d + 3], flat[5 * d + 4]]
                 for d, (p, w) in enumerate(zip(proj, w_hh))]
 
-    def backward_directions(self, spec, highway, *lists):
+    def plain_directions_backward(self, spec, highway, *lists):
         *tensor_lists, batch_sizes, rec_mask = lists
-        flat = self._ops(tensor_lists[0][0]).directions_backward(
+        flat = self._ops(tensor_lists[0][0]).plain_directions_backward(
             spec, highway, *[list(t) for t in tensor_lists], batch_sizes, list(rec_mask))
         return _per_direction(flat, 4)
 
-    def pipelined_forward_directions(self, spec, highway, x, w_ih, bias, w_hh, h0, c0,
+    def pipelined_directions_forward(self, spec, highway, x, w_ih, bias, w_hh, h0, c0,
                                      batch_sizes, rec_mask, keep_hin, chunk):
         flat = self._ops(x[0]).pipelined_directions_forward(
             spec, highway, list(x), list(w_ih), list(bias), list(w_hh), list(h0), list(c0),
             batch_sizes, list(rec_mask), keep_hin, chunk)
         return _per_direction(flat, 7)
 
-    def pipelined_backward_directions(self, spec, highway, *args):
+    def pipelined_directions_backward(self, spec, highway, *args):
         lists, (batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk) = args[:13], args[13:]
         flat = self._ops(lists[0][0]).pipelined_directions_backward(
             spec, highway, *[list(t) for t in lists], batch_sizes, list(rec_mask), need_dx,

@@ -82,13 +82,13 @@ def register_cuda(raw) -> bool:
 
     @_kernel("plain_forward")
     def plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
-        out, h_n, c_n, gates, cs, hin = raw.forward(spec, highway, proj, w_hh, h0, c0,
+        out, h_n, c_n, gates, cs, hin = raw.plain_forward(spec, highway, proj, w_hh, h0, c0,
                                                     batch_sizes, rec_mask, train)
         return out, h_n, c_n, gates, _no_memory_unless(train, cs), hin
 
     @_kernel("plain_backward")
     def plain_backward(*args):
-        return tuple(raw.backward(*args))
+        return tuple(raw.plain_backward(*args))
 
     if hasattr(raw, "scan_forward"):
         @_kernel("scan_forward")
@@ -172,11 +172,11 @@ class CudaKernel:
         return list(getattr(route, operator)(*args))
 
     # the CUDA module's entry points (same arguments as the operators)
-    def forward(self, *args):  # spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train
-        return self._call("plain_forward", "forward", args)
+    def plain_forward(self, *args):  # spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train
+        return self._call("plain_forward", "plain_forward", args)
 
-    def backward(self, *args):
-        return self._call("plain_backward", "backward", args)
+    def plain_backward(self, *args):
+        return self._call("plain_backward", "plain_backward", args)
 
     def persistent_forward(self, *args):
         return self._call("persistent_forward", "persistent_forward", args)

@@ -53,7 +53,7 @@ void check_count(size_t got, size_t n, const char* name, const char* who) {
 
 }  // namespace
 
-std::vector<std::vector<at::Tensor>> rnn_forward_directions(
+std::vector<std::vector<at::Tensor>> plain_directions_forward(
     int64_t spec, bool highway, std::vector<at::Tensor> proj, std::vector<at::Tensor> w_hh,
     std::vector<at::Tensor> h0, std::vector<at::Tensor> c0, at::Tensor batch_sizes,
     std::vector<at::Tensor> rec_mask, bool keep_hin, bool in_place) {
@@ -70,13 +70,13 @@ std::vector<std::vector<at::Tensor>> rnn_forward_directions(
   }
   std::vector<std::vector<at::Tensor>> result(n);
   for_each_direction(static_cast<int64_t>(n), [&](int64_t d) {
-    result[d] = rnn_forward(spec, highway, proj[d], w_hh[d], h0[d], c0[d], batch_sizes,
+    result[d] = plain_forward(spec, highway, proj[d], w_hh[d], h0[d], c0[d], batch_sizes,
                             rec_mask[d], keep_hin, in_place);
   });
   return result;
 }
 
-std::vector<std::vector<at::Tensor>> rnn_backward_directions(
+std::vector<std::vector<at::Tensor>> plain_directions_backward(
     int64_t spec, bool highway, std::vector<at::Tensor> grad_out, std::vector<at::Tensor> grad_hn,
     std::vector<at::Tensor> grad_cn, std::vector<at::Tensor> gates, std::vector<at::Tensor> cs,
     std::vector<at::Tensor> hin, std::vector<at::Tensor> out, std::vector<at::Tensor> proj,
@@ -97,14 +97,14 @@ std::vector<std::vector<at::Tensor>> rnn_backward_directions(
     // The backward's ATen calls must not be recorded (the caller is autograd's backward, but
     // grad mode is per thread).
     at::NoGradGuard no_grad;
-    result[d] = rnn_backward(spec, highway, grad_out[d], grad_hn[d], grad_cn[d], gates[d], cs[d],
+    result[d] = plain_backward(spec, highway, grad_out[d], grad_hn[d], grad_cn[d], gates[d], cs[d],
                              hin[d], out[d], proj[d], w_hh[d], h0[d], c0[d], batch_sizes,
                              rec_mask[d]);
   });
   return result;
 }
 
-std::vector<std::vector<at::Tensor>> fused_forward_directions(
+std::vector<std::vector<at::Tensor>> pipelined_directions_forward(
     int64_t spec, bool highway, std::vector<at::Tensor> x, std::vector<at::Tensor> w_ih,
     std::vector<at::Tensor> bias, std::vector<at::Tensor> w_hh, std::vector<at::Tensor> h0,
     std::vector<at::Tensor> c0, at::Tensor batch_sizes, std::vector<at::Tensor> rec_mask,
@@ -126,13 +126,13 @@ std::vector<std::vector<at::Tensor>> fused_forward_directions(
   // other on its thread: the recurrence projects each chunk of steps just before it runs it.
   std::vector<std::vector<at::Tensor>> result(n);
   for_each_direction(static_cast<int64_t>(n), [&](int64_t d) {
-    result[d] = fused_forward(spec, highway, x[d], w_ih[d], bias[d], w_hh[d], h0[d], c0[d],
+    result[d] = pipelined_forward(spec, highway, x[d], w_ih[d], bias[d], w_hh[d], h0[d], c0[d],
                               batch_sizes, rec_mask[d], keep_hin, chunk);
   });
   return result;
 }
 
-std::vector<std::vector<at::Tensor>> fused_backward_directions(
+std::vector<std::vector<at::Tensor>> pipelined_directions_backward(
     int64_t spec, bool highway, std::vector<at::Tensor> grad_out, std::vector<at::Tensor> grad_hn,
     std::vector<at::Tensor> grad_cn, std::vector<at::Tensor> gates, std::vector<at::Tensor> cs,
     std::vector<at::Tensor> hin, std::vector<at::Tensor> xo, std::vector<at::Tensor> out,
@@ -154,7 +154,7 @@ std::vector<std::vector<at::Tensor>> fused_backward_directions(
   std::vector<std::vector<at::Tensor>> result(n);
   for_each_direction(static_cast<int64_t>(n), [&](int64_t d) {
     at::NoGradGuard no_grad;
-    result[d] = fused_backward(spec, highway, grad_out[d], grad_hn[d], grad_cn[d], gates[d],
+    result[d] = pipelined_backward(spec, highway, grad_out[d], grad_hn[d], grad_cn[d], gates[d],
                                cs[d], hin[d], xo[d], out[d], x[d], w_ih[d], w_hh[d], h0[d],
                                c0[d], batch_sizes, rec_mask[d], need_dx, need_dw, need_bias,
                                chunk);

@@ -45,7 +45,7 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& w_ih, const at::T
 
 }  // namespace
 
-std::vector<at::Tensor> fused_forward(int64_t spec, bool highway, at::Tensor x, at::Tensor w_ih,
+std::vector<at::Tensor> pipelined_forward(int64_t spec, bool highway, at::Tensor x, at::Tensor w_ih,
                                       at::Tensor bias, at::Tensor w_hh, at::Tensor h0,
                                       at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask,
                                       bool keep_hin, int64_t chunk) {
@@ -76,7 +76,7 @@ std::vector<at::Tensor> fused_forward(int64_t spec, bool highway, at::Tensor x, 
     }
   };
   Pipeline pipe(chunks);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rnn_ablations_fused_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rnn_ablations_pipelined_forward", [&] {
     auto recurrence = [&] {
       for (int64_t k = 0; k < chunks; ++k) {
         // make sure chunk k is projected: claim it if nobody has, else wait for role 1
@@ -113,7 +113,7 @@ std::vector<at::Tensor> fused_forward(int64_t spec, bool highway, at::Tensor x, 
           s.hin.defined() ? s.hin : at::empty({0}, x.options()), xo};
 }
 
-std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor grad_out,
+std::vector<at::Tensor> pipelined_backward(int64_t spec, bool highway, at::Tensor grad_out,
                                        at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
                                        at::Tensor cs, at::Tensor hin, at::Tensor xo, at::Tensor out,
                                        at::Tensor x, at::Tensor w_ih, at::Tensor w_hh,
@@ -191,7 +191,7 @@ std::vector<at::Tensor> fused_backward(int64_t spec, bool highway, at::Tensor gr
       do_task(q, role);
     }
   };
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rnn_ablations_fused_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rnn_ablations_pipelined_backward", [&] {
     auto recurrence = [&] {
       for (int64_t k = chunks - 1; k >= 0; --k) {
         const int64_t t0 = k * C, t1 = std::min(T, t0 + C);

@@ -31,7 +31,7 @@ at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in) {
 }
 
 
-std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh,
+std::vector<at::Tensor> plain_forward(int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh,
                                     at::Tensor h0, at::Tensor c0, at::Tensor batch_sizes,
                                     at::Tensor rec_mask, bool keep_hin, bool in_place) {
   const char* who = "rnn_ablations kernel";
@@ -63,7 +63,7 @@ std::vector<at::Tensor> rnn_forward(int64_t spec, bool highway, at::Tensor proj,
           s.hin.defined() ? s.hin : at::empty({0}, proj.options())};
 }
 
-std::vector<at::Tensor> rnn_backward(int64_t spec, bool highway, at::Tensor grad_out,
+std::vector<at::Tensor> plain_backward(int64_t spec, bool highway, at::Tensor grad_out,
                                      at::Tensor grad_hn, at::Tensor grad_cn, at::Tensor gates,
                                      at::Tensor cs, at::Tensor hin, at::Tensor out, at::Tensor proj,
                                      at::Tensor w_hh, at::Tensor h0, at::Tensor c0,

@@ -1,6 +1,6 @@
 // The CUDA step kernel's device code: one recurrent layer in one direction of every variant in
 // rnn_ablations/variants.py; the same function, layout and results as the plain CPU entry points
-// in cpu/layer_plain.cpp (rnn_forward / rnn_backward), which the generic path
+// in cpu/layer_plain.cpp (plain_forward / plain_backward), which the generic path
 // (rnn_ablations/functional.py) defines and the tests compare against.
 //
 // Per step the host (rnn_ablations/kernels/cuda/host.py) runs one cuBLAS GEMM of the active rows

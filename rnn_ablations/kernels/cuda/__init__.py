@@ -2,8 +2,8 @@
 ``rnn_ablations/csrc/cuda`` (no CUDA toolkit, no nvcc: a CUDA build of torch brings NVRTC), cached
 on disk, and launched through the CUDA driver API on torch's current stream.
 
-* :func:`load` -> ``(module, None)`` with the kernels' entry points (:mod:`.host`: ``forward``,
-  ``backward``, ``scan_forward``, ``scan_backward``, ``persistent_forward``,
+* :func:`load` -> ``(module, None)`` with the kernels' entry points (:mod:`.host`: ``plain_forward``,
+  ``plain_backward``, ``scan_forward``, ``scan_backward``, ``persistent_forward``,
   ``persistent_backward``, ``persistent_plan``, ``scan_abi``), or ``(None, reason)`` saying why
   the CUDA kernels are not in use (no CUDA in this torch, no visible device, no NVRTC, no driver,
   ``RNN_ABLATIONS_NO_KERNEL=1``).  Nothing is compiled here: each program (kernel x cell rules x

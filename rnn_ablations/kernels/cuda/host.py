@@ -29,7 +29,7 @@ from torch import Tensor
 from . import driver, structs
 from .programs import PARAMS, Program
 
-__all__ = ["forward", "backward", "scan_forward", "scan_backward", "persistent_forward",
+__all__ = ["plain_forward", "plain_backward", "scan_forward", "scan_backward", "persistent_forward",
            "persistent_backward", "persistent_plan", "SCAN_ABI", "pack"]
 
 #: the scan entry points' calling convention (rnn_ablations.kernels.backend.SCAN_ABI)
@@ -291,8 +291,8 @@ def _backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out, pr
 
 
 # ------------------------------------------------------------------------------ step kernel
-def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) -> List[Tensor]:
-    """-> [out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin], as rnn_forward (CPU);
+def plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) -> List[Tensor]:
+    """-> [out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin], as plain_forward (CPU);
     out, h_n, c_n in the input dtype; gates, cs, hin in the accumulation type."""
     who = "rnn_ablations CUDA kernel"
     bs, H, T, B, P, R, X, ks, has_mask = _forward_inputs(spec, highway, proj, w_hh, h0, c0,
@@ -340,9 +340,9 @@ def forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) 
             hin if hin is not None else torch.empty(0, dtype=acc, device=dev)]
 
 
-def backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
+def plain_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
              batch_sizes, rec_mask) -> List[Tensor]:
-    """-> [d_proj, d_w_hh, d_h0, d_c0], as rnn_backward (CPU); gates, cs, hin as the forward
+    """-> [d_proj, d_w_hh, d_h0, d_c0], as plain_backward (CPU); gates, cs, hin as the forward
     returned them (accumulation type)."""
     who = "rnn_ablations CUDA kernel (backward)"
     ks, bs, H, T, B, P, R = _backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
