@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 # (module, attribute) pairs; each attribute is a function add_subparser(subparsers) -> None
 SUBCOMMAND_MODULES = [
     "rnn_ablations.commands.configs",
+    "rnn_ablations.commands.variants",
     "rnn_ablations.commands.speed",
     "rnn_ablations.lm.cli",
     "rnn_ablations.visualize",

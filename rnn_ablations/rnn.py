@@ -165,6 +165,8 @@ class AblatedRNN(nn.Module):
         self.bidirectional = bidirectional
         self.highway = highway
         self.num_directions = 2 if bidirectional else 1
+        #: the variant's name, where ``nn.LSTM`` has ``mode = "LSTM"`` (code that reads an RNN's
+        #: ``mode`` to tell the cells apart sees which ablation this is)
         self.mode = self.variant.name
         rec, inp = self.variant.num_recurrent(highway), self.variant.num_input_only(highway)
         n_bias = self.variant.num_biased(highway)
