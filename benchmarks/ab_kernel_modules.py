@@ -1,5 +1,5 @@
 """A/B of two builds of the CPU kernel in ONE process: the plain kernel's forward
-(``_C.forward``: the step GEMM and the element-wise pass, no input projection), or with
+(``_C.plain_forward``: the step GEMM and the element-wise pass, no input projection), or with
 ``--kernel scan`` the element-wise scan's forward and backward, of the installed module against
 another compiled ``_C`` module (e.g. one built from an older commit), called in interleaved order
 so that machine load hits both alike.  Prints the median time of each, their ratio and the
@@ -48,9 +48,16 @@ def _load(path: str):
     spec = importlib.util.spec_from_loader(loader.name, loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
-    if not hasattr(module, "forward"):
-        raise SystemExit(f"--other {path!r} has no forward entry point: not an rnn_ablations _C")
+    if _plain_forward(module) is None:
+        raise SystemExit(f"--other {path!r} has no plain_forward (or older: forward) entry point: "
+                         "not an rnn_ablations _C")
     return module
+
+
+def _plain_forward(module):
+    """The plain step kernel's forward entry of ``module``: ``plain_forward``, or ``forward`` in a
+    module built from sources older than that name."""
+    return getattr(module, "plain_forward", None) or getattr(module, "forward", None)
 
 
 def step_calls(dtype):
@@ -66,8 +73,8 @@ def step_calls(dtype):
         empty = torch.empty(0, dtype=dtype)
 
         def run(module, v=v, proj0=proj0, w=w, h0=h0, bs=bs, empty=empty):
-            return [module.forward(v.kernel_spec, False, proj0.clone(), w, h0, h0, bs, empty,
-                                   False, True)[0]]
+            return [_plain_forward(module)(v.kernel_spec, False, proj0.clone(), w, h0, h0, bs,
+                                           empty, False, True)[0]]
 
         yield f"{variant:5s} H={hidden:4d} B={batch:3d} T={steps:4d}", run
 

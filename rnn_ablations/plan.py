@@ -77,7 +77,7 @@ class LayerCall(NamedTuple):
     needs_grad: a gradient is wanted (grad mode on and an input requires it); threads: torch's
     intra-op threads; autocast_dtype: the autocast dtype on this device, ``None`` outside
     autocast; uniform: every direction's input and parameters have the same shapes, dtype and
-    device as the first (the concurrent and fused paths need it); scan_layout: the cell has a
+    device as the first (the concurrent directions and the one-node scan need it); scan_layout: the cell has a
     layout for the scan kernels (cells that read no h_{t-1})."""
 
     device: str
@@ -293,11 +293,11 @@ def _plan_scan(settings: Options, call: LayerCall, kernels: Kernels, policy: Pol
                             kernels.onednn, policy)
     if not call.scan_layout:
         return Plan("generic", "no scan layout for this cell", onednn=onednn)
-    fused_ok = (settings.backend != "generic" and not autocast and not empty and call.uniform
+    one_node = (settings.backend != "generic" and not autocast and not empty and call.uniform
                 and ((call.device == "cpu" and call.dtype in CPU_DTYPES and kernels.cpu_scan)
                      or (call.device == "cuda" and call.dtype in CUDA_DTYPES
                          and kernels.cuda_scan)))
-    if fused_ok:
+    if one_node:
         return Plan(call.device, f"the compiled {call.device.upper()} scan kernel, one node",
                     isa=kernels.isa if call.device == "cpu" else None, schedule="fused_scan",
                     onednn=onednn)

@@ -385,7 +385,7 @@ def run(args) -> int:
         meta["cuda_machine"] = cuda_info
     print(f"# speed vs torch.nn.LSTM ({meta['shapes']}; median of {args.repeats} interleaved rounds; "
           f"{args.clock} clock, {meta['threads']} thread(s))")
-    print(f"# machine: {meta['machine']}; fused kernel: {meta['kernel']}")
+    print(f"# machine: {meta['machine']}; kernel: {meta['kernel']}")
     # one shape at a time, the files rewritten after each (a run cut off by a time limit keeps
     # the rows it measured; the Markdown says which dtypes are complete)
     parts = ([([h], None) for h in args.hidden] if shapes is None

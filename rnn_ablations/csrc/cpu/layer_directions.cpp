@@ -9,7 +9,7 @@
 // Two forms, as for one direction: from the input projections (rnn_*_directions: the caller,
 // rnn_ablations/kernels/autograd.py, computes both directions' projections before, as large GEMMs
 // on all threads, and their input / w_ih gradients after), or from the layer input
-// (fused_*_directions: each direction's pipelined entry point, whose two roles then run one
+// (pipelined_directions_*: each direction's pipelined entry point, whose two roles then run one
 // after the other on the direction's thread, projecting each chunk of steps just before the
 // recurrence reaches it, and computing the input and weight gradients in the backward).
 

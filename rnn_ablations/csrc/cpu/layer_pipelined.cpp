@@ -21,7 +21,7 @@ using cpu::StepState;
 
 namespace {
 
-void check_fused_inputs(const at::Tensor& x, const at::Tensor& w_ih, const at::Tensor& bias,
+void check_pipelined_inputs(const at::Tensor& x, const at::Tensor& w_ih, const at::Tensor& bias,
                         const at::Tensor& w_hh, const at::Tensor& h0, const at::Tensor& c0,
                         const at::Tensor& batch_sizes) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(),
@@ -50,7 +50,7 @@ std::vector<at::Tensor> pipelined_forward(int64_t spec, bool highway, at::Tensor
                                       at::Tensor c0, at::Tensor batch_sizes, at::Tensor rec_mask,
                                       bool keep_hin, int64_t chunk) {
   const char* who = "rnn_ablations kernel";
-  check_fused_inputs(x, w_ih, bias, w_hh, h0, c0, batch_sizes);
+  check_pipelined_inputs(x, w_ih, bias, w_hh, h0, c0, batch_sizes);
   const int64_t T = x.size(0), B = x.size(1), D = x.size(2), P = w_ih.size(0);
   const LayerSizes z = cpu::layer_sizes(w_hh, P);
   const int64_t H = z.H, R = z.R, X = z.X, RH = R * H, XH = X * H;
