@@ -146,18 +146,6 @@ def test_only_the_listed_files_enumerate_the_rules():
                              f"{sorted(naming - listed)}"
 
 
-def _module_path(*names: str) -> Path:
-    """The file of the first importable module among ``names`` (the package's build code and
-    loader, wherever they live)."""
-    import importlib
-    for name in names:
-        try:
-            return Path(importlib.import_module(name).__file__).resolve()
-        except ImportError:
-            continue
-    raise AssertionError(f"none of {names} can be imported")
-
-
 def _env(copy: Path, cache: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(copy), str(TESTS)])
@@ -183,12 +171,9 @@ def recipe_copy(tmp_path_factory):
     copy = root / "src"
     shutil.copytree(ROOT / "rnn_ablations", copy / "rnn_ablations", ignore=_IGNORE)
     _apply(copy)
-    build = _module_path("rnn_ablations.kernels._build", "rnn_ablations._build")
-    loader = _module_path("rnn_ablations.kernels._kernel_loader", "rnn_ablations._kernel_loader")
-    pkg = ROOT / "rnn_ablations"
-    copy_build = copy / "rnn_ablations" / build.relative_to(pkg)
-    # the loader looks for the installed module in its own folder
-    out_dir = copy / "rnn_ablations" / loader.parent.relative_to(pkg)
+    copy_build = copy / "rnn_ablations" / "kernels" / "build.py"
+    # the loader (kernels/loader.py) looks for the installed module in the package's folder
+    out_dir = copy / "rnn_ablations"
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", _BUILD, str(copy_build), str(out_dir),
                            str(root / "build_temp")], cwd=root, env=_env(copy, root / "cache"),
