@@ -33,7 +33,8 @@ def _plain_forward(ext, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, ke
     :func:`input_projection`, which saves no output for its backward), so the CPU kernel may turn
     its recurrent blocks into the gate activations in place instead of copying them."""
     if ext is backend._C:
-        return ext.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin, True)
+        return ext.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin,
+                                 True)
     return ext.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin)
 
 
@@ -107,9 +108,9 @@ class _KernelLayer(torch.autograd.Function):
                 [w_hh if need[1] else None, h0 if need[2] else None, c0 if need[3] else None])
             return (dproj if need[0] else None, dw, dh0, dc0) + (None,) * 8
         g_out, g_hn, g_cn = _incoming_grads(g_out, g_hn, g_cn, out, h0, c0)
-        dproj, dw, dh0, dc0 = ctx.ext.plain_backward(ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn,
-                                               gates, cs, hin, out, proj, w_hh, h0, c0,
-                                               batch_sizes, mask)
+        dproj, dw, dh0, dc0 = ctx.ext.plain_backward(
+            ctx.variant.kernel_spec, ctx.highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj,
+            w_hh, h0, c0, batch_sizes, mask)
         return (dproj, dw, dh0, dc0) + (None,) * 8
 
 
@@ -160,9 +161,9 @@ _DIRECTION_ARGS = ("proj", "w_hh", "h0", "c0", "x", "w_ih", "pbias", "rec_mask")
 
 
 class _KernelDirections(torch.autograd.Function):
-    """Autograd wrapper of the CPU kernel's directions entry points (``_C.plain_directions_forward`` /
-    ``_C.plain_directions_backward``): the directions of a bidirectional layer submitted together, run
-    concurrently (one per thread) in the forward and in the hand-written backward.  Direction
+    """Autograd wrapper of the CPU kernel's directions entry points
+    (``_C.plain_directions_forward`` / ``_C.plain_directions_backward``): the directions of a
+    bidirectional layer submitted together, run concurrently (one per thread) in the forward and in the hand-written backward.  Direction
     ``d`` is :class:`_KernelLayer` on the ``d``-th group of :data:`_DIRECTION_ARGS` in ``flat``
     (``rec_mask`` may be ``None``); the outputs are ``(out, h_n, c_n)`` of every direction, in
     order.  ``x``, ``w_ih`` and ``pbias`` receive no gradient here (theirs flows through

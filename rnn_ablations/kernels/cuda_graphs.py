@@ -176,8 +176,8 @@ class GraphedKernel:
 
     # backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
     #          batch_sizes, rec_mask)
-    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
-                 batch_sizes, rec_mask):
+    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
+                       h0, c0, batch_sizes, rec_mask):
         tensors = (g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0, rec_mask)
         head = (self.tag, "backward", int(spec), bool(highway))
 

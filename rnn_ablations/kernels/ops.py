@@ -34,13 +34,16 @@ operator                 arguments → results
                          h0, c0, batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk →
                          dx (empty unless need_dx), d_w_ih, d_bias (empty unless need_bias),
                          d_w_hh (both empty unless need_dw), d_h0, d_c0
-``plain_directions_forward_``        ``plain_forward_`` of the two directions of a bidirectional layer at once
-                         (one per thread): proj_0 and proj_1 (both mutated), the other tensors
-                         as lists of two → the five results of each direction, flat
-``plain_directions_backward``  ``plain_backward`` of the directions at once, on the d-th entry of each
+``plain_directions_forward_``
+                         ``plain_forward_`` of the two directions of a bidirectional layer at
+                         once (one per thread): proj_0 and proj_1 (both mutated), the other
+                         tensors as lists of two → the five results of each direction, flat
+``plain_directions_backward``
+                         ``plain_backward`` of the directions at once, on the d-th entry of each
                          list → the four results of every direction, flat
-``pipelined_directions_forward`` / ``pipelined_directions_backward``: ``pipelined_forward`` /
-                         ``pipelined_backward`` likewise (seven / six results per direction, flat)
+``pipelined_directions_forward`` / ``pipelined_directions_backward``
+                         ``pipelined_forward`` / ``pipelined_backward`` likewise (seven / six
+                         results per direction, flat)
 ``scan_forward``         spec, highway of a cell that reads no h_{t-1} (its G blocks per direction
                          from ``decode_scan_spec``), proj (T,B,D·G·H), h0 (D,B,H), c0 (D,B,H),
                          batch_sizes, save, bias (D·G·H) or None → out (T,B,D·H), h_n (D,B,H),
@@ -414,16 +417,16 @@ class CpuKernel:
         return getattr(self.raw, name)
 
     def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
-                in_place=False):
+                      in_place=False):
         if in_place:
             # proj is a scratch tensor the caller hands over (it may be the view an autograd
             # Function returned, which autograd would not let a declared mutation touch)
             proj = proj.detach()
-            out, h_n, c_n, cs, hin = self._ops(proj).plain_forward_(spec, highway, proj, w_hh, h0, c0,
-                                                              batch_sizes, rec_mask, keep_hin)
+            out, h_n, c_n, cs, hin = self._ops(proj).plain_forward_(
+                spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin)
             return [out, h_n, c_n, proj.narrow(2, 0, w_hh.shape[0]), cs, hin]
-        return list(self._ops(proj).plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
-                                            rec_mask, keep_hin))
+        return list(self._ops(proj).plain_forward(spec, highway, proj, w_hh, h0, c0,
+                                                  batch_sizes, rec_mask, keep_hin))
 
     def plain_backward(self, *args):
         return list(self._ops(args[2]).plain_backward(*args))

@@ -291,7 +291,8 @@ def _backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out, pr
 
 
 # ------------------------------------------------------------------------------ step kernel
-def plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin) -> List[Tensor]:
+def plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
+                  keep_hin) -> List[Tensor]:
     """-> [out (T,B,H), h_n, c_n, gates (activations), cs (T,B,H), hin], as plain_forward (CPU);
     out, h_n, c_n in the input dtype; gates, cs, hin in the accumulation type."""
     who = "rnn_ablations CUDA kernel"
@@ -340,8 +341,8 @@ def plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep
             hin if hin is not None else torch.empty(0, dtype=acc, device=dev)]
 
 
-def plain_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
-             batch_sizes, rec_mask) -> List[Tensor]:
+def plain_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, proj, w_hh,
+                   h0, c0, batch_sizes, rec_mask) -> List[Tensor]:
     """-> [d_proj, d_w_hh, d_h0, d_c0], as plain_backward (CPU); gates, cs, hin as the forward
     returned them (accumulation type)."""
     who = "rnn_ablations CUDA kernel (backward)"
