@@ -29,7 +29,7 @@ def _needs_grad(*tensors) -> bool:
 
 
 def _plain_forward(ext, spec, highway, proj, w_hh, h0, c0, batch_sizes, mask, keep_hin):
-    """``ext.forward``.  ``proj`` is always a scratch tensor here (fresh from
+    """``ext.plain_forward``.  ``proj`` is always a scratch tensor here (fresh from
     :func:`input_projection`, which saves no output for its backward), so the CPU kernel may turn
     its recurrent blocks into the gate activations in place instead of copying them."""
     if ext is backend._C:
