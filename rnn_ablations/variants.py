@@ -206,7 +206,7 @@ class Variant:
 
     @property
     def has_step_kernel(self) -> bool:
-        """True when the step kernels (``_C.forward`` / ``_C_cuda.forward`` …) run the variant:
+        """True when the step kernels (``plain_forward`` of the CPU and CUDA kernels …) run the variant:
         it reads h_{t-1}.  (A cell that does not runs through :mod:`rnn_ablations.kernels.scan`.)"""
         return self.reads_hidden
 
