@@ -5,7 +5,8 @@ sizes, returns empty results); none may crash the process."""
 import pytest
 import torch
 
-from rnn_ablations.variants import get_variant
+from rnn_ablations.variants import (_SPEC_CONTENT_INPUT_ONLY, _SPEC_CONTENT_TANH, _SPEC_MEMORY,
+                                     get_variant)
 
 from conftest import requires_kernel
 
@@ -25,7 +26,7 @@ def test_entry_points_refuse_unknown_kernel_specs():
     from rnn_ablations import _C
     e = torch.empty(0, dtype=torch.float64)
     # not a spec at all: small integers (variant codes), a missing tag, unknown bits
-    for spec in (-1, 0, 3, 6, 99, RAN & 0xFF, RAN | (1 << 20), RAN | (1 << 6)):
+    for spec in (-1, 0, 3, 6, 99, RAN & 0xFF, RAN | (1 << 20), RAN | (1 << 7)):
         proj, w_hh, h0, c0, bs = _plain_args("ran", False, 3, 2, 4)
         with pytest.raises(RuntimeError, match=f"unknown kernel spec {spec} .*Variant.kernel_spec"):
             _C.plain_forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
@@ -43,10 +44,10 @@ def test_entry_points_refuse_unknown_kernel_specs():
         _C.pipelined_forward(mh.kernel_spec, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
     # combinations the kernels do not implement are refused with what to do
     srnn, lstm = get_variant("srnn").kernel_spec, get_variant("lstm").kernel_spec
-    for spec, message in ((srnn | 0x10, "output rule 'content' needs a cell without memory"),
-                          (lstm & ~0x10, "needs a memory cell"),
-                          (srnn | 0x4, "no recurrence at all"),
-                          (RAN | 0x8, "input-only content with tanh")):
+    for spec, message in ((srnn | _SPEC_MEMORY, "output rule 'content' needs a cell without memory"),
+                          (lstm & ~_SPEC_MEMORY, "needs a memory cell"),
+                          (srnn | _SPEC_CONTENT_INPUT_ONLY, "no recurrence at all"),
+                          (RAN | _SPEC_CONTENT_TANH, "input-only content with tanh")):
         with pytest.raises(RuntimeError, match=message):
             _C.plain_forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
     # a valid spec whose block layout does not match the tensors (lstm needs 4 blocks, not 2+1)
