@@ -28,7 +28,7 @@ def _load_build_module():
     # rnn_ablations/kernels/build.py without importing the package (which needs torch at import).
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location(
-        "_rnn_ablations_build", os.path.join(here, "rnn_ablations", "_build.py"))
+        "_rnn_ablations_build", os.path.join(here, "rnn_ablations", "kernels", "build.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

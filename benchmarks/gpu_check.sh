@@ -143,7 +143,8 @@ if [ "$device" = cuda ] && want in_use; then
     if ! step "in_use: the package's CUDA kernels run a layer" 60 gpu_in_use.log "$py" - <<'EOF'
 import sys, torch
 import rnn_ablations as ra
-from rnn_ablations import backend, dispatch
+from rnn_ablations import dispatch
+from rnn_ablations.kernels import backend
 from rnn_ablations.kernels.cuda import cache, driver
 if not dispatch.cuda_kernel_available():
     sys.exit(f"the CUDA kernels are not in use: {backend._CUDA_KERNEL_ERROR}")

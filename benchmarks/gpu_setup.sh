@@ -67,7 +67,7 @@ else:
     if Ops.seen:
         print("CUDA_KERNELS 1")
     else:
-        from rnn_ablations import backend
+        from rnn_ablations.kernels import backend
         why = getattr(backend, "_CUDA_KERNEL_ERROR", None) or "no reason given by the package"
         print(f"CUDA_KERNELS 0 the layer ran the generic PyTorch path ({why})")
 EOF

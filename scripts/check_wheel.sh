@@ -34,7 +34,7 @@ export RNN_ABLATIONS_CACHE="$W/cache"
 "$W/venv/bin/python" - <<'PY'
 import torch
 import rnn_ablations as ra
-from rnn_ablations import backend
+from rnn_ablations.kernels import backend
 assert ra.kernel_available(), backend._KERNEL_ERROR
 assert backend._KERNEL_SOURCE == "compiled", backend._KERNEL_SOURCE
 m = ra.AblatedRNN("ran", 8, 16, bidirectional=True)
@@ -47,7 +47,7 @@ torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 print("check_wheel: kernel compiled on first use and used; ISA", ra.kernel_isa(),
       "of", ra.supported_kernel_isas())
 PY
-"$W/venv/bin/python" -c "import rnn_ablations as ra; from rnn_ablations import backend; assert backend._KERNEL_SOURCE == 'cache', backend._KERNEL_SOURCE"
+"$W/venv/bin/python" -c "import rnn_ablations as ra; from rnn_ablations.kernels import backend; assert backend._KERNEL_SOURCE == 'cache', backend._KERNEL_SOURCE"
 test -f "$("$W/venv/bin/rnn-ablations" configs path bidaf_srnn)"
 set +e
 msg=$("$W/venv/bin/rnn-ablations" ablate --out "$W/runs" 2>&1); rc=$?
