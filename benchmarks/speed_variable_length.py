@@ -186,7 +186,7 @@ def measure_cell(name: str, shape: Tuple, dtype: str, variants: Sequence[str], d
         total = sum(times[k])
         row = {"shape": name, "layers": layers, "input_size": d_in, "hidden": hidden,
                "bidirectional": bidirectional, "batch": batch, "model": k, "dtype": dtype,
-               "ratio_vs_nn_lstm": round(base / total, 3), "seconds": round(total, 4),
+               "ratio_vs_nn_lstm": round(base / total, 3), "seconds": round(total, 6),
                "ms_per_batch": round(1e3 * total / len(times[k]), 3),
                "median_ms": round(1e3 * statistics.median(times[k]), 3),
                "tokens_per_s": round(tokens / total, 1), "batches": len(times[k]),
