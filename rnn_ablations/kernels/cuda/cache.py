@@ -1,17 +1,27 @@
 """Compile a program (:mod:`.programs`) for one GPU architecture with NVRTC, once: the binary is
-kept on disk and read back by every later process.
+kept on disk and read back by every later process, of any user that can read the folder.
 
 Cache key: SHA-256 of the device sources (every header NVRTC reads), the compile options, the
 NVRTC version, the target architecture and the instantiation (its name expression).  Files:
 ``<cache>/cuda/<key>.bin`` holding a one-line JSON header (the entry point's lowered name, the
-binary's kind, what it was compiled from) and the CUBIN (or PTX) after it.  A file is written
-to a temporary name in the same folder and renamed into place (``os.replace``, atomic): there is
-no lock file, so an interrupted compile leaves nothing that blocks the next one; two processes
-compiling the same program at once both write the same bytes, and the last rename wins.
+binary's kind and target, its size and the SHA-256 of its bytes, what it was compiled from) and
+the CUBIN (or PTX) after it.  An entry is used only when its header has every field, names this
+program and target, and its payload has the recorded size and SHA-256: anything else (a
+truncated file, bytes overwritten in place, a header without a field) is reported in one line
+and the program is compiled again and stored over it.  Nothing unchecked reaches the driver's
+``cuModuleLoadData`` (:mod:`.driver`).
+
+A file is written to a temporary name in the same folder and renamed into place (``os.replace``,
+atomic): there is no lock file, so an interrupted compile leaves nothing that blocks the next
+one; two processes compiling the same program at once both write a valid entry, and the last
+rename wins.  Entries are created with mode ``0o666`` less the process umask (``0o644`` with the
+usual umask 022), as any file the user writes: with a folder that others can read, another user
+reads the entries instead of compiling them again.  A cache that cannot be written is not an
+error: the program is compiled in memory for this process, and the process says so once (not
+once per program).
 
 ``<cache>`` is ``$RNN_ABLATIONS_CACHE`` (the CPU kernel's cache folder too), else
-``$XDG_CACHE_HOME/rnn_ablations`` or ``~/.cache/rnn_ablations``.  A cache that cannot be
-written is not an error: the program is compiled in memory for this process.
+``$XDG_CACHE_HOME/rnn_ablations`` or ``~/.cache/rnn_ablations``.
 
 Architecture: ``sm_XY`` of the GPU; CUBIN, loaded as it is (no driver JIT).  When this NVRTC
 does not know the GPU's architecture (a torch older than the GPU), the program is compiled to
@@ -24,34 +34,41 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ... import _env
 from . import nvrtc
 from .programs import CSRC, Program, sources_digest
 
 __all__ = ["cache_dir", "options_for", "target_for", "binary", "lookup", "Binary",
-           "compile_stats"]
+           "compile_stats", "read_entry", "HEADER_FIELDS"]
 
 logger = logging.getLogger("rnn_ablations")
 
-_MAGIC = b"rnn_ablations-cuda-1\n"
+_MAGIC = b"rnn_ablations-cuda-2\n"
+#: the header fields every entry must have
+HEADER_FIELDS = ("expression", "lowered", "kind", "target", "size", "sha256")
 _lock = threading.Lock()
 _memory: Dict[str, "Binary"] = {}
-_stats = {"compiled": 0, "from_disk": 0, "seconds": 0.0}
+_stats = {"compiled": 0, "from_disk": 0, "seconds": 0.0, "damaged": 0}
+# folders this process has already said it cannot write to / read from (one line each)
+_unwritable: Set[str] = set()
+_unreadable: Set[str] = set()
+_UNREADABLE = "cannot be read by this user (permission denied)"
 
 
 class Binary:
     """A compiled program: ``data`` (CUBIN or PTX), ``lowered`` (the entry point's mangled
     name), ``kind`` ("cubin" or "ptx"), ``target`` (sm_XY / compute_XY), ``seconds`` (the
-    compile time, 0 when read from disk)."""
+    compile time, 0 when read from disk), ``sha256`` (hex digest of ``data``)."""
 
-    def __init__(self, data: bytes, lowered: str, kind: str, target: str, seconds: float):
+    def __init__(self, data: bytes, lowered: str, kind: str, target: str, seconds: float,
+                 sha256: Optional[str] = None):
         self.data, self.lowered, self.kind = data, lowered, kind
         self.target, self.seconds = target, seconds
+        self.sha256 = sha256 or hashlib.sha256(data).hexdigest()
 
 
 def cache_dir() -> str:
@@ -91,42 +108,88 @@ def _key(prog: Program, options: List[str]) -> str:
     return h.hexdigest()
 
 
-def _read(path: str, prog: Program) -> Optional[Binary]:
+def read_entry(path: str, prog: Program, target: str
+               ) -> Tuple[Optional[Binary], Optional[str]]:
+    """The entry at ``path`` for ``prog`` compiled for ``target``: ``(Binary, None)`` when it is
+    whole (every header field, this program and target, the recorded size and SHA-256 of the
+    payload), ``(None, None)`` when there is none, ``(None, why)`` when there is one that
+    cannot be used (``why`` says what is wrong with it)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
-    except OSError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    except PermissionError:
+        return None, _UNREADABLE
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
     if not raw.startswith(_MAGIC):
-        return None
+        if raw.startswith(b"rnn_ablations-cuda-"):
+            return None, "was written in an older format (no SHA-256 of its payload)"
+        return None, "is not a cache entry (its first line is not the package's)"
     head, sep, data = raw[len(_MAGIC):].partition(b"\n")
     try:
         meta = json.loads(head)
     except ValueError:
-        return None
-    if not sep or meta.get("expression") != prog.expression or len(data) != meta.get("size"):
-        return None
-    return Binary(data, meta["lowered"], meta["kind"], meta["target"], 0.0)
+        return None, "has a header that is not JSON"
+    if not sep or not isinstance(meta, dict):
+        return None, "has no header line"
+    missing = [k for k in HEADER_FIELDS if k not in meta]
+    if missing:
+        return None, f"has a header without the field(s) {', '.join(missing)}"
+    if meta["expression"] != prog.expression:
+        return None, (f"holds another program ({str(meta['expression'])[:80]!r}, not "
+                      f"{prog.expression!r})")
+    if meta["target"] != target or meta["kind"] != ("ptx" if target.startswith("compute_")
+                                                    else "cubin"):
+        return None, (f"holds {meta['kind']} for {meta['target']}, not the {target} it is "
+                      "filed under")
+    if not isinstance(meta["lowered"], str) or not meta["lowered"]:
+        return None, "has an empty entry-point name in its header"
+    if len(data) != meta["size"]:
+        return None, (f"holds {len(data)} bytes, its header says {meta['size']} (truncated or "
+                      "overwritten)")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != meta["sha256"]:
+        return None, (f"does not match the SHA-256 in its header ({digest[:12]}..., recorded "
+                      f"{str(meta['sha256'])[:12]}...: its bytes were changed)")
+    return Binary(data, meta["lowered"], meta["kind"], meta["target"], 0.0, digest), None
+
+
+def _warn_unwritable(folder: str, exc: OSError) -> None:
+    with _lock:
+        if folder in _unwritable:
+            return
+        _unwritable.add(folder)
+    logger.warning("rnn_ablations: cannot write the CUDA kernel cache %s (%s); the kernels this "
+                   "process compiles are kept in memory only and compiled again by the next "
+                   "process (set RNN_ABLATIONS_CACHE to a writable folder, or run `python -m "
+                   "rnn_ablations.kernels.cuda.precompile` as a user that can write it)",
+                   folder, exc.strerror or exc)
 
 
 def _write(path: str, prog: Program, b: Binary) -> None:
     meta = {"expression": prog.expression, "lowered": b.lowered, "kind": b.kind,
-            "target": b.target, "size": len(b.data), "seconds": round(b.seconds, 3)}
+            "target": b.target, "size": len(b.data), "sha256": b.sha256,
+            "seconds": round(b.seconds, 3)}
     folder = os.path.dirname(path)
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{threading.get_ident()}-"
+                               f"{os.urandom(4).hex()}.bin")
     try:
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".bin")
+        # 0o666 less the umask, as any file the user creates (mkstemp's 0600 would hide the
+        # entry from every other user of a shared cache)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o666)
     except OSError as exc:
-        logger.warning("rnn_ablations: cannot write the CUDA kernel cache %s (%s); the kernels "
-                       "are compiled again in each process (set RNN_ABLATIONS_CACHE to a "
-                       "writable folder)", folder, exc)
+        _warn_unwritable(folder, exc)
         return
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(_MAGIC + json.dumps(meta).encode() + b"\n" + b.data)
         os.replace(tmp, path)
-    except OSError as exc:  # pragma: no cover - a full disk
-        logger.warning("rnn_ablations: cannot write %s (%s)", path, exc)
+    except OSError as exc:  # a full disk, a quota
+        _warn_unwritable(folder, exc)
         try:
             os.unlink(tmp)
         except OSError:
@@ -135,8 +198,9 @@ def _write(path: str, prog: Program, b: Binary) -> None:
 
 def binary(prog: Program, arch: int, quiet: bool = False, force: bool = False) -> Binary:
     """``prog`` compiled for a GPU of compute capability ``arch`` (e.g. 90): from this process's
-    memory, else from the disk cache, else compiled now (a one-line message unless ``quiet``)
-    and stored.  ``force``: compiled now whatever the caches hold (and stored)."""
+    memory, else from the disk cache (checked: :func:`read_entry`), else compiled now (a
+    one-line message unless ``quiet``; a damaged entry is always reported) and stored.
+    ``force``: compiled now whatever the caches hold (and stored)."""
     return lookup(prog, arch, quiet, force)[0]
 
 
@@ -150,16 +214,31 @@ def lookup(prog: Program, arch: int, quiet: bool = False, force: bool = False
         got = None if force else _memory.get(key)
     if got is not None:
         return got, "memory"
-    path = os.path.join(cache_dir(), key + ".bin")
-    got = None if force else _read(path, prog)
+    folder = cache_dir()
+    path = os.path.join(folder, key + ".bin")
+    got, problem = (None, None) if force else read_entry(path, prog, target)
     source = "disk"
     if got is not None:
         _stats["from_disk"] += 1
     else:
         source = "compiled"
-        if not quiet:
+        if problem == _UNREADABLE:
+            with _lock:
+                first = folder not in _unreadable
+                _unreadable.add(folder)
+            if first:
+                logger.warning("rnn_ablations: the CUDA kernel cache %s holds entries this user "
+                               "cannot read (permission denied: written with a restrictive "
+                               "umask by another user?); they are compiled again (make the files "
+                               "readable, e.g. chmod a+r %s/*.bin, or set RNN_ABLATIONS_CACHE to "
+                               "a folder of your own)", folder, folder)
+        elif problem is not None:
+            _stats["damaged"] += 1
+            logger.warning("rnn_ablations: the cached CUDA kernel %s for %s (%s) %s; compiling "
+                           "it again", prog.name, target, path, problem)
+        elif not quiet:
             logger.warning("rnn_ablations: compiling the CUDA kernel %s for %s with NVRTC (once; "
-                           "cached in %s)", prog.name, target, cache_dir())
+                           "cached in %s)", prog.name, target, folder)
         start = time.perf_counter()
         data, lowered, _ = nvrtc.compile_program(prog.source, prog.name + ".cu",
                                                  [prog.expression], options, cubin=cubin)
@@ -175,5 +254,5 @@ def lookup(prog: Program, arch: int, quiet: bool = False, force: bool = False
 
 def compile_stats() -> dict:
     """{"compiled": programs compiled by this process, "from_disk": read from the cache,
-    "seconds": compile time in total}."""
+    "seconds": compile time in total, "damaged": cache entries found unusable and replaced}."""
     return dict(_stats)
