@@ -298,8 +298,10 @@ class _RecordingDriver:
         monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
         monkeypatch.setattr(driver, "kernel", lambda prog, device: Kernel(prog))
         monkeypatch.setattr(driver, "launch", launch)
-        monkeypatch.setattr(host, "_device_props", lambda device: (1, 4, 200 * 1024, "stand-in"))
-        host._props.clear()
+        from rnn_ablations.kernels.cuda import persistent
+        monkeypatch.setattr(persistent, "_device_props",
+                            lambda device: (1, 4, 200 * 1024, "stand-in"))
+        persistent._props.clear()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -3,9 +3,17 @@ the compiled programs into the current context, look up their entry points, laun
 torch's current stream (cooperatively for the persistent kernels), and the few device and
 occupancy queries the persistent kernels' plan needs.
 
-torch owns the context (the device's primary context, made current by torch's runtime calls);
-a thread that has none current yet (the autograd engine's device threads) gets the primary
-context of torch's current device.  Loaded modules are kept per (device, program).
+Every module is loaded into the device's primary context, the one torch's runtime uses: it is
+retained once per device for the life of the process (:func:`primary_context`), and a thread
+whose current context is another one (none yet: the autograd engine's device threads; another
+device's; a context some other library created on the same device) is switched to it before a
+load or launch (:func:`_ensure_context`).  Loaded modules are kept per (device, program).
+:func:`driver_version`, :func:`device_count` and :func:`compute_capability` answer
+``rnn_ablations.kernels.cuda.unavailable_reason`` without initialising torch's CUDA state.
+
+:func:`set_implementation` routes :func:`kernel`, :func:`launch` and :func:`device_attribute`
+to another implementation of the execution model (the CPU emulation of the CUDA kernels in
+``tests/cuda_emulation``), so that the host loops run unchanged on CPU tensors.
 """
 from __future__ import annotations
 
@@ -19,7 +27,8 @@ from . import cache
 from .programs import Program
 
 __all__ = ["CudaDriverError", "driver", "driver_error", "Kernel", "kernel", "device_attribute",
-           "launch", "arch_of"]
+           "launch", "launcher", "arch_of", "set_implementation", "primary_context",
+           "driver_version", "device_count", "compute_capability"]
 
 
 class CudaDriverError(RuntimeError):
@@ -66,6 +75,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     P, U, I = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
     PP = ctypes.POINTER(ctypes.c_void_p)
     lib.cuInit.argtypes = [U]
+    lib.cuDriverGetVersion.argtypes = [ctypes.POINTER(I)]
+    lib.cuDeviceGetCount.argtypes = [ctypes.POINTER(I)]
     lib.cuGetErrorName.argtypes = [I, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuGetErrorString.argtypes = [I, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuCtxGetCurrent.argtypes = [PP]
@@ -102,23 +113,94 @@ def _check(code: int, what: str) -> None:
                               f"{(text.value or b'').decode()}")
 
 
+#: device ordinal -> its primary context (CUcontext), retained once for the process
+_primary: Dict[int, int] = {}
+_primary_lock = threading.Lock()
+
+
+def primary_context(device: int) -> int:
+    """The primary context of ``device`` (torch's), retained on first use and kept: one
+    ``cuDevicePrimaryCtxRetain`` per device and process, whatever the number of threads."""
+    got = _primary.get(device)
+    if got is None:
+        lib = driver()
+        with _primary_lock:
+            got = _primary.get(device)
+            if got is None:
+                dev = ctypes.c_int()
+                _check(lib.cuDeviceGet(ctypes.byref(dev), device), f"cuDeviceGet({device})")
+                ctx = ctypes.c_void_p()
+                _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+                       f"cuDevicePrimaryCtxRetain(device {device})")
+                got = _primary[device] = ctx.value
+    return got
+
+
 def _ensure_context(device: int) -> None:
-    """Make the primary context of ``device`` current on this thread (torch's context)."""
+    """Make the primary context of ``device`` current on this thread, unless it is already:
+    a thread with no context, another device's, or another context of the same device (where
+    the modules loaded in the primary context do not exist) is switched."""
+    want = primary_context(device)
     lib = driver()
     ctx = ctypes.c_void_p()
     _check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
-    if ctx.value:
-        cur = ctypes.c_int()
-        if lib.cuCtxGetDevice(ctypes.byref(cur)) == 0 and cur.value == device:
-            return
-    dev = ctypes.c_int()
-    _check(lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
-    primary = ctypes.c_void_p()
-    _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev), "cuDevicePrimaryCtxRetain")
-    _check(lib.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+    if ctx.value != want:
+        _check(lib.cuCtxSetCurrent(ctypes.c_void_p(want)),
+               f"cuCtxSetCurrent(primary context of device {device})")
+
+
+def driver_version() -> int:
+    """The CUDA version the installed driver supports, as ``cuDriverGetVersion`` gives it
+    (1000 x major + 10 x minor: 12040 is CUDA 12.4)."""
+    lib = driver()
+    out = ctypes.c_int()
+    _check(lib.cuDriverGetVersion(ctypes.byref(out)), "cuDriverGetVersion")
+    return out.value
+
+
+def device_count() -> int:
+    """The CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` applied)."""
+    lib = driver()
+    out = ctypes.c_int()
+    _check(lib.cuDeviceGetCount(ctypes.byref(out)), "cuDeviceGetCount")
+    return out.value
+
+
+def compute_capability(device: int) -> int:
+    """Compute capability of ``device`` as an integer (9.0 -> 90), from the driver (no torch
+    CUDA initialisation)."""
+    lib = driver()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check(lib.cuDeviceGetAttribute(ctypes.byref(major), ATTR_COMPUTE_CAPABILITY_MAJOR, device),
+           "cuDeviceGetAttribute(compute capability)")
+    _check(lib.cuDeviceGetAttribute(ctypes.byref(minor), ATTR_COMPUTE_CAPABILITY_MINOR, device),
+           "cuDeviceGetAttribute(compute capability)")
+    return major.value * 10 + minor.value
+
+
+#: an alternative implementation of kernel(), launch() and device_attribute(), or None (libcuda)
+_implementation = None
+
+
+def set_implementation(impl):
+    """Route :func:`kernel`, :func:`launch` and :func:`device_attribute` to ``impl`` (an object
+    with methods of those names and arguments; its kernels answer ``allow_shared_memory`` and
+    ``resident_blocks_per_sm`` as :class:`Kernel` does), or back to the CUDA driver with
+    ``None``.  Returns the implementation installed before, to restore it."""
+    global _implementation
+    if impl is not None:
+        missing = [n for n in ("kernel", "launch", "device_attribute") if not hasattr(impl, n)]
+        if missing:
+            raise TypeError(f"set_implementation: {type(impl).__name__} lacks {missing}; an "
+                            "implementation provides kernel(prog, device), launch(k, args, grid, "
+                            "block, smem, cooperative) and device_attribute(attr, device)")
+    previous, _implementation = _implementation, impl
+    return previous
 
 
 def device_attribute(attr: int, device: int) -> int:
+    if _implementation is not None:
+        return _implementation.device_attribute(attr, device)
     lib = driver()
     out = ctypes.c_int()
     _check(lib.cuDeviceGetAttribute(ctypes.byref(out), attr, device), "cuDeviceGetAttribute")
@@ -186,6 +268,8 @@ _kernels: Dict[Tuple[int, Program], Kernel] = {}
 
 def kernel(prog: Program, device: int) -> Kernel:
     """``prog`` loaded on ``device`` (compiled or read from the cache on first use)."""
+    if _implementation is not None:
+        return _implementation.kernel(prog, device)
     key = (device, prog)
     got = _kernels.get(key)
     if got is None:
@@ -209,6 +293,8 @@ def launch(k: Kernel, args, grid: int, block: int, smem: int = 0,
     """Launch ``k`` on torch's current stream of its device with ``args``: the packed
     arguments (ctypes values and Structures, in the kernel's parameter order) or their
     :func:`params_of` array."""
+    if _implementation is not None:
+        return _implementation.launch(k, args, grid, block, smem, cooperative)
     _ensure_context(k.device)
     params = args if isinstance(args, ctypes.Array) else params_of(args)
     stream = ctypes.c_void_p(torch.cuda.current_stream(k.device).cuda_stream)
@@ -221,3 +307,38 @@ def launch(k: Kernel, args, grid: int, block: int, smem: int = 0,
                                   None)
     _check(code, f"{'cuLaunchCooperativeKernel' if cooperative else 'cuLaunchKernel'}"
                  f"({k.prog.name}, grid {grid}, block {block}, shared memory {smem})")
+
+
+_LAUNCH = launch  # the real launch (a stand-in driver of the tests replaces ``launch``)
+
+
+def launcher(k: Kernel, cooperative: bool = False):
+    """``go(args, grid, block, smem=0)``: :func:`launch` of ``k`` with what does not change
+    between the launches of one call resolved once (the context made current, the driver
+    library, torch's current stream of ``k``'s device), so that a step loop makes one driver
+    call per step.  Resolve it inside the call (the stream is the one current then), not across
+    calls.  With a stand-in for :func:`launch` or :func:`kernel` installed (the CPU tests of the
+    host loops), each call goes through :func:`launch`."""
+    if launch is not _LAUNCH or type(k) is not Kernel:
+        stand_in = launch
+
+        def go_through(args, grid: int, block: int, smem: int = 0) -> None:
+            stand_in(k, args, grid, block, smem, cooperative)
+        return go_through
+    _ensure_context(k.device)
+    lib = driver()
+    stream = ctypes.c_void_p(torch.cuda.current_stream(k.device).cuda_stream)
+    function = k.function
+    name = "cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"
+    call = lib.cuLaunchCooperativeKernel if cooperative else lib.cuLaunchKernel
+
+    def go(args, grid: int, block: int, smem: int = 0) -> None:
+        params = args if isinstance(args, ctypes.Array) else params_of(args)
+        if cooperative:
+            code = call(function, grid, 1, 1, block, 1, 1, smem, stream, params)
+        else:
+            code = call(function, grid, 1, 1, block, 1, 1, smem, stream, params, None)
+        if code != 0:
+            _check(code, f"{name}({k.prog.name}, grid {grid}, block {block}, shared memory "
+                         f"{smem})")
+    return go
