@@ -1,12 +1,15 @@
 """NVRTC, CUDA's runtime compiler, through ctypes: the device sources (``rnn_ablations/csrc``) to
 machine code (CUBIN) for one GPU architecture, with no CUDA toolkit and no nvcc.
 
-The library is the one every CUDA build of torch loads: ``import torch`` preloads
-``libnvrtc.so.<major>`` (and its ``libnvrtc-builtins``) from the ``nvidia`` wheels of a pip
-install, so ``ctypes.CDLL("libnvrtc.so.<major>")`` resolves to it; otherwise it is looked up in
-the ``nvidia/cu13/lib``, ``nvidia/cuda_nvrtc/lib`` folders of ``sys.path`` (the
-``nvidia-cuda-nvrtc`` wheel, which the tests use on a machine without a GPU), then by its plain
-name.  Nothing here needs a GPU.
+The library is the one of torch's CUDA major version (``torch.version.cuda``: a CUDA 12 torch
+runs with NVRTC 12, whose CUBIN every driver that runs that torch loads).  ``import torch``
+preloads ``libnvrtc.so.<major>`` (and its ``libnvrtc-builtins``) from the ``nvidia`` wheels of a
+pip install, so ``ctypes.CDLL("libnvrtc.so.<major>")`` resolves to it; otherwise it is looked
+up in the folders of those wheels on ``sys.path`` (:func:`wheel_folders`: ``nvidia/cu13/lib`` for
+CUDA 13, ``nvidia/cuda_nvrtc/lib`` or ``nvidia/cu12/lib`` for CUDA 12), torch's major first,
+then by its plain name, torch's major first.  A CPU torch (no CUDA major) takes the newest found
+(the ``nvidia-cuda-nvrtc`` wheel, which the tests use on a machine without a GPU).  Nothing here
+needs a GPU.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import threading
 from typing import List, Optional, Sequence, Tuple
 
 __all__ = ["NvrtcError", "library", "version", "supported_archs", "compile_program",
-           "library_error"]
+           "library_error", "wheel_folders", "library_names"]
 
 
 class NvrtcError(RuntimeError):
@@ -30,10 +33,33 @@ _lib: Optional[ctypes.CDLL] = None
 _error: Optional[str] = None
 
 
-def _candidate_folders() -> List[str]:
+#: CUDA major -> where its NVRTC wheel puts the library (under a site-packages folder)
+_WHEEL_FOLDERS = {"13": ("nvidia/cu13/lib",), "12": ("nvidia/cuda_nvrtc/lib", "nvidia/cu12/lib")}
+
+
+def _majors_first(major: Optional[str]) -> List[str]:
+    order = sorted(_WHEEL_FOLDERS, key=int, reverse=True)  # newest first for a CPU torch
+    if major is not None:
+        order = [major] + [m for m in order if m != major]
+    return order
+
+
+def wheel_folders(major: Optional[str]) -> List[str]:
+    """The sub-folders (of a site-packages folder) where the ``nvidia`` wheels put libnvrtc, in
+    the order they are tried: those of CUDA ``major`` (torch's, e.g. "12") first."""
+    return [sub for m in _majors_first(major)
+            for sub in _WHEEL_FOLDERS.get(m, (f"nvidia/cu{m}/lib",))]
+
+
+def library_names(major: Optional[str]) -> List[str]:
+    """The plain names tried last (the system's libnvrtc), CUDA ``major``'s first."""
+    return [f"libnvrtc.so.{m}" for m in _majors_first(major)] + ["libnvrtc.so"]
+
+
+def _candidate_folders(major: Optional[str]) -> List[str]:
     folders = []
-    for base in sys.path:
-        for sub in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib", "nvidia/cu12/lib"):
+    for sub in wheel_folders(major):
+        for base in sys.path:
             folder = os.path.join(base, sub)
             if os.path.isdir(folder) and folder not in folders:
                 folders.append(folder)
@@ -58,7 +84,7 @@ def _load() -> ctypes.CDLL:
             return ctypes.CDLL(name)
         except OSError as exc:
             tried.append(f"{name}: {exc}")
-    for folder in _candidate_folders():
+    for folder in _candidate_folders(major):
         libs = sorted(p for p in glob.glob(os.path.join(folder, "libnvrtc.so.*"))
                       if ".alt." not in p)
         if not libs:
@@ -74,15 +100,19 @@ def _load() -> ctypes.CDLL:
             return ctypes.CDLL(libs[-1], mode=ctypes.RTLD_GLOBAL)
         except OSError as exc:
             tried.append(f"{libs[-1]}: {exc}")
-    for name in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
+    for name in library_names(major):
+        if major is not None and name == f"libnvrtc.so.{major}":
+            continue  # tried first
         try:
             return ctypes.CDLL(name)
         except OSError as exc:
             tried.append(f"{name}: {exc}")
+    wheel = "nvidia-cuda-nvrtc-cu12" if major == "12" else "nvidia-cuda-nvrtc"
+    for_torch = f" (torch is built for CUDA {major}: NVRTC {major})" if major else ""
     raise NvrtcError(
-        "NVRTC (CUDA's runtime compiler, libnvrtc) was not found: a CUDA build of torch "
-        "installed with pip brings it (the nvidia-cuda-nvrtc wheel); on a machine without a GPU "
-        "`pip install nvidia-cuda-nvrtc` provides it.  Tried: " + "; ".join(tried))
+        "NVRTC (CUDA's runtime compiler, libnvrtc) was not found" + for_torch + ": a CUDA "
+        "build of torch installed with pip brings it (the nvidia-cuda-nvrtc wheel); `pip install "
+        f"{wheel}` provides it.  Tried: " + "; ".join(tried))
 
 
 def library() -> ctypes.CDLL:
