@@ -317,9 +317,10 @@ def launcher(k: Kernel, cooperative: bool = False):
     between the launches of one call resolved once (the context made current, the driver
     library, torch's current stream of ``k``'s device), so that a step loop makes one driver
     call per step.  Resolve it inside the call (the stream is the one current then), not across
-    calls.  With a stand-in for :func:`launch` or :func:`kernel` installed (the CPU tests of the
-    host loops), each call goes through :func:`launch`."""
-    if launch is not _LAUNCH or type(k) is not Kernel:
+    calls.  With an implementation installed (:func:`set_implementation`) or a stand-in for
+    :func:`launch` or :func:`kernel` (the CPU tests of the host loops), each call goes through
+    :func:`launch`."""
+    if _implementation is not None or launch is not _LAUNCH or type(k) is not Kernel:
         stand_in = launch
 
         def go_through(args, grid: int, block: int, smem: int = 0) -> None:
