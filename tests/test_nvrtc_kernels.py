@@ -4,7 +4,8 @@ package's own precompile command and disk cache; the launcher's by-value structs
 structs' layouts and its parameter lists are the kernels' (probes that NVRTC compiles only when
 they agree, and that fail when they do not); the launcher's spec decoder agrees with the CPU
 kernel's (kernel_spec.h) on every variant; the cache is written atomically and survives a
-damaged file.  Launch and numerics need a GPU: tests/test_cuda.py."""
+damaged file (a changed byte is caught by the SHA-256 in the entry's header).  Launch and
+numerics need a GPU: tests/test_cuda.py."""
 import io
 import os
 import shutil
@@ -160,6 +161,41 @@ def test_nvrtc_cache_is_atomic_and_repairs_a_damaged_file(tmp_path, monkeypatch)
     assert repaired.seconds > 0 and repaired.data[:4] == b"\x7fELF"
     assert repaired.lowered == first.lowered
     assert os.listdir(folder) == [name]
+
+
+def test_nvrtc_cache_entry_is_shared_and_its_payload_checked(tmp_path, monkeypatch, caplog):
+    """With the real NVRTC: an entry is readable by other users under umask 022 and records the
+    SHA-256 of its CUBIN; 100 bytes flipped in place (same size) are caught before the CUBIN is
+    handed on, said in one line, and the program compiled again (tests/test_cuda_cache_sharing.py
+    covers the rest with a stand-in compiler)."""
+    import hashlib
+    import json
+    import stat
+    monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path))
+    prog = programs.Program("step_forward", "float32")
+    old = os.umask(0o022)
+    try:
+        first = cache.binary(prog, 90, quiet=True, force=True)
+    finally:
+        os.umask(old)
+    folder = os.path.join(str(tmp_path), "cuda")
+    (name,) = os.listdir(folder)
+    path = os.path.join(folder, name)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    raw = bytearray(open(path, "rb").read())
+    head_end = raw.index(b"\n", raw.index(b"\n") + 1) + 1
+    assert json.loads(raw[raw.index(b"\n") + 1:head_end])["sha256"] == \
+        hashlib.sha256(first.data).hexdigest()
+    for i in range(100):
+        raw[head_end + 64 + i] ^= 0x5A
+    open(path, "wb").write(bytes(raw))
+    cache._memory.clear()
+    with caplog.at_level("WARNING", logger="rnn_ablations"):
+        got, source = cache.lookup(prog, 90)
+    assert source == "compiled" and got.data[:4] == b"\x7fELF" and got.lowered == first.lowered
+    said = [r.getMessage() for r in caplog.records if r.name == "rnn_ablations"]
+    assert len(said) == 1 and "SHA-256" in said[0] and "compiling it again" in said[0], said
+    assert cache.read_entry(path, prog, "sm_90")[1] is None
 
 
 def test_nvrtc_precompile_refuses_a_bad_arch():
