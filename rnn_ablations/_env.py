@@ -9,6 +9,10 @@ compiled module is touched, ``setup.py`` may read it at install time).
   they are used when available.  ``RNN_ABLATIONS_DISABLE_KERNEL`` is accepted as another name for
   it, with the same values; when both are set they must agree.  Any other value is refused with
   a ``ValueError`` that names the accepted ones (``yes`` / ``true`` are not guessed at).
+* ``RNN_ABLATIONS_NO_CPU_KERNEL``: ``1`` = the compiled CPU kernel alone is neither loaded nor
+  compiled (the CUDA kernels stay in use); ``0`` or unset = as ``RNN_ABLATIONS_NO_KERNEL`` says.
+* ``RNN_ABLATIONS_CUDA_CHECK``: ``0`` = the CUDA kernels' first-use check against the generic
+  path (``rnn_ablations/kernels/cuda/selfcheck.py``) is off; ``1`` or unset = on.
 * ``RNN_ABLATIONS_CACHE``: the folder of the first-use build (default
   ``$XDG_CACHE_HOME/rnn_ablations``, else ``~/.cache/rnn_ablations``); ``~`` is expanded and a
   relative path is taken from the working folder.
@@ -19,7 +23,8 @@ import os
 from typing import Mapping, Optional
 
 __all__ = ["NO_KERNEL", "NO_KERNEL_ALIASES", "kernel_disabled", "kernel_switch_set",
-           "CACHE", "cache_root"]
+           "CACHE", "cache_root", "NO_CPU_KERNEL", "cpu_kernel_disabled", "CUDA_CHECK",
+           "cuda_check_enabled"]
 
 #: the documented switch
 NO_KERNEL = "RNN_ABLATIONS_NO_KERNEL"
@@ -79,3 +84,36 @@ def cache_root(environ: Optional[Mapping[str, str]] = None) -> str:
     base = (env.get("XDG_CACHE_HOME") or "").strip() or os.path.join(os.path.expanduser("~"),
                                                                      ".cache")
     return os.path.join(os.path.abspath(base), "rnn_ablations")
+
+
+#: ``1`` = the compiled CPU kernel alone is neither loaded nor compiled (the CUDA kernels stay in
+#: use): a GPU machine's check that need not wait for the CPU build
+NO_CPU_KERNEL = "RNN_ABLATIONS_NO_CPU_KERNEL"
+#: ``0`` = the CUDA kernels' first-use check against the generic path is off
+#: (rnn_ablations/kernels/cuda/selfcheck.py)
+CUDA_CHECK = "RNN_ABLATIONS_CUDA_CHECK"
+
+
+def _flag(var: str, environ: Optional[Mapping[str, str]], default: bool, meaning: str) -> bool:
+    env = os.environ if environ is None else environ
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip()
+    if value in ("0", "1"):
+        return value == "1"
+    raise ValueError(f"{var}={raw!r} is not understood: set it to 1 or 0 ({meaning}), or unset "
+                     f"it (default {int(default)})")
+
+
+def cpu_kernel_disabled(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ``RNN_ABLATIONS_NO_CPU_KERNEL=1`` asks for no compiled CPU kernel (the generic
+    path runs CPU layers; the CUDA kernels are unaffected).  ``ValueError`` for a value other
+    than ``1``, ``0`` or empty."""
+    return _flag(NO_CPU_KERNEL, environ, False, "1 = no compiled CPU kernel")
+
+
+def cuda_check_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the CUDA kernels' first-use check runs (``RNN_ABLATIONS_CUDA_CHECK``, default
+    ``1``; ``0`` turns it off).  ``ValueError`` for a value other than ``1``, ``0`` or empty."""
+    return _flag(CUDA_CHECK, environ, True, "0 = the CUDA kernels' first-use check is off")

@@ -27,6 +27,7 @@ from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F4
 from .functional import projection_bias
 from .plan import Plan, decide
 from .kernels.projection import input_projection
+from .kernels.cuda import selfcheck as cuda_selfcheck
 from .variants import Variant
 
 __all__ = ["RUNNERS", "run_layer_call", "run_layer", "run_scan_layer", "layer_plan"]
@@ -202,6 +203,10 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
                          "runs on the input reversed within each row's length: pass reverse")
     plan = decide(x, params, h0, c0, scan_layout=scan.scan_applies(variant)
                   if not variant.reads_hidden else False)
+    if plan.path == "cuda":
+        # the CUDA kernels' first-use check: a family that fails it is replaced by the
+        # generic path (kernels/cuda/selfcheck.py)
+        plan = cuda_selfcheck.admit(plan, variant, highway, x)
     return RUNNERS[plan.runner](plan, variant, highway, x, params, h0, c0, batch_sizes,
                                 rec_masks, reverse)
 

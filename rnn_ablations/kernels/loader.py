@@ -558,6 +558,9 @@ def _load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
     if _kernel_disabled():  # read first: nothing is loaded (a ValueError for a bad value)
         return None, (f"{_env.kernel_switch_set()} is set: no compiled kernel is loaded, the "
                       "generic path runs"), ""
+    if _env.cpu_kernel_disabled():  # the CPU kernel alone (the CUDA kernels stay in use)
+        return None, (f"{_env.NO_CPU_KERNEL}=1 is set: the compiled CPU kernel is not loaded, "
+                      "the generic path runs CPU layers"), ""
     module, why = _installed()
     if module is not None:
         return module, None, "installed"
