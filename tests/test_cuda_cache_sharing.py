@@ -260,12 +260,11 @@ def test_header_without_a_field_is_a_damaged_entry(fake, shared_root, caplog, fi
     (lambda p: open(p, "wb").write(b"rnn_ablations-cuda-2\n{not json\n" + b"x" * 10),
      "not JSON"),
     (lambda p: open(p, "wb").write(b"\x7fELF plain binary"), "not a cache entry"),
-    (lambda p: open(p, "wb").write(b'rnn_ablations-cuda-1\n{"size": 1}\nx'), "older format"),
     (lambda p: _rewrite_header(p, lambda m: m.update(expression="other<int>")),
      "holds another program"),
     (lambda p: _rewrite_header(p, lambda m: m.update(kind="ptx")), "not the sm_90"),
     (lambda p: _rewrite_header(p, lambda m: m.update(lowered="")), "empty entry-point name"),
-], ids=["truncated", "header-not-json", "no-magic", "older-format", "other-program",
+], ids=["truncated", "header-not-json", "no-magic", "other-program",
         "other-kind", "empty-name"])
 def test_other_damage_is_named_and_compiled_again(fake, shared_root, caplog, damage, why):
     cache.binary(PROG, 90, quiet=True)
@@ -278,6 +277,21 @@ def test_other_damage_is_named_and_compiled_again(fake, shared_root, caplog, dam
     assert source == "compiled" and len(fake.calls) == 1
     said = _records(caplog, "compiling it again")
     assert len(said) == 1 and why in said[0], caplog.text
+    assert cache.read_entry(path, PROG, "sm_90")[1] is None
+
+
+def test_an_entry_of_an_older_format_is_replaced_as_a_missing_one(fake, shared_root, caplog):
+    cache.binary(PROG, 90, quiet=True)
+    path = _entry(shared_root)
+    with open(path, "wb") as f:
+        f.write(b'rnn_ablations-cuda-1\n{"size": 1}\nx')
+    cache._memory.clear()
+    fake.calls.clear()
+    with caplog.at_level(logging.WARNING, logger="rnn_ablations"):
+        _, source = cache.lookup(PROG, 90)
+    assert source == "compiled" and len(fake.calls) == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "rnn_ablations"]
+    assert len(said) == 1 and "compiling the CUDA kernel" in said[0], said
     assert cache.read_entry(path, PROG, "sm_90")[1] is None
 
 

@@ -112,8 +112,9 @@ def read_entry(path: str, prog: Program, target: str
                ) -> Tuple[Optional[Binary], Optional[str]]:
     """The entry at ``path`` for ``prog`` compiled for ``target``: ``(Binary, None)`` when it is
     whole (every header field, this program and target, the recorded size and SHA-256 of the
-    payload), ``(None, None)`` when there is none, ``(None, why)`` when there is one that
-    cannot be used (``why`` says what is wrong with it)."""
+    payload), ``(None, None)`` when there is none (or one in an older format of the package,
+    replaced like a missing one), ``(None, why)`` when there is one that cannot be used (``why``
+    says what is wrong with it)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -125,7 +126,7 @@ def read_entry(path: str, prog: Program, target: str
         return None, f"cannot be read ({exc.strerror or exc})"
     if not raw.startswith(_MAGIC):
         if raw.startswith(b"rnn_ablations-cuda-"):
-            return None, "was written in an older format (no SHA-256 of its payload)"
+            return None, None  # an older format: compiled again and replaced, as a new program
         return None, "is not a cache entry (its first line is not the package's)"
     head, sep, data = raw[len(_MAGIC):].partition(b"\n")
     try:
