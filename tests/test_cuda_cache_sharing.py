@@ -262,7 +262,7 @@ def test_header_without_a_field_is_a_damaged_entry(fake, shared_root, caplog, fi
     (lambda p: open(p, "wb").write(b"\x7fELF plain binary"), "not a cache entry"),
     (lambda p: _rewrite_header(p, lambda m: m.update(expression="other<int>")),
      "holds another program"),
-    (lambda p: _rewrite_header(p, lambda m: m.update(kind="ptx")), "not the sm_90"),
+    (lambda p: _rewrite_header(p, lambda m: m.update(kind="ptx")), "not the cubin for sm_90"),
     (lambda p: _rewrite_header(p, lambda m: m.update(lowered="")), "empty entry-point name"),
 ], ids=["truncated", "header-not-json", "no-magic", "other-program",
         "other-kind", "empty-name"])

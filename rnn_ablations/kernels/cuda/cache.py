@@ -141,10 +141,10 @@ def read_entry(path: str, prog: Program, target: str
     if meta["expression"] != prog.expression:
         return None, (f"holds another program ({str(meta['expression'])[:80]!r}, not "
                       f"{prog.expression!r})")
-    if meta["target"] != target or meta["kind"] != ("ptx" if target.startswith("compute_")
-                                                    else "cubin"):
-        return None, (f"holds {meta['kind']} for {meta['target']}, not the {target} it is "
-                      "filed under")
+    kind = "ptx" if target.startswith("compute_") else "cubin"
+    if meta["target"] != target or meta["kind"] != kind:
+        return None, (f"holds {meta['kind']} for {meta['target']}, not the {kind} for {target} "
+                      "it is filed under")
     if not isinstance(meta["lowered"], str) or not meta["lowered"]:
         return None, "has an empty entry-point name in its header"
     if len(data) != meta["size"]:
