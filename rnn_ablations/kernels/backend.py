@@ -105,7 +105,8 @@ def _scan_built(module) -> bool:
     """Whether ``module`` has scan kernels with this package's calling convention (an older
     build is not called with arguments it would misread: the layer then runs on the generic
     path, and the plan's reason says to rebuild)."""
-    return _has(module, "scan_forward") and getattr(module, "scan_abi", 1) == SCAN_ABI
+    raw = getattr(module, "raw", module)  # the module behind an operator wrapper
+    return _has(module, "scan_forward") and getattr(raw, "scan_abi", 1) == SCAN_ABI
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,12 @@ typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 #endif
 
+// A kernel's dynamic shared memory (the bytes its launch asks for), as a pointer `name`; the
+// CPU emulation of the CUDA execution model (tests/cuda_emulation) defines its own.
+#if !defined(RNN_ABLATIONS_DYNAMIC_SMEM)
+#define RNN_ABLATIONS_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 namespace rnn_ablations {
 
 // float16: 1 sign, 5 exponent, 10 mantissa bits.  The conversions are the PTX instructions that
@@ -29,14 +35,25 @@ struct Half {
   uint16_t x;
   Half() = default;
   __device__ __forceinline__ Half(float f) {
+#if defined(RNN_ABLATIONS_EMULATION)  // host C++ (tests/cuda_emulation): the same rounding
+    const _Float16 h = static_cast<_Float16>(f);
+    __builtin_memcpy(&x, &h, sizeof(x));
+#else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(x) : "f"(f));
+#endif
   }
   __device__ __forceinline__ Half(double d) : Half(static_cast<float>(d)) {}
   __device__ __forceinline__ Half(int i) : Half(static_cast<float>(i)) {}
   __device__ __forceinline__ operator float() const {
+#if defined(RNN_ABLATIONS_EMULATION)
+    _Float16 h;
+    __builtin_memcpy(&h, &x, sizeof(x));
+    return static_cast<float>(h);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
     return f;
+#endif
   }
   __device__ static __forceinline__ Half from_bits(uint16_t bits) {
     Half h;

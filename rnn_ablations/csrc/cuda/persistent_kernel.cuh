@@ -147,7 +147,7 @@ __device__ __forceinline__ void block_tile_products(const T* __restrict__ w, int
 template <typename T, typename A>
 __global__ void __launch_bounds__(kThreads)
     persistent_forward_kernel(const __grid_constant__ PersistentArgs<T, A> a) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  RNN_ABLATIONS_DYNAMIC_SMEM(smem);
   const KernelSpec& ks = a.ks;
   const int H = a.H, U = a.U, bt = a.bt;
   const int R = static_cast<int>(ks.R);
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename A>
 __global__ void __launch_bounds__(kThreads)
     persistent_backward_kernel(const __grid_constant__ PersistentBackwardArgs<T, A> a) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  RNN_ABLATIONS_DYNAMIC_SMEM(smem);
   const KernelSpec& ks = a.ks;
   const int H = a.H, U = a.U, bt = a.bt;
   const int RH = static_cast<int>(ks.R) * H;

@@ -31,10 +31,12 @@ from .scan import scan_backward, scan_forward
 from .step import plain_backward, plain_forward
 
 __all__ = ["plain_forward", "plain_backward", "scan_forward", "scan_backward", "persistent_forward",
-           "persistent_backward", "persistent_plan", "SCAN_ABI", "pack", "DEVICE_TYPE"]
+           "persistent_backward", "persistent_plan", "scan_abi", "pack", "DEVICE_TYPE"]
 
-#: the scan entry points' calling convention (rnn_ablations.kernels.backend.SCAN_ABI)
-SCAN_ABI = 3
+#: the scan entry points' calling convention, under the name the backend reads from every
+#: kernel module (rnn_ablations.kernels.backend._scan_built; the CPU kernel's module has it too):
+#: it must equal rnn_ablations.kernels.backend.SCAN_ABI
+scan_abi = 3
 
 #: the device type the entry points take (see the module docstring)
 DEVICE_TYPE = "cuda"

@@ -1,0 +1,305 @@
+"""The package's CUDA kernels run on the CPU: the device sources (``rnn_ablations/csrc/cuda``)
+compiled by the host C++ compiler against ``emulation.h`` (the CUDA execution model, as far as
+they use it), and an emulated driver that :func:`rnn_ablations.kernels.cuda.driver.
+set_implementation` installs, so that the host loops (``rnn_ablations.kernels.cuda.host``) run
+unchanged on CPU tensors.
+
+* :func:`build` generates one translation unit that instantiates every program of
+  ``programs.all_programs()`` (checking each kernel's parameter list against
+  ``Program.c_params()``, as the NVRTC signature probe does) and exports
+  ``emulation_launch(name, grid, block, smem, params)``; compiled with ``g++ -O1 -pthread`` into
+  ``<cache>/cuda_emulation/<digest>/`` (``<cache>``: ``$RNN_ABLATIONS_CACHE``, else
+  ``~/.cache/rnn_ablations``), the digest covering the device sources, ``emulation.h``, the
+  generated source and the compiler's command, so a process builds once and later runs read it.
+* :class:`EmulatedDevice` answers the driver's questions as a small GPU would: cooperative
+  launch, ``SMS`` multiprocessors, ``SMEM_OPTIN`` bytes of shared memory a block may opt in to,
+  and an occupancy computed from the threads and shared memory a block asks for; a launch that
+  a GPU would refuse (too many threads, more shared memory than allowed, a cooperative grid
+  that cannot be resident) raises ``CudaDriverError``.
+* :func:`installed` (a context manager) installs it and sets ``host.DEVICE_TYPE = "cpu"``, and
+  restores both; ``tests/cuda_emulation/conftest.py`` has it as the fixture ``emulated_cuda``.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from typing import Dict, Iterator, Optional
+
+import torch
+
+from rnn_ablations.kernels.cuda import driver, programs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEADER = os.path.join(HERE, "emulation.h")
+CXX = os.environ.get("CXX", "g++")
+FLAGS = ["-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w"]
+
+#: the emulated device
+SMS = 2                      # multiprocessors
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 16
+SMEM_PER_SM = 100 * 1024     # shared memory of one SM
+SMEM_OPTIN = 99 * 1024       # the most one block may opt in to
+SMEM_DEFAULT = 48 * 1024     # without opting in
+SMEM_RESERVED = 1024         # per resident block (the driver's own)
+MAX_THREADS = 1024           # per block
+NAME = "CUDA emulation on the CPU"
+
+#: how the threads of a block that synchronises run (emulation.h Mode): "fibers" (one fiber per
+#: CUDA thread, switched at its barriers) or "os" (one OS thread per CUDA thread); the blocks of a
+#: grid always run on OS threads of their own, concurrently
+THREAD_MODES = {"os": 0, "fibers": 1}
+
+_THREADED = ("persistent_forward", "persistent_backward")  # kernels that synchronise
+
+
+def source(progs=None) -> str:
+    """The translation unit: every program's kernel, its signature checked, in one table."""
+    progs = programs.all_programs() if progs is None else progs
+    headers = sorted({p.header for p in progs})
+    lines = ['#include "emulation.h"'] + [f'#include "{h}"' for h in headers]
+    entries = []
+    for p in progs:
+        sig = ", ".join(p.c_params())
+        lines.append(f"static_assert(std::is_same<decltype({p.expression}), void({sig})>::value, "
+                     f"\"{p.name}: the kernel's parameters are not the launcher's\");")
+        entries.append(f'  {{"{p.name}", &rnn_emu::call<&{p.expression}>, '
+                       f'{"true" if p.family in _THREADED else "false"}}},')
+    lines += ["static const rnn_emu::Entry kEntries[] = {"] + entries + ["};", r'''
+extern "C" int emulation_launch(const char* name, unsigned int grid, unsigned int block,
+                                unsigned long long smem, void** params) {
+  for (const rnn_emu::Entry& e : kEntries)
+    if (std::strcmp(e.name, name) == 0) return rnn_emu::run_grid(e, grid, block, smem, params);
+  return 1;
+}
+extern "C" long long emulation_launches() { return rnn_emu::launch_count.load(); }
+extern "C" int emulation_programs() { return sizeof(kEntries) / sizeof(kEntries[0]); }
+extern "C" void emulation_set_mode(int m) { rnn_emu::mode.store(m); }
+''']
+    return "\n".join(lines)
+
+
+def _cache_root() -> str:
+    base = os.environ.get("RNN_ABLATIONS_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "rnn_ablations")
+    return os.path.join(base, "cuda_emulation")
+
+
+def _digest(csrc: str, text: str, command) -> str:
+    h = hashlib.sha256()
+    for path in sorted(_device_files(csrc)) + [HEADER]:
+        h.update(os.path.relpath(path, csrc if path != HEADER else HERE).encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(f.read() + b"\0")
+    h.update(text.encode() + b"\0" + " ".join(command).encode())
+    return h.hexdigest()[:24]
+
+
+def _device_files(csrc: str):
+    cuda = os.path.join(csrc, "cuda")
+    return [os.path.join(cuda, f) for f in os.listdir(cuda) if f.endswith(".cuh")] + [
+        os.path.join(csrc, "common", "kernel_spec.h"), os.path.join(csrc, "common", "elementwise.h")]
+
+
+_build_lock = threading.Lock()
+last_build_seconds: Optional[float] = None  # the compiler's time of the last build (None: cached)
+
+
+def build(csrc: Optional[str] = None, cache_root: Optional[str] = None) -> str:
+    """The shared library of the emulated kernels compiled from the device sources under
+    ``csrc`` (default: the package's), built once per digest; -> its path."""
+    global last_build_seconds
+    import time
+    csrc = os.path.abspath(csrc or programs.CSRC)
+    text = source()
+    include = [f"-I{HERE}", f"-I{csrc}"] + [f"-I{p}" for p in _torch_includes()]
+    digest = _digest(csrc, text, [CXX] + FLAGS)
+    folder = os.path.join(cache_root or _cache_root(), digest)
+    lib = os.path.join(folder, "cuda_emulation.so")
+    with _build_lock:
+        if os.path.exists(lib):
+            last_build_seconds = None
+            return lib
+        if shutil.which(CXX) is None:
+            raise RuntimeError(f"the CUDA emulation needs a C++ compiler ({CXX} not found; set CXX)")
+        os.makedirs(folder, exist_ok=True)
+        work = tempfile.mkdtemp(prefix=".build-", dir=folder)
+        try:
+            src = os.path.join(work, "cuda_emulation.cpp")
+            with open(src, "w") as f:
+                f.write(text)
+            out = os.path.join(work, "cuda_emulation.so")
+            start = time.perf_counter()
+            done = subprocess.run([CXX] + FLAGS + include + [src, "-o", out],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError("the CUDA emulation does not compile:\n"
+                                   + done.stderr[-6000:])
+            last_build_seconds = time.perf_counter() - start
+            os.replace(out, lib)  # atomic: a concurrent run sees all of it or none
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return lib
+
+
+def _torch_includes():
+    # kernel_spec.h's host part includes c10/util/Exception.h (TORCH_CHECK); nothing of it is
+    # used by the device code, but the header must be found
+    root = os.path.join(os.path.dirname(torch.__file__), "include")
+    return [root]
+
+
+_libs: Dict[str, ctypes.CDLL] = {}
+
+
+def load(csrc: Optional[str] = None, cache_root: Optional[str] = None) -> ctypes.CDLL:
+    path = build(csrc, cache_root)
+    lib = _libs.get(path)
+    if lib is None:
+        lib = ctypes.CDLL(path)
+        lib.emulation_launch.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint,
+                                         ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_void_p)]
+        lib.emulation_launch.restype = ctypes.c_int
+        lib.emulation_launches.restype = ctypes.c_longlong
+        lib.emulation_programs.restype = ctypes.c_int
+        lib.emulation_set_mode.argtypes = [ctypes.c_int]
+        _libs[path] = lib
+    return lib
+
+
+class EmulatedKernel:
+    """A program "loaded" on the emulated device: the attributes and occupancy of
+    ``driver.Kernel``."""
+
+    def __init__(self, prog: programs.Program, device):
+        self.prog, self.device = prog, device
+        self.smem_limit = SMEM_DEFAULT
+
+    def allow_shared_memory(self, nbytes: int) -> None:
+        if nbytes > SMEM_OPTIN:
+            raise driver.CudaDriverError(
+                f"emulated cuFuncSetAttribute({self.prog.name}, {nbytes} bytes of shared "
+                f"memory): CUDA_ERROR_INVALID_VALUE, the device allows {SMEM_OPTIN}")
+        self.smem_limit = max(self.smem_limit, nbytes)
+
+    def resident_blocks_per_sm(self, threads: int, smem: int) -> int:
+        """As cuOccupancyMaxActiveBlocksPerMultiprocessor: the blocks of ``threads`` threads and
+        ``smem`` bytes that one SM holds at once (threads, shared memory, block slots)."""
+        if threads <= 0 or threads > MAX_THREADS or smem > self.smem_limit:
+            return 0
+        by_threads = THREADS_PER_SM // threads
+        by_smem = SMEM_PER_SM // (smem + SMEM_RESERVED)
+        return max(0, min(by_threads, by_smem, BLOCKS_PER_SM))
+
+
+class EmulatedDevice:
+    """The implementation of ``driver.kernel`` / ``launch`` / ``device_attribute`` that runs the
+    kernels on the CPU (see the module docstring)."""
+
+    def __init__(self, csrc: Optional[str] = None, threads: Optional[str] = None):
+        threads = threads or os.environ.get("RNN_ABLATIONS_EMULATION_THREADS", "fibers")
+        if threads not in THREAD_MODES:
+            raise ValueError(f"EmulatedDevice: threads={threads!r}; one of {sorted(THREAD_MODES)} "
+                             "(RNN_ABLATIONS_EMULATION_THREADS)")
+        self.threads = threads
+        self.lib = load(csrc)
+        self._kernels: Dict[tuple, EmulatedKernel] = {}
+
+    def kernel(self, prog, device):
+        key = (device, prog)
+        if key not in self._kernels:
+            self._kernels[key] = EmulatedKernel(prog, device)
+        return self._kernels[key]
+
+    def device_attribute(self, attr: int, device) -> int:
+        values = {driver.ATTR_MULTIPROCESSOR_COUNT: SMS, driver.ATTR_COOPERATIVE_LAUNCH: 1,
+                  driver.ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: SMEM_OPTIN,
+                  driver.ATTR_COMPUTE_CAPABILITY_MAJOR: 8, driver.ATTR_COMPUTE_CAPABILITY_MINOR: 0}
+        if attr not in values:
+            raise driver.CudaDriverError(f"the CUDA emulation has no device attribute {attr}")
+        return values[attr]
+
+    def launches(self) -> int:
+        """Launches run so far in this process (all emulated devices of one build)."""
+        return int(self.lib.emulation_launches())
+
+    def launch(self, k, args, grid, block, smem=0, cooperative=False):
+        what = f"emulated launch of {k.prog.name} (grid {grid}, block {block}, smem {smem})"
+        if not (0 < block <= MAX_THREADS and grid > 0):
+            raise driver.CudaDriverError(f"{what}: CUDA_ERROR_INVALID_VALUE")
+        if smem > k.smem_limit:
+            raise driver.CudaDriverError(f"{what}: CUDA_ERROR_INVALID_VALUE, {smem} bytes of "
+                                         f"shared memory above the kernel's {k.smem_limit}")
+        if cooperative and grid > k.resident_blocks_per_sm(block, smem) * SMS:
+            raise driver.CudaDriverError(f"{what}: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE")
+        if k.prog.family in _THREADED and not cooperative:
+            raise driver.CudaDriverError(f"{what}: a grid barrier needs a cooperative launch")
+        params = args if isinstance(args, ctypes.Array) else driver.params_of(args)
+        params = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        self.lib.emulation_set_mode(THREAD_MODES[self.threads])
+        code = self.lib.emulation_launch(k.prog.name.encode(), grid, block, smem, params)
+        if code != 0:
+            raise driver.CudaDriverError(f"{what}: "
+                                         + ("no such program" if code == 1
+                                            else "could not start its threads"))
+
+
+@contextlib.contextmanager
+def installed(device: Optional[EmulatedDevice] = None) -> Iterator[EmulatedDevice]:
+    """Run the host loops on CPU tensors with the kernels emulated: installs ``device`` (a new
+    :class:`EmulatedDevice` by default) as the driver's implementation, sets
+    ``host.DEVICE_TYPE = "cpu"``, and, on a torch without CUDA, lets ``torch.cuda.device``,
+    ``torch.cuda.get_device_name`` and ``Tensor.pin_memory`` accept CPU tensors; restores all."""
+    from rnn_ablations.kernels.cuda import host
+    device = device or EmulatedDevice()
+    saved = [(host, "DEVICE_TYPE", host.DEVICE_TYPE)]
+    host.DEVICE_TYPE = "cpu"
+    if not torch.cuda.is_available():
+        real_device, real_name = torch.cuda.device, torch.cuda.get_device_name
+        real_pin = torch.Tensor.pin_memory
+        saved += [(torch.cuda, "device", real_device),
+                  (torch.cuda, "get_device_name", real_name),
+                  (torch.Tensor, "pin_memory", real_pin)]
+
+        def device_scope(d):
+            if d is None or (isinstance(d, torch.device) and d.type == "cpu"):
+                return contextlib.nullcontext()
+            return real_device(d)
+
+        torch.cuda.device = device_scope
+        torch.cuda.get_device_name = lambda d=None: NAME
+        torch.Tensor.pin_memory = lambda self, *a, **k: self
+    props = _plan_caches()
+    for cache in props:
+        cache.clear()
+    previous = driver.set_implementation(device)
+    try:
+        yield device
+    finally:
+        driver.set_implementation(previous)
+        for cache in props:
+            cache.clear()
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+def _plan_caches():
+    """The host modules' caches of device properties (so that the emulated device's answers,
+    not an earlier device's, are read)."""
+    import importlib
+    caches = []
+    for mod in ("host", "persistent", "common"):
+        try:
+            m = importlib.import_module(f"rnn_ablations.kernels.cuda.{mod}")
+        except ImportError:
+            continue
+        got = getattr(m, "_props", None)
+        if isinstance(got, dict):
+            caches.append(got)
+    return caches
