@@ -111,13 +111,14 @@ _build_lock = threading.Lock()
 last_build_seconds: Optional[float] = None  # the compiler's time of the last build (None: cached)
 
 
-def build(csrc: Optional[str] = None, cache_root: Optional[str] = None) -> str:
+def build(csrc: Optional[str] = None, cache_root: Optional[str] = None, progs=None) -> str:
     """The shared library of the emulated kernels compiled from the device sources under
-    ``csrc`` (default: the package's), built once per digest; -> its path."""
+    ``csrc`` (default: the package's), of the programs ``progs`` (default: all), built once per
+    digest; -> its path."""
     global last_build_seconds
     import time
     csrc = os.path.abspath(csrc or programs.CSRC)
-    text = source()
+    text = source(progs)
     include = [f"-I{HERE}", f"-I{csrc}"] + [f"-I{p}" for p in _torch_includes()]
     digest = _digest(csrc, text, [CXX] + FLAGS)
     folder = os.path.join(cache_root or _cache_root(), digest)
@@ -158,8 +159,8 @@ def _torch_includes():
 _libs: Dict[str, ctypes.CDLL] = {}
 
 
-def load(csrc: Optional[str] = None, cache_root: Optional[str] = None) -> ctypes.CDLL:
-    path = build(csrc, cache_root)
+def load(csrc: Optional[str] = None, cache_root: Optional[str] = None, progs=None) -> ctypes.CDLL:
+    path = build(csrc, cache_root, progs)
     lib = _libs.get(path)
     if lib is None:
         lib = ctypes.CDLL(path)
@@ -202,13 +203,13 @@ class EmulatedDevice:
     """The implementation of ``driver.kernel`` / ``launch`` / ``device_attribute`` that runs the
     kernels on the CPU (see the module docstring)."""
 
-    def __init__(self, csrc: Optional[str] = None, threads: Optional[str] = None):
+    def __init__(self, csrc: Optional[str] = None, threads: Optional[str] = None, progs=None):
         threads = threads or os.environ.get("RNN_ABLATIONS_EMULATION_THREADS", "fibers")
         if threads not in THREAD_MODES:
             raise ValueError(f"EmulatedDevice: threads={threads!r}; one of {sorted(THREAD_MODES)} "
                              "(RNN_ABLATIONS_EMULATION_THREADS)")
         self.threads = threads
-        self.lib = load(csrc)
+        self.lib = load(csrc, progs=progs)
         self._kernels: Dict[tuple, EmulatedKernel] = {}
 
     def kernel(self, prog, device):

@@ -1,0 +1,106 @@
+"""The emulation's checks can fail: each test below breaks one thing the way a bug would (on a
+copy or by monkeypatching, never in the repository) and asserts that the corresponding check of
+test_cuda_emulation.py then fails:
+
+(a) the CUDA host module without ``scan_abi`` (the name backend._scan_built reads): the backend
+    no longer finds the CUDA scan;
+(b) the step loop's c_{t-1} pointer one element off: the step kernel's results differ from the
+    generic path;
+(c) the persistent forward kernel without its grid barrier (built from a copy of csrc with the
+    call removed): a block reads h_{t-1} before the other blocks wrote it, and some run of a few
+    differs from the generic path (blocks are concurrent OS threads: the race is real).
+"""
+import importlib.util
+import inspect
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+from rnn_ablations.kernels.cuda import host, programs
+
+import emulator
+import test_cuda_emulation as checks
+
+
+def test_without_scan_abi_the_backend_loses_the_cuda_scan(emulated_cuda, monkeypatch):
+    monkeypatch.delattr(host, "scan_abi")
+    monkeypatch.setattr(host, "SCAN_ABI", 3, raising=False)  # the name it had: not the one read
+    with pytest.raises(AssertionError, match="cuda_scan=False"):
+        checks.test_backend_runs_the_cuda_step_scan_and_persistent_kernels(emulated_cuda,
+                                                                          monkeypatch)
+
+
+STEP_MUTATION = ("a_cp.value = p_c0 if t == 0 else p_cs + (t - 1) * B * H * ea",
+                 "a_cp.value = p_c0 if t == 0 else p_cs + ((t - 1) * B * H + 1) * ea")
+
+
+def _mutated_module(module, old, new):
+    """A copy of ``module`` with ``old`` replaced by ``new`` in its source (once)."""
+    text = inspect.getsource(module)
+    assert text.count(old) >= 1, (
+        f"the mutation's pattern is no longer in {module.__file__}: update STEP_MUTATION "
+        f"({old!r})")
+    spec = importlib.util.spec_from_loader(module.__name__ + "_mutated", loader=None)
+    copy = importlib.util.module_from_spec(spec)
+    copy.__package__ = module.__package__
+    copy.__file__ = module.__file__
+    exec(compile(text.replace(old, new, 1), module.__file__, "exec"), copy.__dict__)
+    return copy
+
+
+def test_a_step_pointer_one_element_off_is_caught(emulated_cuda, monkeypatch):
+    x = checks._layer("lstm", False, torch.float32)
+    checks._check(x, False, torch.float32)  # the real loop passes
+    owner = sys.modules[host.plain_forward.__module__]
+    copy = _mutated_module(owner, *STEP_MUTATION)
+    monkeypatch.setattr(host, "plain_forward", copy.plain_forward)
+    with pytest.raises(AssertionError, match="max \\|error\\|"):
+        checks._check(x, False, torch.float32)
+
+
+BARRIER_CALL = "if (s + 1 < a.steps) grid_barrier(a.barrier, arrivals);"
+
+
+def unbarriered_device(tmp_path) -> emulator.EmulatedDevice:
+    """The persistent kernels built from a copy of csrc whose forward has no grid barrier."""
+    csrc = tmp_path / "csrc"
+    shutil.copytree(programs.CSRC, csrc)
+    path = csrc / "cuda" / "persistent_kernel.cuh"
+    text = path.read_text()
+    assert text.count(BARRIER_CALL) == 1, f"update BARRIER_CALL: not found in {path}"
+    path.write_text(text.replace(BARRIER_CALL, "", 1))
+    progs = [p for p in programs.all_programs() if p.family.startswith("persistent")]
+    return emulator.EmulatedDevice(csrc=str(csrc), progs=progs)
+
+
+def wrong_runs(device, runs: int) -> int:
+    """Of ``runs`` persistent forwards on 4 blocks, how many differ from the generic path."""
+    x = checks._layer("lstm", False, torch.float32, T=6, B=2, H=8, padded=False, mask=False,
+                      seed=13)
+    (want, *_), _ = checks._reference(x, False)
+    wrong = 0
+    with emulator.installed(device):
+        for _ in range(runs):
+            out = host.persistent_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"],
+                                          x["h0"], x["c0"], x["bs"], x["mask"], False, 4, 0)[0]
+            wrong += not torch.allclose(out.double(), want, atol=1e-4, rtol=1e-4)
+    return wrong
+
+
+def test_a_missing_grid_barrier_is_caught(emulation_device, tmp_path):
+    assert wrong_runs(emulation_device, 2) == 0  # the real kernel
+    device = unbarriered_device(tmp_path)
+    assert wrong_runs(device, 5) >= 1
+
+
+if __name__ == "__main__":  # how often the race shows: python test_cuda_emulation_mutations.py
+    import tempfile
+    import pathlib
+    n = int(os.environ.get("RUNS", "20"))
+    with tempfile.TemporaryDirectory() as tmp:
+        device = unbarriered_device(pathlib.Path(tmp))
+        print(f"without the grid barrier: {wrong_runs(device, n)} of {n} runs wrong "
+              f"(threads: {device.threads})")
