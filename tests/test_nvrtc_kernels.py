@@ -5,7 +5,8 @@ structs' layouts and its parameter lists are the kernels' (probes that NVRTC com
 they agree, and that fail when they do not); the launcher's spec decoder agrees with the CPU
 kernel's (kernel_spec.h) on every variant; the cache is written atomically and survives a
 damaged file (a changed byte is caught by the SHA-256 in the entry's header).  Launch and
-numerics need a GPU: tests/test_cuda.py."""
+numerics: tests/cuda_emulation (the device code and the host loops run on the CPU) and
+tests/test_cuda.py (on a GPU)."""
 import io
 import os
 import shutil
@@ -297,114 +298,6 @@ def test_nvrtc_gpu_check_stops_at_its_gate_without_the_cuda_kernels(tmp_path):
     summary = (tmp_path / "gpu_check_summary.txt").read_text().splitlines()
     assert len(summary) == 1 and summary[0].startswith("FAIL  gate:"), summary
     assert ("no CUDA" in summary[0]) or ("no CUDA device" in summary[0])
-
-
-class _RecordingDriver:
-    """Stands for the CUDA driver so that the host loops (kernels/cuda/host.py) run on CPU
-    tensors: each launch records its grid and the first 8 bytes of each argument (an int64, a
-    pointer; for a struct, its copy)."""
-
-    def __init__(self, monkeypatch):
-        import contextlib
-        import ctypes
-        import torch
-        from rnn_ablations.kernels.cuda import driver, host
-        self.launches = []
-        recorder = self
-
-        class Kernel:
-            def __init__(self, prog):
-                self.prog = prog
-
-            def allow_shared_memory(self, nbytes):
-                pass
-
-            def resident_blocks_per_sm(self, threads, smem):
-                return 1
-
-        def launch(k, args, grid, block, smem=0, cooperative=False):
-            params = args if isinstance(args, ctypes.Array) else driver.params_of(args)
-            sizes = [ctypes.sizeof(structs.STRUCTS[s]) if s in structs.STRUCTS else 8
-                     for _, s in programs.PARAMS[k.prog.family]]
-            values = [ctypes.string_at(a, n) for a, n in zip(params, sizes)]
-            recorder.launches.append((k.prog.family, grid, block, cooperative, [
-                int.from_bytes(v, "little") if len(v) == 8 else v for v in values]))
-
-        monkeypatch.setattr(host, "DEVICE_TYPE", "cpu")
-        monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-        monkeypatch.setattr(driver, "kernel", lambda prog, device: Kernel(prog))
-        monkeypatch.setattr(driver, "launch", launch)
-        from rnn_ablations.kernels.cuda import persistent
-        monkeypatch.setattr(persistent, "_device_props",
-                            lambda device: (1, 4, 200 * 1024, "stand-in"))
-        persistent._props.clear()
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_nvrtc_host_step_loop_moves_its_pointers_with_the_steps(dtype, monkeypatch):
-    """The step loops launch once per active step with the pointers of that step's slices
-    (checked against the tensors they return), and run their GEMMs and final states."""
-    import torch
-    from rnn_ablations import get_variant
-    from rnn_ablations.kernels.cuda import host
-    rec = _RecordingDriver(monkeypatch)
-    t = getattr(torch, dtype)
-    v = get_variant("lstm")
-    T, B, H, R = 4, 3, 5, 4
-    proj = torch.randn(T, B, R * H, dtype=t)
-    w_hh = torch.randn(R * H, H, dtype=t)
-    h0, c0 = torch.randn(B, H, dtype=t), torch.randn(B, H, dtype=t)
-    bs = torch.tensor([3, 3, 2, 0])
-    out, h_n, c_n, gates, cs, hin = host.plain_forward(v.kernel_spec, False, proj, w_hh, h0, c0, bs,
-                                                 torch.empty(0), True)
-    assert [r[0] for r in rec.launches] == ["step_forward"] * 3  # stops at the empty step
-    for step, (_, grid, block, _, a) in enumerate(rec.launches):
-        n = int(bs[step])
-        assert a[1] == n and a[2] == H and a[3] == R * H and grid == 1 and block == 256
-        assert a[4] == gates[step].data_ptr() and a[5] == 0  # no input-only block
-        assert a[7] == cs[step].data_ptr() and a[8] == out[step].data_ptr()
-        assert a[6] == (cs[step - 1].data_ptr() if step else 0) or step == 0
-    assert gates.dtype == cs.dtype == (torch.float32 if dtype == "bfloat16" else t)
-    rec.launches.clear()
-    d = host.plain_backward(v.kernel_spec, False, torch.ones(T, B, H, dtype=t), torch.ones(B, H, dtype=t),
-                      torch.ones(B, H, dtype=t), gates, cs, hin, out, proj, w_hh, h0, c0, bs,
-                      torch.empty(0))
-    assert [tuple(x.shape) for x in d] == [(T, B, R * H), (R * H, H), (B, H), (B, H)]
-    assert [r[4][1] for r in rec.launches] == [2, 3, 3]  # steps 2, 1, 0 (step 3 has no row)
-    for (_, _, _, _, a), step in zip(rec.launches, (2, 1, 0)):
-        assert a[4] == gates[step].data_ptr() and a[12] == d[0][step].data_ptr()
-        assert a[6] == cs[step].data_ptr()
-
-
-def test_nvrtc_host_scan_and_persistent_pack_their_structs(monkeypatch):
-    import torch
-    from rnn_ablations import get_variant
-    from rnn_ablations.kernels.cuda import host
-    rec = _RecordingDriver(monkeypatch)
-    v = get_variant("lstm_minus_srnn_minus_hidden")
-    T, B, H, D = 3, 2, 4, 2
-    G = structs.decode_scan_spec(v.kernel_spec, False, "test").G
-    proj = torch.randn(T, B, D * G * H)
-    h0, c0 = torch.zeros(D, B, H), torch.zeros(D, B, H)
-    out, h_n, c_n, cs = host.scan_forward(v.kernel_spec, False, proj, h0, c0,
-                                          torch.full((T,), B), True)
-    ((fam, grid, block, _, a),) = rec.launches
-    assert fam == "scan_forward" and grid == 1 and block == 256
-    assert a[3] == 0 and a[4] == proj.data_ptr() and a[8] == out.data_ptr()
-    assert a[11] == cs.data_ptr() and a[5] == 0  # no lengths (all rows full), no bias
-    lstm = get_variant("lstm")
-    R = 4
-    p = torch.randn(T, B, R * H)
-    w = torch.randn(R * H, H)
-    rec.launches.clear()
-    res = host.persistent_forward(lstm.kernel_spec, False, p, w, torch.zeros(B, H),
-                                  torch.zeros(B, H), torch.tensor([2, 2, 1]), torch.empty(0), True,
-                                  0, 0)
-    ((fam, grid, block, coop, (args,)),) = rec.launches
-    assert fam == "persistent_forward" and coop and block == 512 and grid == 4  # one unit each
-    a = structs.PersistentArgs.from_buffer_copy(args)
-    assert (a.H, a.B, a.P, a.U, a.steps, a.n_after) == (H, B, R * H, 1, 3, 0)
-    assert list(a.n[:3]) == [2, 2, 1] and a.out == res[0].data_ptr() and a.barrier
 
 
 def test_nvrtc_targets_cubin_for_a_known_arch_and_ptx_above_the_newest():

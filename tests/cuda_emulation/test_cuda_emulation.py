@@ -35,7 +35,7 @@ def _close(got, want, dtype, what):
 def _batch_sizes(T, B, padded):
     if not padded:
         return torch.full((T,), B, dtype=torch.int64)
-    lengths = [max(1, T - 2 * b) for b in range(B)]  # row 0 full, the others shorter
+    lengths = [max(1, T - 1 - 2 * b) for b in range(B)]  # the last step has no row at all
     return torch.tensor([sum(n > t for n in lengths) for t in range(T)], dtype=torch.int64)
 
 
