@@ -5,15 +5,11 @@
 * ``emulated_cuda``: that device installed as the CUDA driver's implementation for one test,
   with ``host.DEVICE_TYPE = "cpu"`` (emulator.installed), restored after it.
 """
-import os
 import shutil
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import emulator  # noqa: E402
+from . import emulator
 
 
 @pytest.fixture(scope="session")

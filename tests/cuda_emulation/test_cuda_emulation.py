@@ -13,7 +13,7 @@ from rnn_ablations.functional import generic_layer
 from rnn_ablations.kernels.cuda import host, programs
 from rnn_ablations.variants import VARIANTS_TABLE
 
-import emulator
+from . import emulator
 
 STEP_VARIANTS = [n for n in VARIANTS_TABLE if get_variant(n).reads_hidden]
 SCAN_VARIANTS = [n for n in VARIANTS_TABLE if not get_variant(n).reads_hidden]

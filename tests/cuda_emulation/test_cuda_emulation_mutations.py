@@ -21,8 +21,8 @@ import torch
 
 from rnn_ablations.kernels.cuda import host, programs
 
-import emulator
-import test_cuda_emulation as checks
+from . import emulator
+from . import test_cuda_emulation as checks
 
 
 def test_without_scan_abi_the_backend_loses_the_cuda_scan(emulated_cuda, monkeypatch):
@@ -96,7 +96,8 @@ def test_a_missing_grid_barrier_is_caught(emulation_device, tmp_path):
     assert wrong_runs(device, 5) >= 1
 
 
-if __name__ == "__main__":  # how often the race shows: python test_cuda_emulation_mutations.py
+if __name__ == "__main__":  # how often the race shows (from tests/):
+    # python -m cuda_emulation.test_cuda_emulation_mutations
     import tempfile
     import pathlib
     n = int(os.environ.get("RUNS", "20"))

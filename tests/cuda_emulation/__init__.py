@@ -1,0 +1,1 @@
+"""The CUDA kernels executed on the CPU (README.md)."""
