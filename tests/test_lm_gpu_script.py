@@ -150,19 +150,25 @@ def test_setup_on_a_machine_without_a_gpu_names_what_is_missing(tmp_path):
 
 
 def test_the_loan_script_keeps_its_budget_and_brings_back_few_files(tmp_path):
-    """benchmarks/gpu_loan.sh on the CPU: with too little budget left for PTB call 1 it says so and
-    skips it, runs the variable-length speed table (tiny), and leaves at most 8 files in OUT (what
-    a device call brings back): the summary, the tarball, the merged table and the speed table; a
-    second command with RESUME=1 skips the steps done."""
+    """benchmarks/gpu_loan.sh on the CPU: the check runs gpu_check.sh's dry run (its in-use step
+    on the CUDA emulation: every kernel family ran and passed its first-use check); with too
+    little budget left for PTB call 1 it says so and skips it, runs the variable-length speed
+    table (tiny), and leaves at most 8 files in OUT (what a device call brings back): the
+    summary, the tarball, the merged table and the speed table; a second command with RESUME=1
+    skips the steps done."""
     out = tmp_path / "out"
     env = _env(tmp_path, LOAN_STATE=str(tmp_path / "state"), SPEED_S="80", KEEP_SPEED="1",
+               GPU_CHECK_STEPS="in_use",
                SPEED_ARGS="--shape-spec tiny:1:6:5:bi:3 --median-length 8 --min-length 2 "
                           "--max-length 12 --batches 2 --warmup 1 --variants ran --dtype float32")
     p = subprocess.run(["bash", "benchmarks/gpu_loan.sh", str(out), "120"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = (out / "summary.txt").read_text()
-    assert "check: skipped (device cpu)" in summary
+    assert "check: benchmarks/gpu_check.sh exit 0" in summary, summary
+    for family in ("step", "scan", "persistent"):
+        assert f"INFO  in_use: family {family}: [" in summary, summary
+    assert "passed" in summary and "FAILED" not in summary and "eager step loop" in summary
     assert "ptb1: SKIPPED" in summary and "RESUME=1" in summary
     assert "speed: benchmarks/speed_variable_length.py exit 0" in summary, summary
     names = sorted(f.name for f in out.iterdir())
