@@ -327,3 +327,23 @@ def test_step_loop_makes_one_driver_call_per_step(backward, monkeypatch):
     # process: by the first call)
     assert all(n <= counts[2][0].get(name, 0) for name, n in counts[7][0].items())
     assert sum(counts[7][0].values()) <= 2, counts[7][0]
+
+
+@needs_cpu_kernel
+def test_backend_kernel_raises_where_the_check_failed(monkeypatch):
+    """Asked for explicitly (backend='kernel'), a family that failed its check is an error that
+    says why, at every call; the auto backend then runs the generic path."""
+    v = get_variant("lstm")
+    tensors, bs = _layer(v)
+    wrong = _Wrong("d_w_hh")
+    cuda_plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda_steps")
+    monkeypatch.setattr(dispatch, "decide", lambda *a, **k: cuda_plan)
+    monkeypatch.setattr(selfcheck, "_raw_module", lambda: wrong)
+    with pytest.warns(RuntimeWarning, match="failed their check"):
+        _run(v, tensors, bs)
+    for _ in range(2):
+        with ra.use_backend("kernel"), pytest.raises(
+                RuntimeError, match=r"backend='kernel': the CUDA kernels "
+                                    r"step_forward\[float32\]\+step_backward\[float32\] failed "
+                                    r"their check on cpu \(d_w_hh differs"):
+            _run(v, tensors, bs)

@@ -1,7 +1,8 @@
 """The CUDA kernels' first-use check: before an instantiation serves its first layer call on a
 device in this process, a tiny layer runs on it and on the generic path, and the two are
 compared; an instantiation that fails is not used again in the process, and the generic path
-(same numbers, slower) serves that call and the later ones.
+(same numbers, slower) serves that call and the later ones; with ``backend="kernel"`` (asked for
+explicitly) the call raises ``RuntimeError`` with the reason instead.
 
 What is checked together is a *family* of one call: the forward and the backward programs it
 runs (:func:`families`): ``step_forward`` + ``step_backward`` of a dtype; ``scan_forward`` +
@@ -146,7 +147,7 @@ def admit(plan, variant, highway: bool, x: torch.Tensor, module=None):
     memo = (plan, variant.name, bool(highway), dtype, device)
     got = _admitted.get(memo)
     if got is not None:
-        return got
+        return got if got is plan else _refused(got, plan, device)
     failed = None
     for fam in families(plan, variant, highway, dtype):
         key = (device, fam.name)
@@ -175,7 +176,20 @@ def admit(plan, variant, highway: bool, x: torch.Tensor, module=None):
                                   warning=None)
     if module is None:
         _admitted[memo] = got
-    return got
+    return got if got is plan else _refused(got, plan, device)
+
+
+def _refused(generic, plan, device: str):
+    """``generic`` (the fallback of a failed check), or ``RuntimeError`` where the call asked for
+    the kernels explicitly (``backend="kernel"``)."""
+    from ...settings import get_options
+    if get_options().backend == "kernel":
+        name = generic.reason[len("the CUDA kernels "):-len(" failed their check")]
+        raise RuntimeError(
+            f"backend='kernel': the CUDA kernels {name} failed their check on {device} "
+            f"({_results.get((device, name))}); the auto backend runs the generic path instead "
+            "(rnn_ablations.options(backend='auto'))")
+    return generic
 
 
 def _capturing(device: torch.device) -> bool:
