@@ -162,7 +162,7 @@ def check_plain_inputs(proj, w_hh, h0, c0, batch_sizes, who) -> List[int]:
 
 
 def check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out, w_hh, h0,
-                           c0, batch_sizes, rec_mask, P, who):
+                          c0, batch_sizes, rec_mask, P, who):
     H = check_w_hh(w_hh, who)
     if not (out.dim() == 3 and out.size(2) == H and out.is_contiguous() and on_device(out)):
         raise RuntimeError(f"{who}: out must be the forward's contiguous (T, B, H) output on cuda")
@@ -234,13 +234,13 @@ def forward_inputs(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, who
 
 
 def backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out, proj, w_hh, h0, c0,
-                     batch_sizes, rec_mask, who):
+                    batch_sizes, rec_mask, who):
     """The checks and sizes both backward step loops (eager and persistent) start from:
     -> (decoded spec, batch sizes, H, T, B, P, R)."""
     if proj.dim() != 3:
         raise RuntimeError(f"{who}: proj must be (T, B, (R+X)*H)")
     ks, bs = check_backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin, out,
-                                    w_hh, h0, c0, batch_sizes, rec_mask, proj.size(2), who)
+                                   w_hh, h0, c0, batch_sizes, rec_mask, proj.size(2), who)
     check_like(proj, (out.size(0), out.size(1), proj.size(2)), out, "proj", who)
     H, T, B, P = w_hh.size(1), proj.size(0), proj.size(1), proj.size(2)
     return ks, bs, H, T, B, P, w_hh.size(0) // H

@@ -96,7 +96,7 @@ def make_plan(backward: bool, ks, H: int, rows: int, dtype: torch.dtype, device:
         bt = min(bt, batch_tile)
     smem = _smem_bytes(backward, R, U, H, bt, elem, 4)
     k = driver.kernel(C.program("persistent_backward" if backward else "persistent_forward",
-                               dtype, "rnn_ablations persistent CUDA kernel"), device)
+                                dtype, "rnn_ablations persistent CUDA kernel"), device)
     k.allow_shared_memory(limit)
     per_sm = k.resident_blocks_per_sm(_P_THREADS, smem)
     if per_sm < 1 or nb > per_sm * sms:
@@ -138,7 +138,7 @@ def persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
     (else empty); hin with highway and keep_hin, else empty."""
     who = "rnn_ablations persistent CUDA kernel"
     bs, H, T, B, P, R, X, ks, has_mask = C.forward_inputs(spec, highway, proj, w_hh, h0, c0,
-                                                         batch_sizes, rec_mask, who)
+                                                          batch_sizes, rec_mask, who)
     steps = _active_steps(bs)
     dev = proj.device
     acc = C.acc_dtype(proj.dtype)
@@ -187,7 +187,7 @@ def persistent_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hi
     launch per 1024 steps; the weight gradient one GEMM after it."""
     who = "rnn_ablations persistent CUDA kernel (backward)"
     ks, bs, H, T, B, P, R = C.backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
-                                             out, proj, w_hh, h0, c0, batch_sizes, rec_mask, who)
+                                              out, proj, w_hh, h0, c0, batch_sizes, rec_mask, who)
     acc = C.acc_dtype(proj.dtype)
     if not (gates.dtype == acc and gates.is_contiguous() and C.on_device(gates)
             and gates.dim() == 3
