@@ -113,3 +113,23 @@ def test_layer_calls_through_the_emulated_kernels_or_their_fallback(fault, emula
     else:
         assert len(ours) == 1
         assert ("d_proj differs" if "skip" in fault else "CUDA_ERROR_INVALID_PTX") in ours[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_loop_is_the_same_under_autocast(dtype, emulated_cuda):
+    """Under torch.autocast the step loop's pre-activations (gates) stay in the accumulation type
+    and every result is the one outside it, bit for bit (the loop runs with autocast off)."""
+    v = get_variant("lstm")
+    g = torch.Generator().manual_seed(2)
+    T, B, H = 4, 3, 8
+    proj = torch.randn(T, B, 4 * H, generator=g).to(dtype)
+    w_hh = (torch.randn(4 * H, H, generator=g) * 0.3).to(dtype)
+    h0, c0 = torch.randn(B, H, generator=g).to(dtype), torch.randn(B, H, generator=g).to(dtype)
+    bs = torch.tensor([3, 3, 2, 1])
+    args = (v.kernel_spec, False, proj, w_hh, h0, c0, bs, torch.empty(0, dtype=dtype), True)
+    want = host.plain_forward(*args)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = host.plain_forward(*args)
+    assert got[3].dtype == torch.float32
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
