@@ -49,7 +49,6 @@ SMEM_OPTIN = 99 * 1024       # the most one block may opt in to
 SMEM_DEFAULT = 48 * 1024     # without opting in
 SMEM_RESERVED = 1024         # per resident block (the driver's own)
 MAX_THREADS = 1024           # per block
-NAME = "CUDA emulation on the CPU"
 
 #: how the threads of a block that synchronises run (emulation.h Mode): "fibers" (one fiber per
 #: CUDA thread, switched at its barriers) or "os" (one OS thread per CUDA thread); the blocks of a
@@ -255,26 +254,15 @@ class EmulatedDevice:
 def installed(device: Optional[EmulatedDevice] = None) -> Iterator[EmulatedDevice]:
     """Run the host loops on CPU tensors with the kernels emulated: installs ``device`` (a new
     :class:`EmulatedDevice` by default) as the driver's implementation, sets
-    ``host.DEVICE_TYPE = "cpu"``, and, on a torch without CUDA, lets ``torch.cuda.device``,
-    ``torch.cuda.get_device_name`` and ``Tensor.pin_memory`` accept CPU tensors; restores all."""
+    ``host.DEVICE_TYPE = "cpu"`` (the host loops then skip ``torch.cuda.device`` and name the
+    device from the driver), and, on a torch without CUDA, lets ``Tensor.pin_memory`` return
+    the CPU tensor itself; restores all."""
     from rnn_ablations.kernels.cuda import host
     device = device or EmulatedDevice()
     saved = [(host, "DEVICE_TYPE", host.DEVICE_TYPE)]
     host.DEVICE_TYPE = "cpu"
-    if not torch.cuda.is_available():
-        real_device, real_name = torch.cuda.device, torch.cuda.get_device_name
-        real_pin = torch.Tensor.pin_memory
-        saved += [(torch.cuda, "device", real_device),
-                  (torch.cuda, "get_device_name", real_name),
-                  (torch.Tensor, "pin_memory", real_pin)]
-
-        def device_scope(d):
-            if d is None or (isinstance(d, torch.device) and d.type == "cpu"):
-                return contextlib.nullcontext()
-            return real_device(d)
-
-        torch.cuda.device = device_scope
-        torch.cuda.get_device_name = lambda d=None: NAME
+    if not torch.cuda.is_available():  # the scan's row lengths are copied from pinned memory
+        saved.append((torch.Tensor, "pin_memory", torch.Tensor.pin_memory))
         torch.Tensor.pin_memory = lambda self, *a, **k: self
     props = _plan_caches()
     for cache in props:

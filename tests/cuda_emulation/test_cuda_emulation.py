@@ -217,6 +217,23 @@ def test_persistent_with_os_threads(emulation_device):
         _check(x, False, torch.float32, persistent=True)
 
 
+def test_persistent_inference_and_float64(emulated_cuda):
+    """Without training the persistent forward saves no gates and gives the step kernel's
+    outputs; float64 has no persistent kernel, and the plan says which kernel runs it."""
+    x = _layer("lstm", True, torch.float32, T=4, B=3, H=6, seed=10)
+    args = (x["v"].kernel_spec, True, x["proj"], x["w_hh"], x["h0"], x["c0"], x["bs"], x["mask"],
+            False)
+    pers = host.persistent_forward(*args, 0, 0)
+    step = host.plain_forward(*args)
+    assert pers[3].numel() == 0 and pers[5].numel() == 0
+    for i, name in enumerate(("out", "h_n", "c_n")):
+        _close(pers[i], step[i], torch.float32, name)
+    d = _layer("lstm", False, torch.float64, T=2, B=2, H=4)
+    ok, why, *_ = host.persistent_plan(d["v"].kernel_spec, False, d["proj"], d["w_hh"], 0, 0,
+                                       False)
+    assert not ok and "step kernel runs it" in why
+
+
 def test_persistent_launch_too_large_is_refused(emulated_cuda):
     """A cooperative grid that cannot be resident fails as on a GPU, and the plan says why."""
     x = _layer("lstm", False, torch.float32, T=2, B=2, H=40, seed=9)
