@@ -80,6 +80,20 @@ extern "C" int emulation_launch(const char* name, unsigned int grid, unsigned in
 extern "C" long long emulation_launches() { return rnn_emu::launch_count.load(); }
 extern "C" int emulation_programs() { return sizeof(kEntries) / sizeof(kEntries[0]); }
 extern "C" void emulation_set_mode(int m) { rnn_emu::mode.store(m); }
+// device_types.cuh's 16-bit conversions: kind 0 Half, 1 BFloat16; bits and the value read back
+extern "C" void emulation_convert(int kind, const float* in, uint16_t* bits, float* back, long n) {
+  for (long i = 0; i < n; ++i) {
+    if (kind == 0) {
+      const rnn_ablations::Half h(in[i]);
+      bits[i] = h.x;
+      back[i] = static_cast<float>(h);
+    } else {
+      const rnn_ablations::BFloat16 h(in[i]);
+      bits[i] = h.x;
+      back[i] = static_cast<float>(h);
+    }
+  }
+}
 ''']
     return "\n".join(lines)
 
@@ -169,6 +183,8 @@ def load(csrc: Optional[str] = None, cache_root: Optional[str] = None, progs=Non
         lib.emulation_launches.restype = ctypes.c_longlong
         lib.emulation_programs.restype = ctypes.c_int
         lib.emulation_set_mode.argtypes = [ctypes.c_int]
+        lib.emulation_convert.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_long]
         _libs[path] = lib
     return lib
 

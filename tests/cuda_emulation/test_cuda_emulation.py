@@ -106,6 +106,30 @@ def test_emulation_builds_every_program(emulation_device):
     assert emulation_device.lib.emulation_programs() == len(programs.all_programs()) == 62
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_16_bit_conversions_are_torchs(emulation_device, dtype):
+    """device_types.cuh's Half / BFloat16 (the bfloat16 rounding is the device code itself; the
+    float16 one the emulation's stand-in for the PTX instruction) round as torch does: to nearest
+    even, overflow to infinity, subnormals, and a NaN stays a NaN."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(4000, generator=g) * 10.0 ** torch.randint(-9, 6, (4000,),
+                                                                          generator=g),
+                   torch.tensor([0.0, -0.0, 1.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8,
+                                 float("inf"), float("-inf"), float("nan"), 3.0e38, 1e-40]),
+                   # halfway between two 16-bit neighbours: ties to even
+                   (torch.arange(1, 200, dtype=torch.float64) + 0.5).float() / 1024 + 1,
+                   torch.tensor([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8])])
+    bits = torch.empty(x.numel(), dtype=torch.int16)
+    back = torch.empty_like(x)
+    emulation_device.lib.emulation_convert(0 if dtype == torch.float16 else 1, x.data_ptr(),
+                                           bits.data_ptr(), back.data_ptr(), x.numel())
+    want = x.to(dtype)
+    nan = x.isnan()
+    assert torch.equal(bits[~nan], want.view(torch.int16)[~nan])
+    assert back[nan].isnan().all() and bits.view(dtype)[nan].isnan().all()
+    assert torch.equal(back[~nan], want.float()[~nan])
+
+
 # ------------------------------------------------------------------------------ step kernel
 @pytest.mark.parametrize("padded,mask", [(False, False), (True, True)])
 @pytest.mark.parametrize("highway", [False, True])
