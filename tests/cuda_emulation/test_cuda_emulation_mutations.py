@@ -27,7 +27,7 @@ from . import test_cuda_emulation as checks
 
 def test_without_scan_abi_the_backend_loses_the_cuda_scan(emulated_cuda, monkeypatch):
     monkeypatch.delattr(host, "scan_abi")
-    monkeypatch.setattr(host, "SCAN_ABI", 3, raising=False)  # the name it had: not the one read
+    monkeypatch.setattr(host, "SCAN_ABI", 3, raising=False)  # another name does not count
     with pytest.raises(AssertionError, match="cuda_scan=False"):
         checks.test_backend_runs_the_cuda_step_scan_and_persistent_kernels(emulated_cuda,
                                                                           monkeypatch)
