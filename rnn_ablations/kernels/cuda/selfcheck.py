@@ -140,7 +140,7 @@ def admit(plan, variant, highway: bool, x: torch.Tensor, module=None):
     not checked yet), else the generic plan of the call (:func:`rnn_ablations.dispatch.
     run_layer_call` runs it).  ``module``: the kernels' entry points (default: the CUDA
     kernels in use)."""
-    if not enabled() or torch.compiler.is_compiling() or _capturing(x.device):
+    if not enabled() or torch.compiler.is_compiling():
         return plan
     dtype = _call_dtype(x)
     device = str(x.device)
@@ -148,6 +148,8 @@ def admit(plan, variant, highway: bool, x: torch.Tensor, module=None):
     got = _admitted.get(memo)
     if got is not None:
         return got if got is plan else _refused(got, plan, device)
+    if _capturing(x.device):
+        return plan
     failed = None
     for fam in families(plan, variant, highway, dtype):
         key = (device, fam.name)
