@@ -57,15 +57,23 @@ _admitted: Dict[tuple, object] = {}
 
 def set_enabled(on: Optional[bool]) -> None:
     """Turn the check on or off for the process (``None``: as ``RNN_ABLATIONS_CUDA_CHECK``
-    says).  Families already checked keep their result."""
-    global _enabled
+    says, read again at the next call).  Families already checked keep their result."""
+    global _enabled, _from_env
     if on is not None and not isinstance(on, bool):
         raise TypeError(f"set_enabled takes True, False or None, got {on!r}")
-    _enabled = on
+    _enabled, _from_env = on, None
+
+
+_from_env: Optional[bool] = None  # RNN_ABLATIONS_CUDA_CHECK, read at the first call
 
 
 def enabled() -> bool:
-    return _env.cuda_check_enabled() if _enabled is None else _enabled
+    global _from_env
+    if _enabled is not None:
+        return _enabled
+    if _from_env is None:
+        _from_env = _env.cuda_check_enabled()
+    return _from_env
 
 
 def status() -> Dict[str, Optional[str]]:
@@ -111,9 +119,11 @@ class Family:
 def _call_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the kernel sees: under CUDA autocast, the projection's (autocast casts float32,
     not float64, inputs of F.linear)."""
+    if x.dtype != torch.float32:  # autocast casts float32 only
+        return x.dtype
     from .. import backend
     cast = backend.autocast_dtype(x.device.type)
-    return cast if cast is not None and x.dtype != torch.float64 else x.dtype
+    return cast if cast is not None else x.dtype
 
 
 def families(plan, variant, highway: bool, dtype: torch.dtype) -> List[Family]:
@@ -143,11 +153,13 @@ def admit(plan, variant, highway: bool, x: torch.Tensor, module=None):
     if not enabled() or torch.compiler.is_compiling():
         return plan
     dtype = _call_dtype(x)
-    device = str(x.device)
-    memo = (plan, variant.name, bool(highway), dtype, device)
+    memo = (plan, variant.name, bool(highway), dtype, x.device)
     got = _admitted.get(memo)
+    if got is plan:
+        return plan
+    device = str(x.device)
     if got is not None:
-        return got if got is plan else _refused(got, plan, device)
+        return _refused(got, plan, device)
     if _capturing(x.device):
         return plan
     failed = None
