@@ -4,20 +4,22 @@
 #   source benchmarks/gpu_setup.sh
 #   gpu_setup_kernels LOG_DIR [DEVICE]     (DEVICE: cuda, the default, or cpu for a check)
 #
-# 1. The CPU kernel is not needed by a call that trains on the GPU.  When RNN_ABLATIONS_NO_KERNEL=1
-#    leaves the CUDA kernels on (a small layer run with it on the GPU, as in 3.), the call sets it
-#    (nothing is compiled for the CPU); when it would turn them off too, the package loads its CPU
-#    kernel, or compiles it on first use into its cache (RNN_ABLATIONS_CACHE, default
-#    ~/.cache/rnn_ablations, which stays on a warm machine: a second call loads it).
+# 1. The CPU kernel is not needed by a call that trains on the GPU.  When
+#    RNN_ABLATIONS_NO_CPU_KERNEL=1 (the CPU kernel alone off) leaves the CUDA kernels running (a
+#    small layer run with it on the GPU, as in 3.), the call sets it (nothing is compiled for the
+#    CPU); else the package loads its CPU kernel, or compiles it on first use into its cache
+#    (RNN_ABLATIONS_CACHE, default ~/.cache/rnn_ablations, which stays on a warm machine: a second
+#    call loads it).
 #    CPU_KERNEL=build skips the probe and keeps the CPU kernel; CPU_KERNEL=off sets
-#    RNN_ABLATIONS_NO_KERNEL=1 whatever it does.
+#    RNN_ABLATIONS_NO_CPU_KERNEL=1 whatever it does.
 # 2. No nvcc build: the CUDA kernels are compiled at run time by NVRTC.  When the checkout has
 #    `python -m rnn_ablations.kernels.cuda.precompile`, it is run here (PRECOMPILE_ARGS, default
 #    "--jobs <CPUs>" where the entry point takes --jobs; limit PRECOMPILE_TIMEOUT seconds, default
 #    240) so that the runs find every instantiation in the cache; its output goes to
 #    LOG_DIR/precompile.log.  Without it the call says so and goes on.
 # 3. One import of the package, timed, and one small layer run forward and backward on the GPU:
-#    the package's CUDA kernels are in use when it ran the package's own operators
+#    the package's CUDA kernels are in use when it ran the package's own operators, or (without
+#    the CPU kernel, which defines the operators) launched its NVRTC programs
 #    (GPU_SETUP_CUDA_KERNELS=1 or 0 afterwards; why not, in the log).  REQUIRE_CUDA_KERNELS=1
 #    makes a missing kernel an error (exit status 3 of gpu_setup_kernels).
 #
@@ -64,7 +66,17 @@ else:
     torch.cuda.synchronize()
     print(f"a small ran layer, forward and backward on the GPU: {time.perf_counter() - t1:.1f} s; "
           f"the package's operators it ran: {sorted(Ops.seen) or 'none'}")
-    if Ops.seen:
+    from rnn_ablations.kernels.cuda import driver
+    programs = sorted(p.name for _, p in getattr(driver, "_kernels", {}))
+    print(f"NVRTC programs loaded: {programs or 'none'}")
+    try:  # the first-use check of the CUDA kernels: a failed family ran the generic path
+        from rnn_ablations.kernels.cuda import selfcheck
+        failed = {k: v for k, v in selfcheck.status().items() if v is not None}
+    except ImportError:
+        failed = {}
+    if failed:
+        print(f"CUDA_KERNELS 0 the CUDA kernels failed their first-use check: {failed}")
+    elif Ops.seen or programs:
         print("CUDA_KERNELS 1")
     else:
         from rnn_ablations.kernels import backend
@@ -83,19 +95,19 @@ gpu_setup_kernels() {
 
     # ---- 1. the CPU kernel
     case "${CPU_KERNEL:-auto}" in
-        off) export RNN_ABLATIONS_NO_KERNEL=1
-             gpu_setup_say "CPU kernel: off (CPU_KERNEL=off: RNN_ABLATIONS_NO_KERNEL=1)" ;;
+        off) export RNN_ABLATIONS_NO_CPU_KERNEL=1
+             gpu_setup_say "CPU kernel: off (CPU_KERNEL=off: RNN_ABLATIONS_NO_CPU_KERNEL=1)" ;;
         build) gpu_setup_say "CPU kernel: kept (CPU_KERNEL=build: loaded, or compiled on first use into the package's cache)" ;;
         auto)
             if [ "$device" = cpu ]; then
                 gpu_setup_say "CPU kernel: kept (device cpu)"
-            elif [ "$(RNN_ABLATIONS_NO_KERNEL=1 PYTHON=$py timeout 180 bash -c \
+            elif [ "$(RNN_ABLATIONS_NO_CPU_KERNEL=1 PYTHON=$py timeout 180 bash -c \
                     'source benchmarks/gpu_setup.sh && gpu_setup_probe cuda' 2>/dev/null \
                     | grep '^CUDA_KERNELS' | tail -n 1)" = "CUDA_KERNELS 1" ]; then
-                export RNN_ABLATIONS_NO_KERNEL=1
-                gpu_setup_say "CPU kernel: not compiled (RNN_ABLATIONS_NO_KERNEL=1 keeps the CUDA kernels on; no CPU run needs it)"
+                export RNN_ABLATIONS_NO_CPU_KERNEL=1
+                gpu_setup_say "CPU kernel: not compiled (RNN_ABLATIONS_NO_CPU_KERNEL=1 keeps the CUDA kernels on; no CPU run needs it)"
             else
-                gpu_setup_say "CPU kernel: RNN_ABLATIONS_NO_KERNEL=1 would turn the CUDA kernels off too, so the CPU kernel is loaded, or compiled on first use into the package's cache (RNN_ABLATIONS_CACHE; timed in the import below)"
+                gpu_setup_say "CPU kernel: without it the CUDA kernels did not run a layer, so the CPU kernel is loaded, or compiled on first use into the package's cache (RNN_ABLATIONS_CACHE; timed in the import below)"
             fi ;;
         *) gpu_setup_say "ERROR: CPU_KERNEL must be auto, build or off, got ${CPU_KERNEL}"; return 2 ;;
     esac
