@@ -348,3 +348,27 @@ def test_backend_kernel_raises_where_the_check_failed(monkeypatch):
                                     r"step_forward\[float32\]\+step_backward\[float32\] failed "
                                     r"their check on cpu \(d_w_hh differs"):
             _run(v, tensors, bs)
+
+
+def test_no_cpu_kernel_switch_turns_off_the_cpu_kernel_alone():
+    """RNN_ABLATIONS_NO_CPU_KERNEL=1: no CPU kernel (a CPU layer runs, on the generic path),
+    while the CUDA kernels' availability is not decided by the switch."""
+    import os
+    import subprocess
+    import sys
+    code = (
+        "import torch, rnn_ablations as ra\n"
+        "from rnn_ablations.kernels import backend, cuda\n"
+        "print(ra.kernel_available(), backend._KERNEL_ERROR)\n"
+        "print(cuda.unavailable_reason())\n"
+        "m = ra.AblatedRNN('lstm', 3, 4); torch.manual_seed(0); x = torch.randn(5, 2, 3)\n"
+        "print(m(x)[0].sum().item())\n")
+    env = dict(os.environ, RNN_ABLATIONS_NO_CPU_KERNEL="1")
+    env.pop("RNN_ABLATIONS_NO_KERNEL", None)
+    env.pop("RNN_ABLATIONS_DISABLE_KERNEL", None)
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 0, got.stderr
+    first, cuda_why = got.stdout.splitlines()[:2]
+    assert first.startswith("False RNN_ABLATIONS_NO_CPU_KERNEL=1 is set")
+    assert "RNN_ABLATIONS_NO_KERNEL" not in cuda_why  # not the switch that turns CUDA off
