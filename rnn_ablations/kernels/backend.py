@@ -229,11 +229,14 @@ _graphed_cuda = cuda_graphs.GraphedKernel(_C_cuda) if _C_cuda is not None else N
 
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None``."""
+    """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None`` (also for
+    a device without autocast, such as ``"meta"``)."""
     try:
         on = torch.is_autocast_enabled(device_type)
     except TypeError:  # pragma: no cover - torch < 2.4
         on = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    except RuntimeError:  # a device type autocast does not know ("meta")
+        return None
     if not on:
         return None
     try:
