@@ -200,6 +200,10 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
     if reverse is None and variant.reads_hidden and len(params) > 1:
         raise ValueError("run_layer_call: the second direction of a cell that reads h_{t-1} "
                          "runs on the input reversed within each row's length: pass reverse")
+    if not variant.has_memory:
+        # the cell never reads c_0: no gradient for it (None, as the generic path gives), not
+        # the kernels' zeros, which have no graph for a second derivative
+        c0 = c0.detach()
     plan = decide(x, params, h0, c0, scan_layout=scan.scan_applies(variant)
                   if not variant.reads_hidden else False)
     return RUNNERS[plan.runner](plan, variant, highway, x, params, h0, c0, batch_sizes,
