@@ -372,17 +372,29 @@ def call_settings() -> Options:
 
 def threshold_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
     """Sizes on the same side of each of the plan's thresholds (:data:`POLICY`) as ``steps`` and
-    ``batch``: comparisons only, so a symbolic size gives guards, not a value."""
+    ``batch``.  A symbolic size (dynamic shapes) is compared only where the comparison is known
+    from its range (``statically_known_true``: no guard); otherwise it takes the side of the
+    long sequence and the small step GEMM, so the graph holds no guard on the size and serves
+    every size its range allows (``torch.export`` with ``Dim("T", min=1)``): the schedules
+    compute the same function, the threshold only chooses the faster one."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
     min_steps = POLICY.min_steps
-    steps_for_plan = 0 if steps == 0 else (min_steps if steps >= min_steps else 1)
+    if known(steps == 0):
+        steps_for_plan = 0
+    elif known(steps < min_steps):
+        steps_for_plan = 1
+    else:
+        steps_for_plan = min_steps
     limit = POLICY.max_step_macs if needs_grad else POLICY.max_step_macs_inference
     per_row = max(1, rec_blocks * hidden * hidden)
-    if batch == 0:
+    large_batch = -(-limit // per_row)  # the smallest batch at the limit
+    if known(batch == 0):
         batch_for_plan = 0
-    elif batch * per_row < limit:
-        batch_for_plan = 1
+    elif known(batch >= large_batch):
+        batch_for_plan = large_batch
     else:
-        batch_for_plan = -(-limit // per_row)  # the smallest batch at the limit
+        batch_for_plan = 1
     return steps_for_plan, batch_for_plan
 
 
@@ -392,8 +404,9 @@ def plan_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
     may be symbolic (dynamic shapes: one graph for every sequence length, which a plan keyed on
     the exact size would not allow).  The plan reads the sizes only through its thresholds
     (zero, ``min_steps``, the step GEMM's ``max_step_macs`` / ``max_step_macs_inference``), so
-    each is replaced by a size on the same side of every threshold (:func:`threshold_sizes`):
-    the graph then guards on those sides, not on the size."""
+    each is replaced by a size on the same side of every threshold, or, for a symbolic size
+    whose side its range does not fix, on a fixed side (:func:`threshold_sizes`): the graph
+    then holds no guard on the size."""
     if not torch.compiler.is_compiling():
         return steps, batch
     return threshold_sizes(steps, batch, rec_blocks, hidden, needs_grad)
