@@ -149,11 +149,17 @@ class CudaKernel:
     operators could not be registered (no CPU kernel in this process) every call goes to the
     module."""
 
+    #: capabilities (``kernels/interface.py``): ``plain_forward`` returns the gates in a tensor
+    #: of its own; ``scan`` / ``persistent`` are set per instance from the compiled entry points
+    in_place_gates = False
+
     def __init__(self, raw):
         self.raw = raw
         self.operators = register_cuda(raw)
         self._dispatched = torch.ops.rnn_ablations
         self._direct = ops._Direct(_IMPLEMENTATIONS)
+        self.scan = ops.scan_built(raw)
+        self.persistent = hasattr(raw, "persistent_forward")
 
     def _ops(self, first: Tensor):
         if not self.operators:
@@ -163,29 +169,42 @@ class CudaKernel:
     def __getattr__(self, name):
         return getattr(self.raw, name)
 
-    def _call(self, operator: str, entry: str, args):
-        """``entry`` of the module with ``args``, through ``operator`` where it is registered;
-        every entry's first tensor is its third argument (after spec and highway)."""
+    def _call(self, entry: str, *args):
+        """``entry`` with ``args``: through the operator of that name where it is registered,
+        else the module's own; every entry's first tensor is its third argument (after spec
+        and highway)."""
         route = self._ops(args[2])
         if route is None:
             return getattr(self.raw, entry)(*args)
-        return list(getattr(route, operator)(*args))
+        return list(getattr(route, entry)(*args))
 
     # the CUDA module's entry points (same arguments as the operators)
-    def plain_forward(self, *args):  # spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train
-        return self._call("plain_forward", "plain_forward", args)
+    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
+                      in_place=False):
+        # in_place_gates is False: the gates come back in a tensor of their own
+        return self._call("plain_forward", spec, highway, proj, w_hh, h0, c0, batch_sizes,
+                          rec_mask, keep_hin)
 
-    def plain_backward(self, *args):
-        return self._call("plain_backward", "plain_backward", args)
+    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
+                       h0, c0, batch_sizes, rec_mask):
+        return self._call("plain_backward", spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
+                          out, proj, w_hh, h0, c0, batch_sizes, rec_mask)
 
-    def persistent_forward(self, *args):
-        return self._call("persistent_forward", "persistent_forward", args)
+    def persistent_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
+                           keep_hin, blocks, batch_tile):
+        return self._call("persistent_forward", spec, highway, proj, w_hh, h0, c0, batch_sizes,
+                          rec_mask, keep_hin, blocks, batch_tile)
 
-    def persistent_backward(self, *args):
-        return self._call("persistent_backward", "persistent_backward", args)
+    def persistent_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj,
+                            w_hh, h0, c0, batch_sizes, rec_mask, blocks, batch_tile):
+        return self._call("persistent_backward", spec, highway, g_out, g_hn, g_cn, gates, cs,
+                          hin, out, proj, w_hh, h0, c0, batch_sizes, rec_mask, blocks,
+                          batch_tile)
 
-    def scan_forward(self, *args):
-        return self._call("scan_forward", "scan_forward", args)
+    def scan_forward(self, spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
+        return self._call("scan_forward", spec, highway, proj, h0, c0, batch_sizes, save, bias)
 
-    def scan_backward(self, *args):
-        return self._call("scan_backward", "scan_backward", args)
+    def scan_backward(self, spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
+                      bias=None, bias_grad=False):
+        return self._call("scan_backward", spec, highway, g_out, g_hn, g_cn, proj, c0, cs,
+                          batch_sizes, bias, bias_grad)

@@ -5,8 +5,8 @@ Its only recurrence is ``c_t = f_t∘c_{t-1} + i_t∘c̃_t`` with gates that rea
 there is no per-step matrix product: :func:`run_scan_layer` computes the projections of every
 step with one GEMM per direction and hands them to a fused element-wise kernel, ``scan_forward``
 / ``scan_backward`` (``csrc/cpu/scan.cpp`` with its AVX2 + FMA rows
-``csrc/cpu/scan_rows_avx2.cpp`` in the CPU extension ``_C``, ``csrc/cuda/scan_kernel.cu`` in the
-CUDA extension ``_C_cuda``), with a hand-written backward.  The kernels receive the variant's
+``csrc/cpu/scan_rows_avx2.cpp`` in the CPU extension ``_C``, ``csrc/cuda/scan_kernel.cuh`` in the
+CUDA kernels), with a hand-written backward.  The kernels receive the variant's
 kernel spec (``Variant.kernel_spec``) and the highway flag, as the step kernels do, and derive the
 output rule and block offsets from them (``csrc/common/kernel_spec.h``, ``decode_scan_spec``);
 :func:`scan_applies` says whether they have a rule for a cell.
@@ -232,8 +232,9 @@ class _FusedScanLayer(torch.autograd.Function):
                                 x.shape[1], ctx.batch_major)
         if any(need[9:]):
             x2d, _ = _rows(x)
-            if x2d.device.type == "cpu" and _backend._C is not None:
-                dw = _backend._C.weight_grad(g2d, x2d)
+            kernel = _backend.cpu_kernel() if x2d.device.type == "cpu" else None
+            if kernel is not None:
+                dw = kernel.weight_grad(g2d, x2d)
             else:
                 dw = g2d.t().mm(x2d)
             dws = dw.split(weights[0].shape[0])
