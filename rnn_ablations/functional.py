@@ -1,7 +1,8 @@
 """The generic (reference) path: one recurrent layer in one direction, written with PyTorch ops.
 
 It runs on every device and dtype and is differentiated by autograd.  The compiled kernels
-(``rnn_ablations._C`` on CPU, ``rnn_ablations._C_cuda`` on CUDA; the element-wise scan of
+(``rnn_ablations._C`` on CPU, the NVRTC-compiled kernels of :mod:`rnn_ablations.kernels.cuda`
+on CUDA; the element-wise scan of
 :mod:`rnn_ablations.kernels.scan` for cells that never read h_{t-1}) compute exactly the same function
 faster; the tests check them against each other.  All read the block layout from
 :mod:`rnn_ablations.variants`.

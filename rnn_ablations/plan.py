@@ -28,7 +28,8 @@ The decisions, in order:
    ``backend="kernel"`` every fallback is an error that says why.
 2. **CPU schedule** (``Plan.schedule``, ``Plan.concurrent``): see :func:`_cpu_schedule`.
 3. **input projection on oneDNN** (``Plan.onednn``): float32 CPU weights of at least
-   ``Policy.onednn_min_weight`` entries, not under autocast (see :mod:`.projection`).
+   ``Policy.onednn_min_weight`` entries, not under autocast (see
+   :mod:`rnn_ablations.kernels.projection`).
 4. **CUDA recurrence** (``Plan.recurrence``): ``"steps"`` (the step kernel) or ``"persistent"``
    (asked for explicitly: ``auto`` keeps the step kernel, see
    :mod:`rnn_ablations.kernels.cuda_recurrence`); whether the persistent kernel fits this layer

@@ -53,8 +53,8 @@ from typing import Dict, Optional, Tuple
 
 __all__ = ["Variant", "VARIANTS", "ALIASES", "get_variant", "recurrent_param_count"]
 
-#: Every variant's code in :class:`~rnn_ablations.AblatedRNN`'s ``variant_state`` buffer
-#: (``Variant.code``; saved in state dicts, so a code never changes meaning).  The kernels do not
+#: Every variant's code (``Variant.code``; ``AblatedRNN.variant_state`` and the ``variant_state``
+#: entry of saved state dicts hold it, so a code never changes meaning).  The kernels do not
 #: read it: they receive :attr:`Variant.kernel_spec`.
 CODE_LSTM, CODE_SRNN, CODE_MINUS_SRNN, CODE_RAN, CODE_IDENTITY_RAN, CODE_MINUS_HIDDEN = range(6)
 
@@ -80,8 +80,8 @@ class Variant:
 
     name: str
     paper_name: str
-    #: the variant's code in :class:`~rnn_ablations.AblatedRNN`'s ``variant_state`` buffer
-    #: (unique, stable: state dicts hold it).
+    #: the variant's code (``AblatedRNN.variant_state``; unique, stable: saved state dicts hold
+    #: it).
     code: int
     #: blocks (in weight order) that read x_t and h_{t-1} and have a bias; activation σ except
     #: the content block (``content_block``, activation ``content_activation``).

@@ -5,11 +5,11 @@ registered for the CUDA dispatch key next to the CPU implementations, so that on
 one function of its inputs on either device:
 
 =======================  ==========================================================================
-operator                 CUDA implementation (``rnn_ablations._C_cuda``)
+operator                 CUDA implementation (``rnn_ablations/kernels/cuda/host.py``)
 =======================  ==========================================================================
-``plain_forward``        ``forward``: the step kernel (one launch per step, the recurrent product
-                         on cuBLAS)
-``plain_backward``       ``backward``: the step kernel's backward
+``plain_forward``        ``plain_forward``: the step kernel (one launch per step, the recurrent
+                         product on cuBLAS)
+``plain_backward``       ``plain_backward``: the step kernel's backward
 ``scan_forward`` /       ``scan_forward`` / ``scan_backward``: the element-wise scan of a cell that
 ``scan_backward``        reads no h_{t-1}
 ``persistent_forward``   ``persistent_forward``: the forward of one layer in one cooperative
@@ -25,7 +25,7 @@ accumulation type (float32 for float16 and bfloat16 inputs).  ``cs`` is empty un
 as on the CPU.  ``persistent_forward`` returns ``gates`` only with ``train`` (its backward reads
 them, its inference never writes them).
 
-:class:`CudaKernel` puts the operators behind ``_C_cuda``'s own calling convention (what
+:class:`CudaKernel` puts the operators behind the CUDA module's own calling convention (what
 :mod:`rnn_ablations.kernels.cuda_recurrence` and :mod:`rnn_ablations.kernels.cuda_graphs` call), and, as
 :class:`rnn_ablations.kernels.ops.CpuKernel` does, calls the implementation directly in plain eager mode.
 ``persistent_plan`` (a question about a shape, not a computation) stays the module's own.
@@ -62,7 +62,8 @@ def _persistent_fake(proj, w_hh, h0, highway, train):
 
 
 def register_cuda(raw) -> bool:
-    """Register the CUDA implementations of ``raw`` (``rnn_ablations._C_cuda``) and define the
+    """Register the CUDA implementations of ``raw`` (the module :mod:`rnn_ablations.kernels.cuda`
+    loads) and define the
     CUDA-only operators; once per process.  False when the CPU operators are not registered
     (no CPU kernel in this process): the shared schemas are defined with them, so the CUDA
     kernel is then called as a module (:class:`CudaKernel` falls back to it)."""
@@ -141,7 +142,8 @@ def register_cuda(raw) -> bool:
 
 
 class CudaKernel:
-    """``rnn_ablations._C_cuda`` with its computing entry points routed through the operators
+    """The CUDA module ``raw`` (what :mod:`rnn_ablations.kernels.cuda` loads; ``backend.cuda_kernel()``
+    holds this wrapper) with its computing entry points routed through the operators
     (same names, same arguments); everything else (``persistent_plan``, …) is the module's own.
     A plain eager call runs the implementation directly (:func:`rnn_ablations.kernels.ops._plain_eager`);
     every other call goes through the operator, so what traces or intercepts operators

@@ -2,7 +2,7 @@
 LSTM − S-RNN − HIDDEN): one input projection for all steps, then an element-wise scan.
 
 Its only recurrence is ``c_t = f_t∘c_{t-1} + i_t∘c̃_t`` with gates that read ``x_t`` only, so
-there is no per-step matrix product: :func:`run_scan_layer` computes the projections of every
+there is no per-step matrix product: :func:`rnn_ablations.dispatch.run_scan_layer` computes the projections of every
 step with one GEMM per direction and hands them to a fused element-wise kernel, ``scan_forward``
 / ``scan_backward`` (``csrc/cpu/scan.cpp`` with its AVX2 + FMA rows
 ``csrc/cpu/scan_rows_avx2.cpp`` in the CPU extension ``_C``, ``csrc/cuda/scan_kernel.cuh`` in the
