@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from .interface import PipelinedKernel, StepKernel
 from ..functional import generic_layer, projection_bias
 
 
@@ -318,7 +319,7 @@ class _PipelinedDirections(torch.autograd.Function):
 # One function per kernel entry: the autograd Function where a gradient is wanted, else the
 # forward function the Function calls, with nothing kept for a backward.
 
-def plain_layer(ext, variant, highway: bool, proj, w_hh, h0, c0, x, w_ih, pbias, batch_sizes,
+def plain_layer(ext: StepKernel, variant, highway: bool, proj, w_hh, h0, c0, x, w_ih, pbias, batch_sizes,
                 rec_mask):
     """One direction on the step kernel ``ext`` (``StepKernel``: the CPU kernel, the CUDA step
     kernel, its graphed or persistent form) from the input projections ``proj`` (a scratch
@@ -333,7 +334,7 @@ def plain_layer(ext, variant, highway: bool, proj, w_hh, h0, c0, x, w_ih, pbias,
                                 rec_mask, False)[:3])
 
 
-def pipelined_layer(ext, variant, highway: bool, x, w_ih, bias, w_hh, h0, c0, batch_sizes,
+def pipelined_layer(ext: PipelinedKernel, variant, highway: bool, x, w_ih, bias, w_hh, h0, c0, batch_sizes,
                     rec_mask, chunk: int):
     """One direction on the pipelined CPU kernel ``ext`` (``PipelinedKernel``), from the layer
     input (the projection inside); ``chunk``: steps per chunk (0 = automatic)."""
@@ -348,7 +349,7 @@ def pipelined_layer(ext, variant, highway: bool, x, w_ih, bias, w_hh, h0, c0, ba
                                     batch_sizes, rec_mask, chunk, False)[:3])
 
 
-def plain_pair(ext, variant, highway: bool, batch_sizes, flat):
+def plain_pair(ext: PipelinedKernel, variant, highway: bool, batch_sizes, flat):
     """The directions of a bidirectional layer at once (one per thread) on the CPU step kernel
     ``ext``; ``flat``: per direction the tensors of :data:`_DIRECTION_ARGS`.  Returns ``[(out,
     h_n, c_n), ...]``."""
@@ -362,7 +363,7 @@ def plain_pair(ext, variant, highway: bool, batch_sizes, flat):
                                                       False)]
 
 
-def pipelined_pair(ext, variant, highway: bool, batch_sizes, chunk: int, flat):
+def pipelined_pair(ext: PipelinedKernel, variant, highway: bool, batch_sizes, chunk: int, flat):
     """The directions of a bidirectional layer at once (one per thread) on the pipelined CPU
     kernel ``ext``; ``flat``: per direction the tensors of :data:`_PIPELINED_DIRECTION_ARGS`."""
     n = len(flat) // len(_PIPELINED_DIRECTION_ARGS)

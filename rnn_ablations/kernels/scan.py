@@ -31,6 +31,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from . import backend as _backend
+from .interface import ScanKernel
 from .projection import _dnnl_linear
 from ..functional import generic_layer, reversal_index
 from ..variants import Variant
@@ -249,7 +250,7 @@ def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
     return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
 
 
-def scan_layer(ext, variant: Variant, highway: bool, proj: torch.Tensor, h0: torch.Tensor,
+def scan_layer(ext: ScanKernel, variant: Variant, highway: bool, proj: torch.Tensor, h0: torch.Tensor,
                c0: torch.Tensor, batch_sizes: torch.Tensor):
     """The scan kernel of ``ext`` from the projections ``proj`` (T, B, D·G·H): the autograd
     Function where a gradient is wanted, else the forward alone (nothing saved)."""
@@ -262,7 +263,7 @@ def scan_layer(ext, variant: Variant, highway: bool, proj: torch.Tensor, h0: tor
     return out, h_n, c_n
 
 
-def fused_scan_layer(ext, variant: Variant, highway: bool, x: torch.Tensor,
+def fused_scan_layer(ext: ScanKernel, variant: Variant, highway: bool, x: torch.Tensor,
                      weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor],
                      h0: torch.Tensor, c0: torch.Tensor, batch_sizes: torch.Tensor,
                      onednn: bool):
