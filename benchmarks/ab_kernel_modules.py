@@ -125,10 +125,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.calls < 4 or a.threads < 1:
         raise SystemExit("--calls must be >= 4 and --threads >= 1")
-    if backend._C is None:
+    if backend.cpu_kernel() is None:
         raise SystemExit("the installed package has no CPU kernel: run `bash scripts/setup.sh`")
     torch.set_num_threads(a.threads)
-    other, mine = _load(a.other), backend._C.raw
+    other, mine = _load(a.other), backend.cpu_kernel().raw
     dtype = getattr(torch, a.dtype)
     if a.isa is not None:
         for module in (other, mine):

@@ -36,8 +36,8 @@ FAMILIES = ("step", "scan", "persistent")
 
 def _layers_on_gpu():
     """Layer calls on the GPU: -> {family: programs loaded}."""
-    if backend._C_cuda is None:
-        sys.exit(f"the CUDA kernels are not in use: {backend._CUDA_KERNEL_ERROR}")
+    if backend.cuda_kernel() is None:
+        sys.exit(f"the CUDA kernels are not in use: {backend.cuda_kernel_error()}")
     torch.manual_seed(0)
     runs = [("lstm", "steps"), ("lstm", "persistent"), ("lstm_minus_srnn_minus_hidden", "steps")]
     for variant, recurrence in runs:

@@ -63,10 +63,10 @@ def _run_generic(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_mas
     return _assemble(results, reverse)
 
 
-def _plain_runner(module: Callable[[Plan, Variant, bool, torch.Tensor, torch.Tensor], object]):
-    """A runner of the step kernel that ``module(plan, variant, highway, proj, w_hh)`` gives (the
-    CPU kernel, the CUDA step kernel or the persistent one, graphed where the plan says), from
-    the input projections, one direction after the other."""
+def _plain_runner(kernel: Callable[[Plan], object]):
+    """A runner of the step kernel that ``kernel(plan)`` gives (the CPU kernel, or the CUDA step
+    kernel or the persistent one, graphed where the plan says), from the input projections, one
+    direction after the other."""
 
     def run(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
         results = []
@@ -74,22 +74,22 @@ def _plain_runner(module: Callable[[Plan, Variant, bool, torch.Tensor, torch.Ten
                 zip(_direction_inputs(x, reverse, len(params)), params)):
             proj, pbias = _projection(plan, xd, w_ih, bias)
             w_hh, hd, cd, mask = backend.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
-            ext = module(plan, variant, highway, proj, w_hh)
+            ext = kernel(plan)
             results.append(autograd.plain_layer(ext, variant, highway, proj, w_hh, hd, cd,
                                                        xd, w_ih, pbias, batch_sizes, mask))
         return _assemble(results, reverse)
     return run
 
 
-def _cpu_kernel(plan, variant, highway, proj, w_hh):
-    return backend._C
+def _cpu_kernel(plan):
+    return backend.cpu_kernel()
 
 
 def _run_cpu_pipelined(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
                        reverse):
     """The pipelined CPU kernel (the projection inside), one direction after the other."""
-    results = [autograd.pipelined_layer(variant, highway, xd, w_ih, bias, w_hh, h0[d],
-                                               c0[d], batch_sizes, rec_masks[d], plan.chunk)
+    results = [autograd.pipelined_layer(backend.cpu_kernel(), variant, highway, xd, w_ih, bias,
+                                        w_hh, h0[d], c0[d], batch_sizes, rec_masks[d], plan.chunk)
                for d, (xd, (w_ih, w_hh, bias)) in enumerate(
                    zip(_direction_inputs(x, reverse, len(params)), params))]
     return _assemble(results, reverse)
@@ -108,7 +108,8 @@ def _run_cpu_plain_pair(plan, variant, highway, x, params, h0, c0, batch_sizes, 
         proj, pbias = _projection(plan, xd, w_ih, bias)
         flat += [proj.contiguous(), w_hh.contiguous(), h0[d].contiguous(), c0[d].contiguous(), xd,
                  w_ih, pbias, _contiguous(rec_masks[d])]
-    return _assemble(autograd.plain_pair(variant, highway, batch_sizes, flat), reverse)
+    return _assemble(autograd.plain_pair(backend.cpu_kernel(), variant, highway, batch_sizes,
+                                         flat), reverse)
 
 
 def _run_cpu_pipelined_pair(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
@@ -119,8 +120,8 @@ def _run_cpu_pipelined_pair(plan, variant, highway, x, params, h0, c0, batch_siz
                                                      params)):
         flat += [xd.contiguous(), w_ih.contiguous(), _contiguous(bias), w_hh.contiguous(),
                  h0[d].contiguous(), c0[d].contiguous(), _contiguous(rec_masks[d])]
-    return _assemble(autograd.pipelined_pair(variant, highway, batch_sizes, plan.chunk,
-                                                    flat), reverse)
+    return _assemble(autograd.pipelined_pair(backend.cpu_kernel(), variant, highway,
+                                             batch_sizes, plan.chunk, flat), reverse)
 
 
 # --------------------------------------------------------------------------- scan cells
@@ -158,7 +159,7 @@ def _run_generic_scan(plan, variant, highway, x, params, h0, c0, batch_sizes, re
 
 
 def _scan_kernel(plan: Plan):
-    return backend._C if plan.path == "cpu" else backend._C_cuda
+    return backend.cpu_kernel() if plan.path == "cpu" else backend.cuda_kernel()
 
 
 def _run_scan(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
@@ -184,8 +185,7 @@ RUNNERS: Dict[str, Callable] = {
     "cpu_pipelined": _run_cpu_pipelined,
     "cpu_plain_pair": _run_cpu_plain_pair,
     "cpu_pipelined_pair": _run_cpu_pipelined_pair,
-    "cuda_steps": _plain_runner(cuda_recurrence.select),
-    "cuda_persistent": _plain_runner(cuda_recurrence.select),
+    "cuda": _plain_runner(cuda_recurrence.step_kernel),
     "scan": _run_scan,
     "fused_scan": _run_fused_scan,
 }
@@ -201,8 +201,13 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
     if reverse is None and variant.reads_hidden and len(params) > 1:
         raise ValueError("run_layer_call: the second direction of a cell that reads h_{t-1} "
                          "runs on the input reversed within each row's length: pass reverse")
+    if not variant.has_memory:
+        # the cell never reads c_0: no gradient for it (None, as the generic path gives), not
+        # the kernels' zeros, which have no graph for a second derivative
+        c0 = c0.detach()
     plan = decide(x, params, h0, c0, scan_layout=scan.scan_applies(variant)
-                  if not variant.reads_hidden else False)
+                  if not variant.reads_hidden else False, spec=variant.kernel_spec,
+                  highway=highway)
     if plan.path == "cuda":
         # the CUDA kernels' first-use check: a family that fails it is replaced by the
         # generic path (kernels/cuda/selfcheck.py)
@@ -213,7 +218,7 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
 
 def __getattr__(name: str):
     if name == "_C_cuda":  # the CUDA kernel, as tests/test_cuda.py reads it
-        return backend._C_cuda
+        return backend.cuda_kernel()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -35,18 +35,17 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .functional import pointwise
-from .variants import Variant
+from .functional import cell_step, pointwise
+from .variants import Variant, output_flags
 
 __all__ = ["run_stack", "step_layout"]
 
-#: ``Variant.output`` -> the code the scripted step branches on
-_OUTPUT_CODES = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
 
 
 def step_layout(variant: Variant, highway: bool, hidden_size: int) -> List[int]:
     """The variant's step rules as the integers the scripted loop reads:
-    ``[H, R, i, f, o, content, r, hw, content_tanh, has_memory, output, highway]`` where R is
+    ``[H, R, i, f, o, content, r, hw, content_tanh, has_memory, output_gate, output_tanh,
+    highway]`` where R is
     the number of recurrent blocks and ``i`` … ``hw`` are block positions in the projection
     (recurrent blocks, then input-only ones: :meth:`Variant.blocks`), -1 when absent."""
     rec, inp = variant.blocks(highway)
@@ -57,7 +56,14 @@ def step_layout(variant: Variant, highway: bool, hidden_size: int) -> List[int]:
 
     return [hidden_size, len(rec), pos("i"), pos("f"), pos("o"), pos(variant.content_block),
             pos("r"), pos("hw"), int(variant.content_activation == "tanh"),
-            int(variant.has_memory), _OUTPUT_CODES[variant.output], int(highway)]
+            int(variant.has_memory), *map(int, output_flags(variant.output)), int(highway)]
+
+
+def _block(a: torch.Tensor, at: int, hidden: int, absent: torch.Tensor) -> torch.Tensor:
+    """Block ``at`` of the pre-activations ``a`` (n, blocks·H), or ``absent`` (``at`` = -1)."""
+    if at < 0:
+        return absent
+    return a[:, at * hidden:(at + 1) * hidden]
 
 
 def _script_direction(pre: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
@@ -71,8 +77,8 @@ def _script_direction(pre: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c
     Returns (output, h_n, c_n)."""
     H, R = layout[0], layout[1]
     i_at, f_at, o_at, c_at, r_at, hw_at = layout[2], layout[3], layout[4], layout[5], layout[6], layout[7]
-    content_tanh, has_memory, output, highway = (layout[8] == 1, layout[9] == 1, layout[10],
-                                                  layout[11] == 1)
+    content_tanh, has_memory, output_gate, output_tanh, highway = (
+        layout[8] == 1, layout[9] == 1, layout[10] == 1, layout[11] == 1, layout[12] == 1)
     T = pre.size(0)
     steps = torch.arange(T, device=pre.device).unsqueeze(1)
     if padded:
@@ -94,25 +100,11 @@ def _script_direction(pre: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c
                 h_prev = h * rec_mask
             a = torch.cat([torch.addmm(a[:, :R * H], h_prev, w_hh.t()), a[:, R * H:]], 1)
         content = a[:, c_at * H:(c_at + 1) * H]
-        if content_tanh:
-            content = torch.tanh(content)
-        if has_memory:
-            c_new = (torch.sigmoid(a[:, i_at * H:(i_at + 1) * H]) * content
-                     + torch.sigmoid(a[:, f_at * H:(f_at + 1) * H]) * c)
-            if output == 1:
-                h_new = torch.sigmoid(a[:, o_at * H:(o_at + 1) * H]) * torch.tanh(c_new)
-            elif output == 2:
-                h_new = torch.tanh(c_new)
-            else:
-                h_new = c_new
-        else:
-            h_new = content
-            c_new = h_new
-        if highway:
-            r = torch.sigmoid(a[:, r_at * H:(r_at + 1) * H])
-            h_new = r * h_new + (1 - r) * a[:, hw_at * H:(hw_at + 1) * H]
-            if not has_memory:
-                c_new = h_new
+        h_new, c_new, _, _, _ = cell_step(
+            content, _block(a, i_at, H, content), _block(a, f_at, H, content),
+            _block(a, o_at, H, content), _block(a, r_at, H, content),
+            _block(a, hw_at, H, content), c, content_tanh, has_memory, output_gate, output_tanh,
+            highway)
         if padded:
             on = active[t].unsqueeze(1)
             outputs.append(torch.where(on, h_new, torch.zeros_like(h_new)))

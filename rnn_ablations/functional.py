@@ -1,7 +1,8 @@
 """The generic (reference) path: one recurrent layer in one direction, written with PyTorch ops.
 
 It runs on every device and dtype and is differentiated by autograd.  The compiled kernels
-(``rnn_ablations._C`` on CPU, ``rnn_ablations._C_cuda`` on CUDA; the element-wise scan of
+(``rnn_ablations._C`` on CPU, the NVRTC-compiled kernels of :mod:`rnn_ablations.kernels.cuda`
+on CUDA; the element-wise scan of
 :mod:`rnn_ablations.kernels.scan` for cells that never read h_{t-1}) compute exactly the same function
 faster; the tests check them against each other.  All read the block layout from
 :mod:`rnn_ablations.variants`.
@@ -20,13 +21,14 @@ Conventions of a *layer call* (shared with the kernel):
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from .variants import Variant
+from .variants import Variant, output_flags
 
-__all__ = ["StepResult", "pointwise", "generic_layer", "reversal_index", "projection_bias"]
+__all__ = ["StepResult", "pointwise", "cell_step", "generic_layer", "reversal_index",
+           "projection_bias"]
 
 
 class StepResult(NamedTuple):
@@ -53,35 +55,55 @@ def reversal_index(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.where(steps < lengths.unsqueeze(0), lengths.unsqueeze(0) - 1 - steps, steps)
 
 
+def cell_step(content: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
+              o_pre: torch.Tensor, r_pre: torch.Tensor, hw_pre: torch.Tensor,
+              c_prev: torch.Tensor, content_tanh: bool, has_memory: bool, output_gate: bool,
+              output_tanh: bool, highway: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor]:
+    """The element-wise maths of one step, written once for the generic path
+    (:func:`pointwise`) and the TorchScript / ONNX loop (``export.py``; this function is
+    scriptable): the blocks' pre-activations (a block the cell lacks is any tensor, never read),
+    the variant's rules as flags (``variants.output_flags``: the output rule reads an output
+    gate, a tanh of the memory).  Returns
+    ``(h, c, i, f, content)`` (the gates and the content after their activations; for a cell
+    without memory ``i`` and ``f`` are the content, not gates)."""
+    if content_tanh:
+        content = torch.tanh(content)
+    if not has_memory:  # output rule "content" (the S-RNN): h_t = c̃_t, its state is h
+        h = content
+        c, i, f = h, content, content
+    else:
+        i = torch.sigmoid(i_pre)
+        f = torch.sigmoid(f_pre)
+        c = i * content + f * c_prev
+        h = torch.tanh(c) if output_tanh else c  # "identity": h_t = c_t
+        if output_gate:  # o∘tanh(c_t) or o∘c_t
+            h = torch.sigmoid(o_pre) * h
+    if highway:
+        r = torch.sigmoid(r_pre)
+        h = r * h + (1 - r) * hw_pre
+        if not has_memory:
+            c = h
+    return h, c, i, f, content
+
+
 def pointwise(variant: Variant, highway: bool, a: torch.Tensor, xo: Optional[torch.Tensor],
               c_prev: torch.Tensor) -> StepResult:
-    """The element-wise part of one step, from the pre-activations ``a`` (n, R·H)."""
+    """The element-wise part of one step, from the pre-activations ``a`` (n, R·H) and the
+    input-only blocks ``xo`` (:func:`cell_step`)."""
     hidden = c_prev.shape[-1]
     rec_names, inp_names = variant.blocks(highway)
     pre = dict(zip(rec_names, a.split(hidden, dim=-1))) if rec_names else {}
     if inp_names:
         pre.update(zip(inp_names, xo.split(hidden, dim=-1)))
     content = pre[variant.content_block]
-    if variant.content_activation == "tanh":
-        content = torch.tanh(content)
-    if not variant.has_memory:  # output rule "content" (the S-RNN): h_t = c̃_t, its state is h
-        h = content
-        c, i, f, content = h, None, None, None
-    else:
-        i = torch.sigmoid(pre["i"])
-        f = torch.sigmoid(pre["f"])
-        c = i * content + f * c_prev
-        if variant.output == "o_tanh":
-            h = torch.sigmoid(pre["o"]) * torch.tanh(c)
-        elif variant.output == "tanh":
-            h = torch.tanh(c)
-        else:  # identity
-            h = c
-    if highway:
-        r = torch.sigmoid(pre["r"])
-        h = r * h + (1 - r) * pre["hw"]
-        if not variant.has_memory:
-            c = h
+    h, c, i, f, content = cell_step(
+        content, pre.get("i", content), pre.get("f", content), pre.get("o", content),
+        pre.get("r", content), pre.get("hw", content), c_prev,
+        variant.content_activation == "tanh", variant.has_memory, *output_flags(variant.output),
+        highway)
+    if not variant.has_memory:
+        return StepResult(h, c, None, None, None)
     return StepResult(h, c, i, f, content)
 
 

@@ -28,11 +28,15 @@ The decisions, in order:
    ``backend="kernel"`` every fallback is an error that says why.
 2. **CPU schedule** (``Plan.schedule``, ``Plan.concurrent``): see :func:`_cpu_schedule`.
 3. **input projection on oneDNN** (``Plan.onednn``): float32 CPU weights of at least
-   ``Policy.onednn_min_weight`` entries, not under autocast (see :mod:`.projection`).
+   ``Policy.onednn_min_weight`` entries, not under autocast (see
+   :mod:`rnn_ablations.kernels.projection`).
 4. **CUDA recurrence** (``Plan.recurrence``): ``"steps"`` (the step kernel) or ``"persistent"``
-   (asked for explicitly: ``auto`` keeps the step kernel, see :mod:`.cuda_recurrence`); whether
-   the persistent kernel fits this layer is asked of the compiled kernel when it runs.
-5. **CUDA graphs** (``Plan.graphs``): the setting, on the CUDA kernel only.
+   (asked for explicitly: ``auto`` keeps the step kernel, see
+   :mod:`rnn_ablations.kernels.cuda_recurrence`); whether the persistent kernel fits this layer
+   is asked of the compiled kernel by :func:`decide` (:func:`check_persistent`), except in a
+   traced graph, where the operator refuses a shape it does not apply to when the graph runs.
+5. **CUDA graphs** (``Plan.graphs``): the setting, on the CUDA kernel only, and not while
+   ``torch.compile`` / ``torch.export`` trace the call (``LayerCall.compiling``).
 6. **scan** (cells that read no h_{t-1}): ``Plan.fused_scan``: the projection, the scan and the
    backward in one node (the kernel adds the bias), where the kernel has that interface and no
    autocast is active and every parameter has the input's dtype and device.
@@ -48,7 +52,8 @@ import torch
 __all__ = ["Options", "options", "set_options", "get_options", "reset_options",
            "process_options", "ENVIRONMENT", "from_environment", "BACKENDS", "KERNEL_ISAS",
            "CPU_SCHEDULES", "CONCURRENT_DIRECTIONS", "CUDA_RECURRENCES",
-           "LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan",
+           "LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan", "decide",
+           "check_persistent",
            "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES"]
 
 
@@ -78,7 +83,9 @@ class LayerCall(NamedTuple):
     intra-op threads; autocast_dtype: the autocast dtype on this device, ``None`` outside
     autocast; uniform: every direction's input and parameters have the same shapes, dtype and
     device as the first (the concurrent directions and the one-node scan need it); scan_layout: the cell has a
-    layout for the scan kernels (cells that read no h_{t-1})."""
+    layout for the scan kernels (cells that read no h_{t-1}); compiling: the call is traced by
+    ``torch.compile`` / ``torch.export`` (a compiled graph holds the operators themselves, not
+    CUDA-graph replay: ``torch.compile`` has CUDA graphs of its own, mode="reduce-overhead")."""
 
     device: str
     dtype: torch.dtype
@@ -93,6 +100,7 @@ class LayerCall(NamedTuple):
     autocast_dtype: Optional[torch.dtype] = None
     uniform: bool = True
     scan_layout: bool = True
+    compiling: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +242,7 @@ def _cpu_schedule(settings: Options, call: LayerCall, onednn: bool, policy: Poli
 
 #: The runners a plan may name (``Plan.runner``), each one function of the run layer.
 RUNNERS = ("generic", "generic_scan", "cpu_plain", "cpu_pipelined", "cpu_plain_pair",
-           "cpu_pipelined_pair", "cuda_steps", "cuda_persistent", "scan", "fused_scan")
+           "cpu_pipelined_pair", "cuda", "scan", "fused_scan")
 
 
 def _runner(plan: Plan, call: LayerCall) -> str:
@@ -243,7 +251,7 @@ def _runner(plan: Plan, call: LayerCall) -> str:
     if plan.path == "cpu":
         return f"cpu_{plan.schedule}" + ("_pair" if plan.concurrent else "")
     if plan.path == "cuda":
-        return f"cuda_{plan.recurrence}"
+        return "cuda"  # the step or the persistent kernel: Plan.recurrence says which
     return "generic"
 
 
@@ -280,7 +288,8 @@ def _plan_layer(settings: Options, call: LayerCall, kernels: Kernels, policy: Po
             "cuda_recurrence='persistent': this build of rnn_ablations._C_cuda has no persistent "
             "kernel (rebuild it: `python setup.py build_ext --inplace` with a CUDA torch and "
             "nvcc), or use rnn_ablations.options(cuda_recurrence='steps')")
-    return Plan("cuda", reason, recurrence=recurrence, graphs=settings.cuda_graphs,
+    return Plan("cuda", reason, recurrence=recurrence,
+                graphs=settings.cuda_graphs and not call.compiling,
                 persistent=(settings.persistent_blocks, settings.persistent_batch_tile,
                             settings.persistent_backward) if recurrence == "persistent"
                 else (0, 0, False))
@@ -372,17 +381,29 @@ def call_settings() -> Options:
 
 def threshold_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
     """Sizes on the same side of each of the plan's thresholds (:data:`POLICY`) as ``steps`` and
-    ``batch``: comparisons only, so a symbolic size gives guards, not a value."""
+    ``batch``.  A symbolic size (dynamic shapes) is compared only where the comparison is known
+    from its range (``statically_known_true``: no guard); otherwise it takes the side of the
+    long sequence and the small step GEMM, so the graph holds no guard on the size and serves
+    every size its range allows (``torch.export`` with ``Dim("T", min=1)``): the schedules
+    compute the same function, the threshold only chooses the faster one."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
     min_steps = POLICY.min_steps
-    steps_for_plan = 0 if steps == 0 else (min_steps if steps >= min_steps else 1)
+    if known(steps == 0):
+        steps_for_plan = 0
+    elif known(steps < min_steps):
+        steps_for_plan = 1
+    else:
+        steps_for_plan = min_steps
     limit = POLICY.max_step_macs if needs_grad else POLICY.max_step_macs_inference
     per_row = max(1, rec_blocks * hidden * hidden)
-    if batch == 0:
+    large_batch = -(-limit // per_row)  # the smallest batch at the limit
+    if known(batch == 0):
         batch_for_plan = 0
-    elif batch * per_row < limit:
-        batch_for_plan = 1
+    elif known(batch >= large_batch):
+        batch_for_plan = large_batch
     else:
-        batch_for_plan = -(-limit // per_row)  # the smallest batch at the limit
+        batch_for_plan = 1
     return steps_for_plan, batch_for_plan
 
 
@@ -392,8 +413,9 @@ def plan_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
     may be symbolic (dynamic shapes: one graph for every sequence length, which a plan keyed on
     the exact size would not allow).  The plan reads the sizes only through its thresholds
     (zero, ``min_steps``, the step GEMM's ``max_step_macs`` / ``max_step_macs_inference``), so
-    each is replaced by a size on the same side of every threshold (:func:`threshold_sizes`):
-    the graph then guards on those sides, not on the size."""
+    each is replaced by a size on the same side of every threshold, or, for a symbolic size
+    whose side its range does not fix, on a fixed side (:func:`threshold_sizes`): the graph
+    then holds no guard on the size."""
     if not torch.compiler.is_compiling():
         return steps, batch
     return threshold_sizes(steps, batch, rec_blocks, hidden, needs_grad)
@@ -424,7 +446,8 @@ def describe(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
     proj_weight = w_ih.numel() if reads_hidden else sum(p[0].numel() for p in params)
     steps, batch = plan_sizes(x.shape[0], x.shape[1], rec_blocks, hidden, needs_grad)
     return LayerCall(device, x.dtype, steps, batch, hidden, rec_blocks, proj_weight, len(params),
-                     needs_grad, num_threads(), autocast_dtype(device), uniform, scan_layout)
+                     needs_grad, num_threads(), autocast_dtype(device), uniform, scan_layout,
+                     torch.compiler.is_compiling())
 
 
 @torch.compiler.assume_constant_result
@@ -439,8 +462,40 @@ def _plan_of(fields) -> Plan:
     return plan
 
 
+def check_persistent(plan: Plan, kernel, spec: int, highway: bool, proj: torch.Tensor,
+                     w_hh: torch.Tensor) -> None:
+    """``ValueError`` naming the reason when ``plan`` asks for the persistent CUDA kernel and
+    ``kernel`` (its ``persistent_plan``: the forward, and the backward with
+    ``persistent_backward``) says it does not apply to a layer with ``proj`` (T, B, (R+X)·H; only
+    its shape, dtype and device are read) and ``w_hh``."""
+    if plan.recurrence != "persistent":
+        return
+    blocks, tile, backward = plan.persistent
+    ok, why = kernel.persistent_plan(spec, highway, proj, w_hh, blocks, tile, False)[:2]
+    if ok and backward:
+        ok, why = kernel.persistent_plan(spec, highway, proj, w_hh, blocks, tile, True)[:2]
+        why = f"(its backward, persistent_backward) {why}"
+    if not ok:
+        raise ValueError(f"cuda_recurrence='persistent': the persistent CUDA kernel does not "
+                         f"apply to this layer: {why}; use rnn_ablations.options("
+                         "cuda_recurrence='auto') or 'steps' (the step kernel runs every shape)")
+
+
 def decide(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
-           scan_layout: bool = False, needs_grad: Optional[bool] = None) -> Plan:
+           scan_layout: bool = False, needs_grad: Optional[bool] = None, spec: int = 0,
+           highway: bool = False) -> Plan:
     """How one layer call runs: :func:`describe`, then :func:`plan_layer` under the call's
-    settings (:func:`call_settings`), what this process has compiled and :data:`POLICY`."""
-    return _plan_of(tuple(describe(x, params, h0, c0, scan_layout, needs_grad)))
+    settings (:func:`call_settings`), what this process has compiled and :data:`POLICY`; a
+    persistent CUDA recurrence is checked against the layer (:func:`check_persistent`, with the
+    variant's kernel ``spec`` and ``highway``) outside a traced graph."""
+    call = describe(x, params, h0, c0, scan_layout, needs_grad)
+    plan = _plan_of(tuple(call))
+    if plan.recurrence == "persistent" and not call.compiling:
+        w_ih, w_hh, _ = params[0]
+        dtype = (call.autocast_dtype if call.autocast_dtype is not None
+                 and x.dtype != torch.float64 else x.dtype)
+        # the projection's shape, dtype and device, without its memory
+        proj = torch.empty((), device=x.device, dtype=dtype).expand(
+            x.shape[0], x.shape[1], w_ih.shape[0])
+        check_persistent(plan, backend.cuda_kernel(), spec, highway, proj, w_hh.to(dtype))
+    return plan

@@ -53,8 +53,8 @@ from typing import Dict, Optional, Tuple
 
 __all__ = ["Variant", "VARIANTS", "ALIASES", "get_variant", "recurrent_param_count"]
 
-#: Every variant's code in :class:`~rnn_ablations.AblatedRNN`'s ``variant_state`` buffer
-#: (``Variant.code``; saved in state dicts, so a code never changes meaning).  The kernels do not
+#: Every variant's code (``Variant.code``; ``AblatedRNN.variant_state`` and the ``variant_state``
+#: entry of saved state dicts hold it, so a code never changes meaning).  The kernels do not
 #: read it: they receive :attr:`Variant.kernel_spec`.
 CODE_LSTM, CODE_SRNN, CODE_MINUS_SRNN, CODE_RAN, CODE_IDENTITY_RAN, CODE_MINUS_HIDDEN = range(6)
 
@@ -65,12 +65,38 @@ _GATED_OUTPUTS = ("o_tanh",)
 
 # The step kernels' spec (csrc/common/kernel_spec.h, decode_kernel_spec): one int64 of orthogonal fields.
 # Bits 0-2 the output rule (values 4-7 free), then one bit per field, then the tag in bits 8-15.
-_SPEC_OUTPUT = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
-_SPEC_CONTENT_INPUT_ONLY = 1 << 3
-_SPEC_CONTENT_TANH = 1 << 4
-_SPEC_MEMORY = 1 << 5
-_SPEC_READS_HIDDEN = 1 << 6
-_SPEC_TAG = 0xA5 << 8
+# This is the one encoding in Python: the CUDA launcher (kernels/cuda/structs.py,
+# kernels/cuda/programs.py) and the export loop (export.py) derive theirs from it, and the C++
+# header's constants are checked against it (tests/test_kernel_spec_encoding.py).
+#: output rule name -> its code in the spec (kernel_spec.h OutputRule)
+SPEC_OUTPUT: Dict[str, int] = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
+#: the spec's one-bit fields (kernel_spec.h kSpec*)
+SPEC_FIELDS: Dict[str, int] = {"content_input_only": 1 << 3, "content_tanh": 1 << 4,
+                               "memory": 1 << 5, "reads_hidden": 1 << 6}
+SPEC_OUTPUT_MASK = 0x7
+SPEC_TAG = 0xA5 << 8
+SPEC_TAG_MASK = 0xFF << 8
+#: the output rules that read tanh(c_t) (kernel_spec.h output_reads_tanh)
+_TANH_OUTPUTS = ("o_tanh", "tanh")
+#: the spec's output code -> rule name; those of a cell with memory; those that read o
+SPEC_RULE_NAMES: Dict[int, str] = {code: name for name, code in SPEC_OUTPUT.items()}
+SPEC_MEMORY_RULES: Dict[int, str] = {code: name for code, name in SPEC_RULE_NAMES.items()
+                                     if name != "content"}
+SPEC_GATED = frozenset(SPEC_OUTPUT[name] for name in _GATED_OUTPUTS)
+SPEC_OUT_CONTENT = SPEC_OUTPUT["content"]
+_SPEC_OUTPUT = SPEC_OUTPUT
+_SPEC_CONTENT_INPUT_ONLY = SPEC_FIELDS["content_input_only"]
+_SPEC_CONTENT_TANH = SPEC_FIELDS["content_tanh"]
+_SPEC_MEMORY = SPEC_FIELDS["memory"]
+_SPEC_READS_HIDDEN = SPEC_FIELDS["reads_hidden"]
+_SPEC_TAG = SPEC_TAG
+
+
+def output_flags(output: str) -> Tuple[bool, bool]:
+    """``(reads an output gate o, reads tanh(c_t))`` of the output rule ``output``
+    (``Variant.output``), as the kernels read its code (kernel_spec.h ``output_has_gate``,
+    ``output_reads_tanh``); :func:`rnn_ablations.functional.cell_step` computes h_t from them."""
+    return output in _GATED_OUTPUTS, output in _TANH_OUTPUTS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,8 +106,8 @@ class Variant:
 
     name: str
     paper_name: str
-    #: the variant's code in :class:`~rnn_ablations.AblatedRNN`'s ``variant_state`` buffer
-    #: (unique, stable: state dicts hold it).
+    #: the variant's code (``AblatedRNN.variant_state``; unique, stable: saved state dicts hold
+    #: it).
     code: int
     #: blocks (in weight order) that read x_t and h_{t-1} and have a bias; activation σ except
     #: the content block (``content_block``, activation ``content_activation``).

@@ -586,8 +586,8 @@ def test_caller_captures_a_training_step(fresh_graphs, dtype):
 
 
 # --------------------------------------------------------------------------- persistent kernel
-# the run plan asks for it (cuda_recurrence="persistent"; off by default), cuda_recurrence.select
-# runs it; csrc/cuda/persistent_kernel.cuh.  The policy tests run on the CPU; the kernel tests need a GPU.
+# the run plan asks for it (cuda_recurrence="persistent"; off by default) and checks that it fits
+# (plan.check_persistent), cuda_recurrence.step_kernel looks it up; csrc/cuda/persistent_kernel.cuh.  The policy tests run on the CPU; the kernel tests need a GPU.
 from rnn_ablations.kernels import cuda_recurrence  # noqa: E402
 from rnn_ablations.kernels.cuda_recurrence import use_cuda_recurrence  # noqa: E402
 
@@ -651,11 +651,11 @@ class _FakePersistentExt:
 
 
 def test_cuda_recurrence_selection(monkeypatch):
-    """auto and steps keep the step kernel (graphed as the plan says); persistent asks the
-    kernel's plan, runs the persistent forward and the step kernel's backward, or says why it
-    cannot and what to do."""
+    """auto and steps keep the step kernel (graphed as the plan says, never inside a compiled
+    graph); persistent asks the kernel's plan (in the run plan), runs the persistent forward and
+    the step kernel's backward, or says why it cannot and what to do."""
     from rnn_ablations.kernels import backend
-    from rnn_ablations.plan import Kernels, LayerCall, plan_layer
+    from rnn_ablations.plan import Kernels, LayerCall, check_persistent, plan_layer
     v = get_variant("ran")
     fake = _FakePersistentExt()
     monkeypatch.setattr(backend, "_C_cuda", fake)
@@ -665,7 +665,8 @@ def test_cuda_recurrence_selection(monkeypatch):
 
     def select(**settings):
         plan = plan_layer(ra.get_options().replace(**settings), call, kernels)
-        return cuda_recurrence.select(plan, v, True, _CudaLike(), None)
+        check_persistent(plan, fake, v.kernel_spec, True, _CudaLike(), None)
+        return cuda_recurrence.step_kernel(plan)
 
     for mode in ("auto", "steps"):
         assert select(cuda_recurrence=mode, cuda_graphs=False) is fake
@@ -681,13 +682,14 @@ def test_cuda_recurrence_selection(monkeypatch):
     assert fake.calls[-1] == ("persistent_forward", v.kernel_spec, True, "p", "w", "h", "c",
                               "bs", "m", True, 3, 0)
     assert cuda_recurrence.persistent_stats()["persistent_forward"] == before + 1
-    assert ext.plain_backward(1, 2, 3) == "step backward"
+    grads = tuple(range(15))  # the 15 arguments of plain_backward
+    assert ext.plain_backward(*grads) == "step backward"
     ext_b = select(cuda_recurrence="persistent", persistent_blocks=3, persistent_backward=True,
                    cuda_graphs=False)
     assert fake.calls[-1] == ("plan", v.kernel_spec, True, 3, 0, True)
-    assert ext_b is not ext and ext_b.plain_backward(1, 2) == "persistent backward"
-    assert fake.calls[-1] == ("persistent_backward", 1, 2, 3, 0)
-    assert ext.plain_backward(1, 2, 3) == "step backward"  # chosen at the forward, kept
+    assert ext_b is not ext and ext_b.plain_backward(*grads) == "persistent backward"
+    assert fake.calls[-1] == ("persistent_backward",) + grads + (3, 0)
+    assert ext.plain_backward(*grads) == "step backward"  # chosen at the forward, kept
     graphed = select(cuda_recurrence="persistent", persistent_blocks=3, persistent_backward=True,
                      cuda_graphs=True)
     assert isinstance(graphed, cuda_graphs.GraphedKernel)
@@ -695,9 +697,13 @@ def test_cuda_recurrence_selection(monkeypatch):
     fake.ok, fake.why = False, "the W_hh slice does not fit"
     with pytest.raises(ValueError, match="does not fit.*'steps'"):
         select(cuda_recurrence="persistent")
-    monkeypatch.setattr(backend, "_C_cuda", None)
     with pytest.raises(RuntimeError, match="no persistent kernel"):
-        select(cuda_recurrence="persistent")
+        plan_layer(ra.get_options().replace(cuda_recurrence="persistent"), call,
+                   Kernels(cpu=True, cuda=True, persistent=False))
+    for mode in ("steps", "persistent"):  # a compiled graph holds the operators themselves
+        plan = plan_layer(ra.get_options().replace(cuda_recurrence=mode, cuda_graphs=True),
+                          call._replace(compiling=True), kernels)
+        assert plan.runner == "cuda" and not plan.graphs
 
 
 def test_graph_keys_separate_kernels(monkeypatch):

@@ -147,3 +147,21 @@ def test_the_stack_runner_is_decided_in_the_plan(monkeypatch):
     monkeypatch.setattr(rnn_module, "stack_runner", lambda: "unknown")
     with pytest.raises(ValueError, match="'script' or 'scan'"):
         model(torch.randn(4, 2, 5))
+
+
+@pytest.mark.parametrize("schedule", ["auto", "plain"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_torch_export_with_a_length_from_one(variant, schedule):
+    """``torch.export`` with ``Dim("T", min=1)``: the plan holds no guard on the length (its
+    step threshold is not compared with a symbolic size), and the one program equals eager at
+    every length from 1 to 6, both directions, on the CPU schedule setting given."""
+    from rnn_ablations import options
+
+    model = _model(variant)
+    T = torch.export.Dim("T", min=1)
+    with options(cpu_schedule=schedule):
+        program = torch.export.export(model, (torch.randn(5, 2, 5),), dynamic_shapes=({0: T},))
+        for t in range(1, 7):
+            x = torch.randn(t, 2, 5)
+            out, (h, c) = program.module()(x)
+            _same([out, h, c], model, x)

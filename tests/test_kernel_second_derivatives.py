@@ -80,3 +80,26 @@ def test_onednn_linear_double_backward():
         x.grad = w.grad = b.grad = None
     for a, c in zip(*results):
         torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_srnn_gradgradcheck_over_c0_and_weights(kernel, bidirectional):
+    """The S-RNN never reads c_0: its gradient is ``None`` on the kernel paths as on the generic
+    one (not a zero without a graph), so gradgradcheck over (c_0, weights) passes."""
+    m = AblatedRNN("srnn", 2, 2, bidirectional=bidirectional, highway=True).double()
+    dirs = 2 if bidirectional else 1
+    x = torch.randn(3, 2, 2, dtype=torch.double)
+    h0 = torch.randn(dirs, 2, 2, dtype=torch.double)
+    c0 = torch.randn(dirs, 2, 2, dtype=torch.double, requires_grad=True)
+    names = [n for n, _ in m.named_parameters()]
+    params = [p.detach().requires_grad_() for p in m.parameters()]
+
+    def f(c0, *ps):
+        with torch.nn.utils.stateless._reparametrize_module(m, dict(zip(names, ps))):
+            out, (h, c) = m(x, (h0, c0), lengths=torch.tensor([3, 2]))
+        return out, h
+
+    with path(kernel):
+        assert torch.autograd.grad(f(c0, *params)[0].sum(), c0, allow_unused=True)[0] is None
+        assert torch.autograd.gradgradcheck(f, (c0, *params), fast_mode=True)

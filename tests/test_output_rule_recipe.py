@@ -35,22 +35,10 @@ EDITS = {
     ("rnn_ablations/variants.py", "_GATED_OUTPUTS"): (
         '_GATED_OUTPUTS = ("o_tanh",)',
         '_GATED_OUTPUTS = ("o_tanh", "o_cell")'),
-    ("rnn_ablations/variants.py", "_SPEC_OUTPUT"): (
-        '_SPEC_OUTPUT = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}',
-        '_SPEC_OUTPUT = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3, "o_cell": 4}'),
-    ("rnn_ablations/functional.py", "pointwise"): (
-        '            h = torch.sigmoid(pre["o"]) * torch.tanh(c)\n',
-        '            h = torch.sigmoid(pre["o"]) * torch.tanh(c)\n'
-        '        elif variant.output == "o_cell":\n'
-        '            h = torch.sigmoid(pre["o"]) * c\n'),
-    ("rnn_ablations/export.py", "_OUTPUT_CODES"): (
-        '_OUTPUT_CODES = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}',
-        '_OUTPUT_CODES = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3, "o_cell": 4}'),
-    ("rnn_ablations/export.py", "_script_direction"): (
-        '            elif output == 2:\n',
-        '            elif output == 4:\n'
-        '                h_new = torch.sigmoid(a[:, o_at * H:(o_at + 1) * H]) * c_new\n'
-        '            elif output == 2:\n'),
+    ("rnn_ablations/variants.py", "SPEC_OUTPUT"): (
+        'SPEC_OUTPUT: Dict[str, int] = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}',
+        'SPEC_OUTPUT: Dict[str, int] = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3,\n'
+        '                               "o_cell": 4}'),
     ("rnn_ablations/csrc/common/kernel_spec.h", "OutputRule"): (
         'kOutCell = 3 };',
         'kOutCell = 3,\n                        kOutGatedCell = 4 };'),
@@ -77,15 +65,6 @@ EDITS = {
         '  return gh * tc * o * (T(1) - o);  // kOutGatedTanh',
         '  if (out == kOutGatedCell) return gh * c * o * (T(1) - o);  // h_t = o*c_t\n'
         '  return gh * tc * o * (T(1) - o);  // kOutGatedTanh'),
-    ("rnn_ablations/kernels/cuda/structs.py", "RULE_NAMES"): (
-        'OUT_CELL: "identity"}',
-        'OUT_CELL: "identity", 4: "o_cell"}'),
-    ("rnn_ablations/kernels/cuda/structs.py", "output_has_gate"): (
-        '    return out == OUT_GATED_TANH\n',
-        '    return out in (OUT_GATED_TANH, 4)\n'),
-    ("rnn_ablations/kernels/cuda/programs.py", "RULES"): (
-        '{1: "o_tanh", 2: "tanh", 3: "identity"}',
-        '{1: "o_tanh", 2: "tanh", 3: "identity", 4: "o_cell"}'),
 }
 RULE_NUMBER = 4
 

@@ -1,7 +1,8 @@
 // Python bindings of the CPU extension rnn_ablations._C: the step kernels' entry points
 // (cpu/entry_points.h), the element-wise scan (cpu/scan.cpp), the kernel-spec decoder the table
 // test reads (common/kernel_spec.h), and the choice of vector path (cpu/vec_kernels.h).  The CUDA
-// extension rnn_ablations._C_cuda binds its functions in cuda/step_kernel.cu.
+// kernels (cuda/*.cuh) are compiled at run time by NVRTC and launched from Python
+// (rnn_ablations/kernels/cuda/host.py): they have no bindings here.
 //
 // Every entry point that computes releases the GIL for the whole call (py::call_guard): the
 // kernels never run Python, and their worker threads inherit only grad and inference mode

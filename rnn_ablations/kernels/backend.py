@@ -26,7 +26,8 @@ from . import cuda as _cuda_kernels
 from . import cuda_graphs, loader, ops, ops_cuda
 
 __all__ = ["kernel_available", "cuda_kernel_available", "kernel_isa", "supported_kernel_isas",
-           "kernels", "Kernels", "onednn_usable"]
+           "kernels", "Kernels", "onednn_usable", "cpu_kernel", "cpu_kernel_error",
+           "cuda_kernel", "cuda_kernel_error", "graphed_cuda_kernel"]
 
 # The CPU kernel: built at install time, or compiled on first use and cached (kernels/loader.py).
 _C, _KERNEL_ERROR, _KERNEL_SOURCE = loader.load_cpu_kernel()
@@ -90,23 +91,44 @@ settings.on_check(_check_settings)
 settings.on_process_change(_process_change)
 
 
-def _has(module, name: str) -> bool:
-    """Whether the compiled module (not its operator wrapper) has the entry point ``name``."""
-    return module is not None and hasattr(getattr(module, "raw", module), name)
+#: the scan entry points' calling convention this package speaks (``ops.SCAN_ABI``)
+SCAN_ABI = ops.SCAN_ABI
 
 
-#: the scan entry points' calling convention this package speaks (``scan_abi`` of the compiled
-#: module: 3 = the variant's kernel spec and the highway flag first, the bias and its gradient
-#: inside the scan)
-SCAN_ABI = 3
+def _can(kernel, capability: str) -> bool:
+    """What the kernel object declares (``kernels/interface.py``: ``scan``, ``persistent``)."""
+    return kernel is not None and bool(getattr(kernel, capability, False))
 
 
-def _scan_built(module) -> bool:
-    """Whether ``module`` has scan kernels with this package's calling convention (an older
-    build is not called with arguments it would misread: the layer then runs on the generic
-    path, and the plan's reason says to rebuild)."""
-    raw = getattr(module, "raw", module)  # the module behind an operator wrapper
-    return _has(module, "scan_forward") and getattr(raw, "scan_abi", 1) == SCAN_ABI
+def cpu_kernel():
+    """The CPU kernel (``ops.CpuKernel``), or ``None`` (why: :func:`cpu_kernel_error`)."""
+    return _C
+
+
+def cpu_kernel_error() -> Optional[str]:
+    """Why there is no CPU kernel (``None`` when there is one)."""
+    return _KERNEL_ERROR if _C is None else None
+
+
+def cuda_kernel():
+    """The CUDA kernel (``ops_cuda.CudaKernel``), or ``None`` (why: :func:`cuda_kernel_error`)."""
+    return _C_cuda
+
+
+def cuda_kernel_error() -> Optional[str]:
+    """Why the CUDA kernels are not in use (``None`` when they are)."""
+    return _CUDA_KERNEL_ERROR if _C_cuda is None else None
+
+
+def graphed_cuda_kernel():
+    """The CUDA kernel behind CUDA-graph replay (``cuda_graphs.GraphedKernel``, same entry
+    points; one per process, so its recorded graphs are reused), or ``None``."""
+    global _graphed_cuda
+    if _C_cuda is None:
+        return None
+    if _graphed_cuda is None or _graphed_cuda.ext is not _C_cuda:
+        _graphed_cuda = cuda_graphs.GraphedKernel(_C_cuda)
+    return _graphed_cuda
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,8 +200,8 @@ def kernels() -> Kernels:
                     "(`pip install --no-build-isolation -e .`)")
         got = Kernels(
             cpu=_C is not None, cuda=_C_cuda is not None,
-            cpu_scan=_scan_built(_C), cuda_scan=_scan_built(_C_cuda),
-            persistent=_has(_C_cuda, "persistent_forward"), onednn=onednn_usable(), isa=isa,
+            cpu_scan=_can(_C, "scan"), cuda_scan=_can(_C_cuda, "scan"),
+            persistent=_can(_C_cuda, "persistent"), onednn=onednn_usable(), isa=isa,
             cpu_error=_KERNEL_ERROR if _C is None else scan_why,
             cuda_error=_CUDA_KERNEL_ERROR if _C_cuda is None else scan_why)
         _kernels_cache.clear()
@@ -225,16 +247,19 @@ def supported_kernel_isas() -> list:
     return list(_C.supported_isas()) if _C is not None else []
 
 
-#: ``_C_cuda`` behind CUDA-graph replay (same entry points)
-_graphed_cuda = cuda_graphs.GraphedKernel(_C_cuda) if _C_cuda is not None else None
+#: ``_C_cuda`` behind CUDA-graph replay (:func:`graphed_cuda_kernel`)
+_graphed_cuda = None
 
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None``."""
+    """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None`` (also for
+    a device without autocast, such as ``"meta"``)."""
     try:
         on = torch.is_autocast_enabled(device_type)
     except TypeError:  # pragma: no cover - torch < 2.4
         on = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    except RuntimeError:  # a device type autocast does not know ("meta")
+        return None
     if not on:
         return None
     try:

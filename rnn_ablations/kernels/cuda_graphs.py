@@ -3,12 +3,12 @@
 At the sizes of the experiments (batch 20-64, hidden 100-650) one step of the CUDA kernel is a
 small GEMM and one element-wise kernel: the GPU finishes them faster than the host can launch
 them, so the recurrence is bound by launch overhead (2-3 launches per step, forward and
-backward).  This module records the whole ``forward`` (or ``backward``) of one layer and
+backward).  This module records the whole ``plain_forward`` (or ``plain_backward``) of one layer and
 direction — every step's launches, the final states, the weight-gradient GEMM — as one CUDA
 graph per shape, and replays it: one launch per layer instead of 2-3 per step.
 
-How: :class:`GraphedKernel` has the entry points of ``rnn_ablations._C_cuda`` (``forward`` and
-``backward``, same arguments and results).  A call is keyed by everything the recorded launches
+How: :class:`GraphedKernel` has the step kernel's entry points (``plain_forward`` and
+``plain_backward``, same arguments and results).  A call is keyed by everything the recorded launches
 depend on: the entry point, the variant code, highway, the shapes and dtype of every argument,
 ``batch_sizes`` (read on the host: it decides how many rows each step launches), the device and
 the cuBLAS math flags.  The first time a key is seen the call runs eagerly; the second time
@@ -155,15 +155,21 @@ def _fresh_copies(static_out, n_out=None):
 
 
 class GraphedKernel:
-    """Drop-in for the module ``rnn_ablations._C_cuda`` (``forward`` / ``backward``) that replays
-    CUDA graphs of repeated shapes (see the module docstring)."""
+    """Drop-in for the CUDA step kernel ``ext`` (``plain_forward`` / ``plain_backward``, the
+    ``StepKernel`` of ``kernels/interface.py``) that replays CUDA graphs of repeated shapes (see
+    the module docstring)."""
+
+    #: capabilities (``kernels/interface.py``): a step kernel only, gates in tensors of its own
+    in_place_gates = False
+    scan = False
+    persistent = False
 
     def __init__(self, ext, tag: str = "steps"):
         self.ext = ext
         self.tag = tag  # in every key: kernels behind one entry-point name record apart
 
-    # forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin)
-    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
+    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
+                      in_place=False):
         tensors = (proj, w_hh, h0, c0, rec_mask)
         head = (self.tag, "forward", int(spec), bool(highway), bool(keep_hin))
 
@@ -174,8 +180,6 @@ class GraphedKernel:
         # c_n are copied out of a replayed graph; gates, cs, hin come back empty
         return _run(head, tensors, batch_sizes, call, None if keep_hin else 3)
 
-    # backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
-    #          batch_sizes, rec_mask)
     def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
                        h0, c0, batch_sizes, rec_mask):
         tensors = (g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0, rec_mask)

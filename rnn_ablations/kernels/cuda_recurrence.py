@@ -19,20 +19,19 @@
 The mode and the persistent kernel's grid (``persistent_blocks``, ``persistent_batch_tile``;
 0 = automatic: one block per SM, as many rows as the shared memory holds) are settings of
 :func:`rnn_ablations.options`; the run plan (:func:`rnn_ablations.plan.plan_layer`) turns them
-into ``Plan.recurrence`` / ``Plan.persistent`` and :func:`select` into the module that runs the
-layer.  ``set_cuda_recurrence`` / ``use_cuda_recurrence`` / ``get_cuda_recurrence`` are short
+into ``Plan.recurrence`` / ``Plan.persistent`` (and checks there, with the compiled kernel's
+``persistent_plan``, that the persistent kernel fits the layer); :func:`step_kernel` looks up the
+kernel object that runs it.  ``set_cuda_recurrence`` / ``use_cuda_recurrence`` / ``get_cuda_recurrence`` are short
 forms of :func:`rnn_ablations.set_options` / :func:`rnn_ablations.options` /
 :func:`rnn_ablations.get_options` for the mode.
 """
 from __future__ import annotations
 
-import torch
-
 from . import backend, cuda_graphs
 from ..settings import CUDA_RECURRENCES, get_options, options, set_options
 
 __all__ = ["set_cuda_recurrence", "get_cuda_recurrence", "use_cuda_recurrence",
-           "RECURRENCES", "persistent_stats", "PersistentKernel", "select"]
+           "RECURRENCES", "persistent_stats", "PersistentKernel", "step_kernel"]
 
 RECURRENCES = CUDA_RECURRENCES
 _calls = {"persistent_forward": 0, "persistent_backward": 0}
@@ -72,22 +71,31 @@ def persistent_stats() -> dict:
 
 
 class PersistentKernel:
-    """The entry points of ``rnn_ablations._C_cuda`` (``forward`` / ``backward``, same arguments
-    and results) with the forward on the persistent kernel and the backward on the step kernel,
-    or (``backward=True``) on the persistent kernel too; ``blocks`` / ``batch_tile``: the
-    kernels' grid and rows per tile (0 = automatic).  Fixed per instance, so that a CUDA graph
-    recorded through one instance always replays the same kernels."""
+    """The step kernel's entry points (``plain_forward`` / ``plain_backward`` of the CUDA kernel
+    ``ext``, same arguments and results) with the forward on the persistent kernel and the
+    backward on the step kernel, or (``backward=True``) on the persistent kernel too; ``blocks``
+    / ``batch_tile``: the kernels' grid and rows per tile (0 = automatic).  Fixed per instance,
+    so that a CUDA graph recorded through one instance always replays the same kernels."""
+
+    #: capabilities (``kernels/interface.py``): a step kernel only, gates in tensors of its own
+    in_place_gates = False
+    scan = False
+    persistent = True
 
     def __init__(self, ext, backward: bool = False, blocks: int = 0, batch_tile: int = 0):
         self.ext, self.persistent_backward = ext, backward
         self.blocks, self.batch_tile = blocks, batch_tile
 
-    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin):
+    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
+                      in_place=False):
         _calls["persistent_forward"] += 1
         return self.ext.persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
                                            rec_mask, keep_hin, self.blocks, self.batch_tile)
 
-    def plain_backward(self, *args):
+    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
+                       h0, c0, batch_sizes, rec_mask):
+        args = (spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
+                batch_sizes, rec_mask)
         if self.persistent_backward:
             _calls["persistent_backward"] += 1
             return self.ext.persistent_backward(*args, self.blocks, self.batch_tile)
@@ -108,43 +116,14 @@ def _persistent_modules(ext, backward: bool, blocks: int, batch_tile: int):
     return got
 
 
-def select(plan, variant, highway: bool, proj, w_hh):
-    """The module whose ``forward`` / ``backward`` run a CUDA layer as ``plan`` says
-    (``dispatch.run_layer``): the step kernel (graphed where ``plan.graphs``) or, for
-    ``plan.recurrence == "persistent"``, the persistent kernel, or an error that says why it
-    cannot run this call."""
-    raw = backend._C_cuda
+def step_kernel(plan):
+    """The kernel object (``StepKernel`` of ``kernels/interface.py``) that runs a CUDA layer as
+    ``plan`` says: the step kernel, or for ``plan.recurrence == "persistent"`` the persistent
+    kernel with ``plan.persistent``'s grid, behind CUDA-graph replay where ``plan.graphs``.  The
+    plan has made every choice (:func:`rnn_ablations.plan.decide`: whether the persistent kernel
+    fits the layer, no graphs inside a compiled graph); this only looks the object up."""
     if plan.recurrence != "persistent":
-        if raw is None:
-            raise RuntimeError(f"the rnn_ablations CUDA kernel is not available: "
-                               f"{backend._CUDA_KERNEL_ERROR}")
-        if not plan.graphs or torch.compiler.is_compiling():
-            # a compiled graph holds the operators themselves (torch.compile has CUDA graphs of
-            # its own: mode="reduce-overhead")
-            return raw
-        graphed = backend._graphed_cuda
-        if graphed is None or graphed.ext is not raw:
-            graphed = backend._graphed_cuda = cuda_graphs.GraphedKernel(raw)
-        return graphed
-    if raw is None or not hasattr(raw, "persistent_forward"):
-        raise RuntimeError(
-            "cuda_recurrence='persistent': there is no persistent kernel in this process (the "
-            f"CUDA kernels are not in use: {backend._CUDA_KERNEL_ERROR}); use "
-            "rnn_ablations.options(cuda_recurrence='steps') or the generic path")
+        return backend.graphed_cuda_kernel() if plan.graphs else backend.cuda_kernel()
     blocks, tile, bwd = plan.persistent
-    if torch.compiler.is_compiling():
-        # persistent_plan reads the device's properties, which a traced graph cannot: the
-        # operator itself refuses a shape it does not apply to, when the graph runs
-        return _persistent_modules(raw, bwd, blocks, tile)[0]
-    ok, why = raw.persistent_plan(variant.kernel_spec, highway, proj, w_hh, blocks, tile,
-                                  False)[:2]
-    if ok and bwd:
-        ok, why = raw.persistent_plan(variant.kernel_spec, highway, proj, w_hh, blocks, tile,
-                                      True)[:2]
-        why = f"(its backward, persistent_backward) {why}"
-    if not ok:
-        raise ValueError(f"cuda_recurrence='persistent': the persistent CUDA kernel does not "
-                         f"apply to this layer: {why}; use rnn_ablations.options("
-                         "cuda_recurrence='auto') or 'steps' (the step kernel runs every shape)")
-    plain, graphed = _persistent_modules(raw, bwd, blocks, tile)
+    plain, graphed = _persistent_modules(backend.cuda_kernel(), bwd, blocks, tile)
     return graphed if plan.graphs else plain

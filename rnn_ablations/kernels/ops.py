@@ -55,7 +55,7 @@ operator                 arguments → results
 =======================  ==========================================================================
 
 :class:`CpuKernel` puts the operators behind ``_C``'s own calling convention, so the code that
-calls the kernel (``backend._C``) is the same whether an entry is an operator or not.
+calls the kernel (``backend.cpu_kernel()``) is the same whether an entry is an operator or not.
 """
 from __future__ import annotations
 
@@ -392,6 +392,19 @@ class _Direct:
         return self._implementations[name]
 
 
+#: the scan entry points' calling convention this package speaks (``scan_abi`` of the compiled
+#: module: 3 = the variant's kernel spec and the highway flag first, the bias and its gradient
+#: inside the scan)
+SCAN_ABI = 3
+
+
+def scan_built(raw) -> bool:
+    """Whether the compiled module ``raw`` has scan kernels with this package's calling
+    convention (an older build is not called with arguments it would misread: the layer then
+    runs on the generic path, and the plan's reason says to rebuild)."""
+    return hasattr(raw, "scan_forward") and getattr(raw, "scan_abi", 1) == SCAN_ABI
+
+
 class CpuKernel:
     """``rnn_ablations._C`` with its computing entry points routed through the operators
     (same names, same arguments, same results); everything else (``kernel_isa``,
@@ -403,9 +416,15 @@ class CpuKernel:
     percent of a small layer); every other call goes through the operator, so what traces or
     intercepts operators sees this one."""
 
+    #: capabilities (``kernels/interface.py``): the gates written into the caller's scratch
+    #: ``proj``; no persistent kernel; ``scan`` is set per instance (the build may lack it)
+    in_place_gates = True
+    persistent = False
+
     def __init__(self, raw):
         register(raw)
         self.raw = raw
+        self.scan = scan_built(raw)
         self._dispatched = torch.ops.rnn_ablations
         self._direct = _Direct(_IMPLEMENTATIONS)
 
@@ -428,17 +447,26 @@ class CpuKernel:
         return list(self._ops(proj).plain_forward(spec, highway, proj, w_hh, h0, c0,
                                                   batch_sizes, rec_mask, keep_hin))
 
-    def plain_backward(self, *args):
-        return list(self._ops(args[2]).plain_backward(*args))
+    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
+                       h0, c0, batch_sizes, rec_mask):
+        return list(self._ops(g_out).plain_backward(spec, highway, g_out, g_hn, g_cn, gates, cs,
+                                                    hin, out, proj, w_hh, h0, c0, batch_sizes,
+                                                    rec_mask))
 
-    def pipelined_forward(self, *args):
-        return list(self._ops(args[2]).pipelined_forward(*args))
+    def pipelined_forward(self, spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes,
+                          rec_mask, keep_hin, chunk):
+        return list(self._ops(x).pipelined_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0,
+                                                   batch_sizes, rec_mask, keep_hin, chunk))
 
-    def pipelined_backward(self, *args):
-        return list(self._ops(args[2]).pipelined_backward(*args))
+    def pipelined_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x,
+                           w_ih, w_hh, h0, c0, batch_sizes, rec_mask, need_dx, need_dw,
+                           need_bias, chunk):
+        return list(self._ops(g_out).pipelined_backward(
+            spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0,
+            batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk))
 
     def plain_directions_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
-                           keep_hin, in_place=False):
+                                 keep_hin, in_place=False):
         if len(proj) != 2:
             raise ValueError(f"plain_directions_forward runs the two directions of a bidirectional "
                              f"layer; got {len(proj)} (run forward once per direction instead)")
@@ -451,9 +479,10 @@ class CpuKernel:
                  p.narrow(2, 0, w.shape[0]), flat[5 * d + 3], flat[5 * d + 4]]
                 for d, (p, w) in enumerate(zip(proj, w_hh))]
 
-    def plain_directions_backward(self, spec, highway, *lists):
-        *tensor_lists, batch_sizes, rec_mask = lists
-        flat = self._ops(tensor_lists[0][0]).plain_directions_backward(
+    def plain_directions_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out,
+                                  proj, w_hh, h0, c0, batch_sizes, rec_mask):
+        tensor_lists = (g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0)
+        flat = self._ops(g_out[0]).plain_directions_backward(
             spec, highway, *[list(t) for t in tensor_lists], batch_sizes, list(rec_mask))
         return _per_direction(flat, 4)
 
@@ -464,9 +493,11 @@ class CpuKernel:
             batch_sizes, list(rec_mask), keep_hin, chunk)
         return _per_direction(flat, 7)
 
-    def pipelined_directions_backward(self, spec, highway, *args):
-        lists, (batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk) = args[:13], args[13:]
-        flat = self._ops(lists[0][0]).pipelined_directions_backward(
+    def pipelined_directions_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
+                                      xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, rec_mask,
+                                      need_dx, need_dw, need_bias, chunk):
+        lists = (g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0)
+        flat = self._ops(g_out[0]).pipelined_directions_backward(
             spec, highway, *[list(t) for t in lists], batch_sizes, list(rec_mask), need_dx,
             need_dw, need_bias, chunk)
         return _per_direction(flat, 6)

@@ -5,11 +5,11 @@ registered for the CUDA dispatch key next to the CPU implementations, so that on
 one function of its inputs on either device:
 
 =======================  ==========================================================================
-operator                 CUDA implementation (``rnn_ablations._C_cuda``)
+operator                 CUDA implementation (``rnn_ablations/kernels/cuda/host.py``)
 =======================  ==========================================================================
-``plain_forward``        ``forward``: the step kernel (one launch per step, the recurrent product
-                         on cuBLAS)
-``plain_backward``       ``backward``: the step kernel's backward
+``plain_forward``        ``plain_forward``: the step kernel (one launch per step, the recurrent
+                         product on cuBLAS)
+``plain_backward``       ``plain_backward``: the step kernel's backward
 ``scan_forward`` /       ``scan_forward`` / ``scan_backward``: the element-wise scan of a cell that
 ``scan_backward``        reads no h_{t-1}
 ``persistent_forward``   ``persistent_forward``: the forward of one layer in one cooperative
@@ -25,7 +25,7 @@ accumulation type (float32 for float16 and bfloat16 inputs).  ``cs`` is empty un
 as on the CPU.  ``persistent_forward`` returns ``gates`` only with ``train`` (its backward reads
 them, its inference never writes them).
 
-:class:`CudaKernel` puts the operators behind ``_C_cuda``'s own calling convention (what
+:class:`CudaKernel` puts the operators behind the CUDA module's own calling convention (what
 :mod:`rnn_ablations.kernels.cuda_recurrence` and :mod:`rnn_ablations.kernels.cuda_graphs` call), and, as
 :class:`rnn_ablations.kernels.ops.CpuKernel` does, calls the implementation directly in plain eager mode.
 ``persistent_plan`` (a question about a shape, not a computation) stays the module's own.
@@ -62,7 +62,8 @@ def _persistent_fake(proj, w_hh, h0, highway, train):
 
 
 def register_cuda(raw) -> bool:
-    """Register the CUDA implementations of ``raw`` (``rnn_ablations._C_cuda``) and define the
+    """Register the CUDA implementations of ``raw`` (the module :mod:`rnn_ablations.kernels.cuda`
+    loads) and define the
     CUDA-only operators; once per process.  False when the CPU operators are not registered
     (no CPU kernel in this process): the shared schemas are defined with them, so the CUDA
     kernel is then called as a module (:class:`CudaKernel` falls back to it)."""
@@ -141,7 +142,8 @@ def register_cuda(raw) -> bool:
 
 
 class CudaKernel:
-    """``rnn_ablations._C_cuda`` with its computing entry points routed through the operators
+    """The CUDA module ``raw`` (what :mod:`rnn_ablations.kernels.cuda` loads; ``backend.cuda_kernel()``
+    holds this wrapper) with its computing entry points routed through the operators
     (same names, same arguments); everything else (``persistent_plan``, …) is the module's own.
     A plain eager call runs the implementation directly (:func:`rnn_ablations.kernels.ops._plain_eager`);
     every other call goes through the operator, so what traces or intercepts operators
@@ -149,11 +151,17 @@ class CudaKernel:
     operators could not be registered (no CPU kernel in this process) every call goes to the
     module."""
 
+    #: capabilities (``kernels/interface.py``): ``plain_forward`` returns the gates in a tensor
+    #: of its own; ``scan`` / ``persistent`` are set per instance from the compiled entry points
+    in_place_gates = False
+
     def __init__(self, raw):
         self.raw = raw
         self.operators = register_cuda(raw)
         self._dispatched = torch.ops.rnn_ablations
         self._direct = ops._Direct(_IMPLEMENTATIONS)
+        self.scan = ops.scan_built(raw)
+        self.persistent = hasattr(raw, "persistent_forward")
 
     def _ops(self, first: Tensor):
         if not self.operators:
@@ -163,29 +171,42 @@ class CudaKernel:
     def __getattr__(self, name):
         return getattr(self.raw, name)
 
-    def _call(self, operator: str, entry: str, args):
-        """``entry`` of the module with ``args``, through ``operator`` where it is registered;
-        every entry's first tensor is its third argument (after spec and highway)."""
+    def _call(self, entry: str, *args):
+        """``entry`` with ``args``: through the operator of that name where it is registered,
+        else the module's own; every entry's first tensor is its third argument (after spec
+        and highway)."""
         route = self._ops(args[2])
         if route is None:
             return getattr(self.raw, entry)(*args)
-        return list(getattr(route, operator)(*args))
+        return list(getattr(route, entry)(*args))
 
     # the CUDA module's entry points (same arguments as the operators)
-    def plain_forward(self, *args):  # spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train
-        return self._call("plain_forward", "plain_forward", args)
+    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
+                      in_place=False):
+        # in_place_gates is False: the gates come back in a tensor of their own
+        return self._call("plain_forward", spec, highway, proj, w_hh, h0, c0, batch_sizes,
+                          rec_mask, keep_hin)
 
-    def plain_backward(self, *args):
-        return self._call("plain_backward", "plain_backward", args)
+    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
+                       h0, c0, batch_sizes, rec_mask):
+        return self._call("plain_backward", spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
+                          out, proj, w_hh, h0, c0, batch_sizes, rec_mask)
 
-    def persistent_forward(self, *args):
-        return self._call("persistent_forward", "persistent_forward", args)
+    def persistent_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
+                           keep_hin, blocks, batch_tile):
+        return self._call("persistent_forward", spec, highway, proj, w_hh, h0, c0, batch_sizes,
+                          rec_mask, keep_hin, blocks, batch_tile)
 
-    def persistent_backward(self, *args):
-        return self._call("persistent_backward", "persistent_backward", args)
+    def persistent_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj,
+                            w_hh, h0, c0, batch_sizes, rec_mask, blocks, batch_tile):
+        return self._call("persistent_backward", spec, highway, g_out, g_hn, g_cn, gates, cs,
+                          hin, out, proj, w_hh, h0, c0, batch_sizes, rec_mask, blocks,
+                          batch_tile)
 
-    def scan_forward(self, *args):
-        return self._call("scan_forward", "scan_forward", args)
+    def scan_forward(self, spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
+        return self._call("scan_forward", spec, highway, proj, h0, c0, batch_sizes, save, bias)
 
-    def scan_backward(self, *args):
-        return self._call("scan_backward", "scan_backward", args)
+    def scan_backward(self, spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
+                      bias=None, bias_grad=False):
+        return self._call("scan_backward", spec, highway, g_out, g_hn, g_cn, proj, c0, cs,
+                          batch_sizes, bias, bias_grad)

@@ -77,8 +77,8 @@ class _OneDnnLinear(torch.autograd.Function):
         if need[0]:
             dx = _dnnl_linear(g2d, w.t(), None).view(x.shape)  # oneDNN reads the transposed layout
         if need[1]:
-            dw = (backend._C.weight_grad(g2d, x2d) if backend._C is not None
-                  else g2d.t().mm(x2d))
+            kernel = backend.cpu_kernel()
+            dw = kernel.weight_grad(g2d, x2d) if kernel is not None else g2d.t().mm(x2d)
         if ctx.has_bias and need[2]:
             db = g2d.sum(0)
         return dx, dw, db

@@ -2,11 +2,11 @@
 LSTM − S-RNN − HIDDEN): one input projection for all steps, then an element-wise scan.
 
 Its only recurrence is ``c_t = f_t∘c_{t-1} + i_t∘c̃_t`` with gates that read ``x_t`` only, so
-there is no per-step matrix product: :func:`run_scan_layer` computes the projections of every
+there is no per-step matrix product: :func:`rnn_ablations.dispatch.run_scan_layer` computes the projections of every
 step with one GEMM per direction and hands them to a fused element-wise kernel, ``scan_forward``
 / ``scan_backward`` (``csrc/cpu/scan.cpp`` with its AVX2 + FMA rows
-``csrc/cpu/scan_rows_avx2.cpp`` in the CPU extension ``_C``, ``csrc/cuda/scan_kernel.cu`` in the
-CUDA extension ``_C_cuda``), with a hand-written backward.  The kernels receive the variant's
+``csrc/cpu/scan_rows_avx2.cpp`` in the CPU extension ``_C``, ``csrc/cuda/scan_kernel.cuh`` in the
+CUDA kernels), with a hand-written backward.  The kernels receive the variant's
 kernel spec (``Variant.kernel_spec``) and the highway flag, as the step kernels do, and derive the
 output rule and block offsets from them (``csrc/common/kernel_spec.h``, ``decode_scan_spec``);
 :func:`scan_applies` says whether they have a rule for a cell.
@@ -31,6 +31,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from . import backend as _backend
+from .interface import ScanKernel
 from .projection import _dnnl_linear
 from ..functional import generic_layer, reversal_index
 from ..variants import Variant
@@ -232,8 +233,9 @@ class _FusedScanLayer(torch.autograd.Function):
                                 x.shape[1], ctx.batch_major)
         if any(need[9:]):
             x2d, _ = _rows(x)
-            if x2d.device.type == "cpu" and _backend._C is not None:
-                dw = _backend._C.weight_grad(g2d, x2d)
+            kernel = _backend.cpu_kernel() if x2d.device.type == "cpu" else None
+            if kernel is not None:
+                dw = kernel.weight_grad(g2d, x2d)
             else:
                 dw = g2d.t().mm(x2d)
             dws = dw.split(weights[0].shape[0])
@@ -248,7 +250,7 @@ def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
     return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
 
 
-def scan_layer(ext, variant: Variant, highway: bool, proj: torch.Tensor, h0: torch.Tensor,
+def scan_layer(ext: ScanKernel, variant: Variant, highway: bool, proj: torch.Tensor, h0: torch.Tensor,
                c0: torch.Tensor, batch_sizes: torch.Tensor):
     """The scan kernel of ``ext`` from the projections ``proj`` (T, B, D·G·H): the autograd
     Function where a gradient is wanted, else the forward alone (nothing saved)."""
@@ -261,7 +263,7 @@ def scan_layer(ext, variant: Variant, highway: bool, proj: torch.Tensor, h0: tor
     return out, h_n, c_n
 
 
-def fused_scan_layer(ext, variant: Variant, highway: bool, x: torch.Tensor,
+def fused_scan_layer(ext: ScanKernel, variant: Variant, highway: bool, x: torch.Tensor,
                      weights: Sequence[torch.Tensor], bias: Optional[torch.Tensor],
                      h0: torch.Tensor, c0: torch.Tensor, batch_sizes: torch.Tensor,
                      onednn: bool):

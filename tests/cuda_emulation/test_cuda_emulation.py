@@ -269,9 +269,10 @@ def test_persistent_launch_too_large_is_refused(emulated_cuda):
 # ------------------------------------------------------------------------------ scan
 def _cpu_scan():
     from rnn_ablations.kernels import backend
-    if not ra.kernel_available() or not backend._scan_built(backend._C):
+    cpu = backend.cpu_kernel()
+    if cpu is None or not cpu.scan:
         pytest.skip("the compiled CPU kernel's scan (the reference) is not built")
-    return backend._C.raw
+    return cpu.raw
 
 
 SCAN_SPEC = get_variant(SCAN_VARIANTS[0]).kernel_spec
@@ -354,19 +355,19 @@ def test_scan_kernel_equals_generic(emulated_cuda):
 def test_backend_runs_the_cuda_step_scan_and_persistent_kernels(emulated_cuda, monkeypatch):
     """backend.kernels() built from the real host module (the emulated driver installed) finds
     the CUDA step, scan and persistent entry points in use, and each runs."""
-    from rnn_ablations.kernels import backend
-    monkeypatch.setattr(backend, "_C_cuda", host)
+    from rnn_ablations.kernels import backend, ops_cuda
+    monkeypatch.setattr(backend, "_C_cuda", ops_cuda.CudaKernel(host))  # as backend loads it
     monkeypatch.setattr(backend, "_kernels_cache", {})
     k = backend.kernels()
     assert k.cuda and k.cuda_scan and k.persistent, k
     assert host.scan_abi == backend.SCAN_ABI
     x = _layer("lstm", False, torch.float32, T=2, B=2, H=4, padded=False, mask=False)
-    out = backend._C_cuda.plain_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"], x["h0"],
+    out = backend.cuda_kernel().plain_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"], x["h0"],
                                         x["c0"], x["bs"], x["mask"], False)[0]
-    pers = backend._C_cuda.persistent_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"],
+    pers = backend.cuda_kernel().persistent_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"],
                                               x["h0"], x["c0"], x["bs"], x["mask"], False, 0,
                                               0)[0]
     _close(pers, out, torch.float32, "persistent vs step")
     s = _scan_case(1, False, 1, torch.float32, False, False)
-    assert backend._C_cuda.scan_forward(s["spec"], False, s["proj"], s["h0"], s["c0"], s["bs"],
+    assert backend.cuda_kernel().scan_forward(s["spec"], False, s["proj"], s["h0"], s["c0"], s["bs"],
                                         False)[0].isfinite().all()

@@ -2,7 +2,7 @@
 copy or by monkeypatching, never in the repository) and asserts that the corresponding check of
 test_cuda_emulation.py then fails:
 
-(a) the CUDA host module without ``scan_abi`` (the name backend._scan_built reads): the backend
+(a) the CUDA host module without ``scan_abi`` (the name ops.scan_built reads): the backend
     no longer finds the CUDA scan;
 (b) the step loop's c_{t-1} pointer one element off: the step kernel's results differ from the
     generic path;

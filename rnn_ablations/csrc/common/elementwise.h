@@ -1,9 +1,9 @@
 // The element-wise maths that every kernel family shares: the cell update, the output rules
 // (forward and backward), the highway mix, the memory's backward, per element, written once.
 // Users: the CPU step kernel (cpu/vec_impl.h), the CUDA step and persistent kernels
-// (cuda/forward_element.h, cuda/backward_element.h) and the element-wise scan (the composition
+// (cuda/forward_element.cuh, cuda/backward_element.cuh) and the element-wise scan (the composition
 // at the end of this file: cpu/scan.cpp's portable rows, cpu/scan_rows_avx2.cpp on 8 lanes,
-// cuda/scan_kernel.cu).  The activations themselves (sigmoid, tanh) stay per family: the CPU has
+// cuda/scan_kernel.cuh).  The activations themselves (sigmoid, tanh) stay per family: the CPU has
 // its own vectorised transcendentals, CUDA uses the device's.  T is a float, a double, or any
 // value type with +, -, * and construction from a float (the AVX2 scan's 8-lane wrapper).
 //

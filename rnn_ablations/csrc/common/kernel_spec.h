@@ -32,7 +32,7 @@
 // output_reads_tanh) are header-free and compile under NVRTC (__CUDACC_RTC__: the CUDA device
 // sources in cuda/*.cuh, compiled at run time, include this file after cuda/device_types.cuh);
 // the decoders and their checks (TORCH_CHECK, std::string, std::vector) are host code, compiled
-// by the C++ compiler only.  The CUDA launcher (rnn_ablations/kernels/cuda/spec.py) fills the same
+// by the C++ compiler only.  The CUDA launcher (rnn_ablations/kernels/cuda/structs.py) fills the same
 // structs from Python; tests/test_nvrtc_kernels.py compares its decoder with this one and its
 // struct layouts with these.
 #pragma once

@@ -1,5 +1,5 @@
 // The tensors of one layer call, shared by the CPU (cpu/layer_plain.cpp, cpu/layer_pipelined.cpp,
-// cpu/scan.cpp) and CUDA (cuda/step_kernel.cu, cuda/persistent_kernel.cu, cuda/scan_kernel.cu)
+// cpu/scan.cpp) and CUDA (cuda/step_kernel.cuh, cuda/persistent_kernel.cuh, cuda/scan_kernel.cuh)
 // kernels: their names, the input checks, the final states and h_{t-1}.  The variant arrives as a
 // kernel spec (kernel_spec.h).
 //

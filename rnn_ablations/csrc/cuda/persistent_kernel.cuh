@@ -22,13 +22,13 @@
 //      GEMM-accumulation order differs from cuBLAS', so results agree to rounding), then a
 //      butterfly reduction over the warp;
 //   3. one thread per (row, unit) adds the input projection and runs forward_element
-//      (forward_element.h, the step kernel's own per-element code) and writes h_t, c_t, the
+//      (forward_element.cuh, the step kernel's own per-element code) and writes h_t, c_t, the
 //      saved activations and, on a row's last step, its final states h_n / c_n.
 // Then the grid synchronises once, and the next step reads h_t.  The backward
 // (persistent_backward_kernel) mirrors it with the W_hh COLUMNS of the block's units: see there.
 //
 // Grid barrier: a hand-written one (grid_barrier below) under a cooperative launch
-// (cuLaunchCooperativeKernel, rnn_ablations/kernels/cuda/persistent.py).  cooperative_groups.h
+// (cuLaunchCooperativeKernel, rnn_ablations/kernels/cuda/driver.py).  cooperative_groups.h
 // is not available to NVRTC without a CUDA toolkit's headers (its headers include libcu++'s), so
 // the kernel does what grid.sync() does itself: one arrival per block on a global counter, the
 // block's other threads waiting at a block barrier.  The cooperative launch is kept because a

@@ -16,7 +16,7 @@ on disk, and launched through the CUDA driver API on torch's current stream.
   device's architecture, with the times.
 
 ``rnn_ablations.kernels.backend`` calls :func:`load` once at import and wraps the entry points in the
-operators (``backend._C_cuda``); importing this package never raises, so a walk over every
+operators (``backend.cuda_kernel()``); importing this package never raises, so a walk over every
 submodule (AllenNLP's ``--include-package``) works on any machine.
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ __all__ = ["plain_forward", "plain_backward", "scan_forward", "scan_backward", "
            "persistent_backward", "persistent_plan", "scan_abi", "pack", "DEVICE_TYPE"]
 
 #: the scan entry points' calling convention, under the name the backend reads from every
-#: kernel module (rnn_ablations.kernels.backend._scan_built; the CPU kernel's module has it too):
+#: kernel module (rnn_ablations.kernels.ops.scan_built; the CPU kernel's module has it too):
 #: it must equal rnn_ablations.kernels.backend.SCAN_ABI
 scan_abi = 3
 

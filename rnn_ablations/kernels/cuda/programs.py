@@ -30,6 +30,8 @@ import hashlib
 import os
 from typing import Dict, List, Optional, Tuple
 
+from ...variants import SPEC_MEMORY_RULES
+
 __all__ = ["Program", "DTYPES", "RULES", "FAMILIES", "PARAMS", "all_programs", "program",
            "source_files", "sources_digest", "CSRC", "signature_probe"]
 
@@ -46,7 +48,7 @@ DTYPES: Dict[str, Tuple[str, str]] = {
 
 #: a memory cell's output rules (common/kernel_spec.h OutputRule) the scan is instantiated for:
 #: code -> name (the table's names: rnn_ablations/variants.py OUTPUT_RULES)
-RULES: Dict[int, str] = {1: "o_tanh", 2: "tanh", 3: "identity"}
+RULES: Dict[int, str] = SPEC_MEMORY_RULES
 
 #: family -> (header, kernel template)
 FAMILIES: Dict[str, Tuple[str, str]] = {

@@ -141,7 +141,7 @@ def families(plan, variant, highway: bool, dtype: torch.dtype) -> List[Family]:
 
 def _raw_module():
     from .. import backend
-    ext = backend._C_cuda
+    ext = backend.cuda_kernel()
     return getattr(ext, "raw", ext)
 
 

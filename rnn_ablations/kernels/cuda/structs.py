@@ -15,30 +15,32 @@ from __future__ import annotations
 import ctypes
 from typing import Dict, List, Tuple
 
+from ...variants import (SPEC_FIELDS, SPEC_GATED, SPEC_OUT_CONTENT, SPEC_OUTPUT_MASK,
+                         SPEC_RULE_NAMES, SPEC_TAG, SPEC_TAG_MASK)
+
 __all__ = ["KernelSpec", "ScanSpec", "Dims", "Strides", "persistent_args",
            "persistent_backward_args", "decode_kernel_spec", "decode_scan_spec",
            "check_kernel_spec", "check_scan_spec", "CHUNK_STEPS", "layout_probe", "host_layout_probe",
            "kernel_spec_blocks", "scan_spec_blocks"]
 
-# common/kernel_spec.h
-OUT_CONTENT, OUT_GATED_TANH, OUT_TANH, OUT_CELL = 0, 1, 2, 3
-_OUTPUT_MASK = 0x7
-_CONTENT_INPUT_ONLY = 1 << 3
-_CONTENT_TANH = 1 << 4
-_MEMORY = 1 << 5
-_READS_HIDDEN = 1 << 6
-_TAG = 0xA5 << 8
-_TAG_MASK = 0xFF << 8
+# common/kernel_spec.h: the encoding of rnn_ablations/variants.py (SPEC_*), its one copy
+OUT_CONTENT = SPEC_OUT_CONTENT
+_OUTPUT_MASK = SPEC_OUTPUT_MASK
+_CONTENT_INPUT_ONLY = SPEC_FIELDS["content_input_only"]
+_CONTENT_TANH = SPEC_FIELDS["content_tanh"]
+_MEMORY = SPEC_FIELDS["memory"]
+_READS_HIDDEN = SPEC_FIELDS["reads_hidden"]
+_TAG = SPEC_TAG
+_TAG_MASK = SPEC_TAG_MASK
 _KNOWN = _OUTPUT_MASK | _CONTENT_INPUT_ONLY | _CONTENT_TANH | _MEMORY | _READS_HIDDEN | _TAG_MASK
 SCAN_BLOCKS = ("i", "f", "o", "r", "content", "hw")  # ScanBlock order
 #: kernel_spec.h OutputRule / output_rule_name: number -> name
-RULE_NAMES = {OUT_CONTENT: "content", OUT_GATED_TANH: "o_tanh", OUT_TANH: "tanh",
-              OUT_CELL: "identity"}
+RULE_NAMES = SPEC_RULE_NAMES
 
 
 def output_has_gate(out: int) -> bool:
     """kernel_spec.h output_has_gate: the rule reads an output gate o (a block of its own)."""
-    return out == OUT_GATED_TANH
+    return out in SPEC_GATED
 
 #: persistent_kernel.cuh kChunkSteps: steps per launch (active row counts in the parameters)
 CHUNK_STEPS = 1024
