@@ -118,7 +118,7 @@ def test_the_run_layer_falls_back_to_the_generic_path_with_one_warning(what, mon
     with ra.use_backend("generic"):
         want = _run(v, tensors, bs)
     wrong = _Wrong(what)
-    cuda_plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda_steps")
+    cuda_plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda")
     monkeypatch.setattr(dispatch, "decide", lambda *a, **k: cuda_plan)
     monkeypatch.setattr(selfcheck, "_raw_module", lambda: wrong)
     with warnings.catch_warnings(record=True) as caught:
@@ -142,7 +142,7 @@ def test_the_run_layer_falls_back_to_the_generic_path_with_one_warning(what, mon
 def test_a_passed_check_keeps_the_plan_and_runs_once():
     v = get_variant("lstm")
     x = torch.zeros(2, 1, 3)
-    plan = Plan("cuda", "test", recurrence="steps", runner="cuda_steps")
+    plan = Plan("cuda", "test", recurrence="steps", runner="cuda")
 
     class Counting(_Wrong):
         pass
@@ -155,7 +155,7 @@ def test_a_passed_check_keeps_the_plan_and_runs_once():
 
 def test_the_check_is_off_with_the_switch(monkeypatch):
     v = get_variant("lstm")
-    plan = Plan("cuda", "test", recurrence="steps", runner="cuda_steps")
+    plan = Plan("cuda", "test", recurrence="steps", runner="cuda")
     wrong = _Wrong("compile")
     monkeypatch.setenv(_env.CUDA_CHECK, "0")
     selfcheck.set_enabled(None)
@@ -337,7 +337,7 @@ def test_backend_kernel_raises_where_the_check_failed(monkeypatch):
     v = get_variant("lstm")
     tensors, bs = _layer(v)
     wrong = _Wrong("d_w_hh")
-    cuda_plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda_steps")
+    cuda_plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda")
     monkeypatch.setattr(dispatch, "decide", lambda *a, **k: cuda_plan)
     monkeypatch.setattr(selfcheck, "_raw_module", lambda: wrong)
     with pytest.warns(RuntimeWarning, match="failed their check"):

@@ -9,7 +9,7 @@ import torch
 
 import rnn_ablations as ra
 from rnn_ablations import dispatch, get_variant
-from rnn_ablations.kernels import backend
+from rnn_ablations.kernels import backend, ops_cuda
 from rnn_ablations.kernels.cuda import driver, host, selfcheck
 from rnn_ablations.plan import Plan
 
@@ -89,9 +89,9 @@ def test_layer_calls_through_the_emulated_kernels_or_their_fallback(fault, emula
         want = _run(v, tensors, bs)
     if fault:
         driver.set_implementation(_Broken(emulated_cuda, **fault))
-    plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda_steps")
+    plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda")
     monkeypatch.setattr(dispatch, "decide", lambda *a, **k: plan)
-    monkeypatch.setattr(backend, "_C_cuda", host)  # the entry points, called as a module
+    monkeypatch.setattr(backend, "_C_cuda", ops_cuda.CudaKernel(host))  # as backend loads it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ran = []

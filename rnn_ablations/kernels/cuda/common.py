@@ -1,5 +1,5 @@
 """What the CUDA kernels' host loops share (:mod:`.step`, :mod:`.scan`, :mod:`.persistent`): the
-input checks (those of the CPU kernel, ``csrc/cpu/common/layer_tensors.h``), the packing of a
+input checks (those of the CPU kernel, ``csrc/common/layer_tensors.h``), the packing of a
 launch's arguments in the kernel's parameter order (:func:`pack`, from ``programs.PARAMS``), the
 final states and the previous hidden states of a layer, and the device type and guard.
 

@@ -134,7 +134,7 @@ def _active_steps(bs: List[int]) -> int:
 
 def persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
                        blocks, batch_tile) -> List[Tensor]:
-    """As :func:`forward`: [out, h_n, c_n, gates, cs, hin]; gates (acc_t) only with keep_hin
+    """As :func:`.step.plain_forward`: [out, h_n, c_n, gates, cs, hin]; gates (acc_t) only with keep_hin
     (else empty); hin with highway and keep_hin, else empty."""
     who = "rnn_ablations persistent CUDA kernel"
     bs, H, T, B, P, R, X, ks, has_mask = C.forward_inputs(spec, highway, proj, w_hh, h0, c0,
@@ -183,7 +183,7 @@ def persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
 
 def persistent_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hin, out, proj,
                         w_hh, h0, c0, batch_sizes, rec_mask, blocks, batch_tile) -> List[Tensor]:
-    """As :func:`backward`: [d_proj, d_w_hh, d_h0, d_c0], the recurrence in one persistent
+    """As :func:`.step.plain_backward`: [d_proj, d_w_hh, d_h0, d_c0], the recurrence in one persistent
     launch per 1024 steps; the weight gradient one GEMM after it."""
     who = "rnn_ablations persistent CUDA kernel (backward)"
     ks, bs, H, T, B, P, R = C.backward_inputs(spec, highway, grad_out, grad_hn, grad_cn, cs, hin,
