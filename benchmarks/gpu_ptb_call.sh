@@ -53,13 +53,21 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export WORK=${WORK:-runs/gpu_work}
 t_start=$(date +%s)
 target=${MERGE_INTO:-benchmarks/results/ptb_${config}_gpu.json}
-merge_s=15   # kept back for the merge
+merge_s=${MERGE_S:-20}   # kept back for the merge (a Python start, the table and its picture)
+# gpu_reproduce.sh keeps its budget (its runs are stopped there, their rows written); `timeout`
+# (on its whole process group) only if it does not end 10 s after that
 VARIANTS="$variants" SEEDS="$seeds" LRS="$lrs" VISUALIZE="${VISUALIZE-$pictures}" \
-    RUNS_PER_PROCESS=${RUNS_PER_PROCESS:-1} bash benchmarks/gpu_reproduce.sh "$out" $(( budget - merge_s ))
+    RUNS_PER_PROCESS=${RUNS_PER_PROCESS:-1} timeout --kill-after=5 $(( budget - merge_s + 10 )) \
+    bash benchmarks/gpu_reproduce.sh "$out" $(( budget - merge_s ))
 status=$?
+[ "$status" = 124 ] || [ "$status" = 137 ] && echo "gpu_ptb_call.sh: benchmarks/gpu_reproduce.sh did not end within its budget + 10 s: stopped" >&2
 rows="$out/ptb_${config}_gpu_call.json"
 if [ -f "$rows" ]; then
-    python3 benchmarks/ptb_medium_merge.py "$target" "$rows" \
+    # what is left of the budget, at least 10 s: the merged .json is written first, the table
+    # and its picture after it
+    merge_left=$(( budget - ($(date +%s) - t_start) ))
+    [ "$merge_left" -lt 10 ] && merge_left=10
+    timeout --kill-after=3 "$merge_left" python3 benchmarks/ptb_medium_merge.py "$target" "$rows" \
         --device-time $(( $(date +%s) - t_start )) --call "$call" || status=$?
     stem=$(basename "$target" .json)
     for ext in json md png; do
