@@ -30,7 +30,8 @@
 # and pictures; with PACK=1 (the default) everything but gpu_reproduce.log, the call's rows
 # ptb_${CONFIG}_gpu_call.json and the merged table (ptb_${CONFIG}_gpu.{json,md,png}) goes into
 # OUT/call<CALL>.tgz (a device call brings back at most 8 files).  BUDGET_SECONDS (default 540)
-# bounds the whole command.  Environment as in gpu_reproduce.sh (RNN_ABLATIONS_PTB, WORK,
+# bounds the whole command: gpu_reproduce.sh gets it less MERGE_S seconds (default 20) kept for
+# the merge, which gets what is left (at least 10 s).  Environment as in gpu_reproduce.sh (RNN_ABLATIONS_PTB, WORK,
 # DEVICE, CONFIG, CPU_KERNEL, PRECOMPILE_ARGS; DEVICE=cpu CONFIG=tiny checks the commands
 # without a GPU, as tests/test_lm_gpu_script.py does); VISUALIZE overrides the runs drawn.
 set -o pipefail

@@ -12,7 +12,10 @@
 #               the PATH, a third time: one process per run under MPS.
 #   STEPS = 0   (default) the full run: `rnn-ablations reproduce ptb --config $CONFIG` for the
 #               five variants, all at once, stopped so that the whole script ends within
-#               BUDGET_SECONDS (default 450; runs cut short are reported as incomplete).
+#               BUDGET_SECONDS (default 450; runs cut short are reported as incomplete): the
+#               command is given what is left after the set-up, less a Python start (timed in
+#               the data preparation) and 10 s for the rows, and stops its runs at its budget,
+#               their evaluations included (`reproduce ptb --time-budget`).
 #   FULL=1      with STEPS > 0: the timing, then the full run in the same command, with what is
 #               left of BUDGET_SECONDS (one machine start and one set-up for both).
 #   CHECKS=1    with STEPS = 0: the CUDA checks of the graphed step first (as in timing mode).
