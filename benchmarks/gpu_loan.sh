@@ -36,8 +36,12 @@
 #   may end cut, its rows merged as incomplete (after the epochs shown).  Its checkpoints (about
 #   60 MB each) cannot come back from a loan: a later loan starts call 1 afresh.  Bring the
 #   merged table and the speed table into benchmarks/results/ from OUT.
-# Each command stays within BUDGET_SECONDS (its steps are given what is left; a step that would
-# start with under 60 s left is skipped, said so).  State lives in runs/gpu_loan (ignored, kept on
+# Each command stays within BUDGET_SECONDS (its steps are given what is left, less BACK_S seconds,
+# default 10, kept for packing what comes back; a step that would start with under 60 s left is
+# skipped, said so).  Each step runs in a session of its own and is stopped at its budget: every
+# process of that session gets SIGTERM, SIGKILL 5 s later (a nested `timeout` makes a process
+# group of its own, which a `timeout` around the step would not reach); PTB call 1 stops its
+# runs itself before that and still merges their rows, and the summary names the runs cut.  State lives in runs/gpu_loan (ignored, kept on
 # a warm machine): the marks of the steps done and the merged PTB table (started from
 # benchmarks/results/ptb_medium_gpu.json, which each call's copy of the repo resets).
 #
@@ -68,7 +72,40 @@ if [ "${RESUME:-0}" != 1 ]; then   # a fresh start: no marks, no table, no logs 
         "$state/summary.txt" "$state"/ptb_*_gpu.* "$state"/logs/*
 fi
 exec > >(tee -a "$state/logs/gpu_loan.log") 2>&1
-left() { echo $(( budget - ($(date +%s) - t_start) )); }
+back_s=${BACK_S:-10}
+left() { echo $(( budget - back_s - ($(date +%s) - t_start) )); }
+# the processes of session $1 (Linux /proc: the fields after the command's name are state,
+# ppid, pgrp, session)
+session_pids() {
+    local sid=$1 f st
+    for f in /proc/[0-9]*/stat; do
+        st=$(cat "$f" 2>/dev/null) || continue
+        st=${st##*) }
+        # shellcheck disable=SC2086
+        set -- $st
+        [ "${4:-}" = "$sid" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+    done
+}
+# run_within LIMIT CMD...: CMD in a session of its own; after LIMIT seconds every process of the
+# session gets SIGTERM, 5 s later SIGKILL; the exit status is CMD's, or 124 when it was stopped
+run_within() {
+    local limit=$1 end pid p
+    shift
+    end=$(( $(date +%s) + limit ))
+    setsid "$@" &
+    pid=$!   # setsid(1) started from a script is no group leader: CMD is this pid, the session's
+    while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
+    if ! kill -0 "$pid" 2>/dev/null; then
+        wait "$pid"
+        return
+    fi
+    for p in $(session_pids "$pid"); do kill -TERM "$p" 2>/dev/null; done
+    end=$(( $(date +%s) + 5 ))
+    while [ -n "$(session_pids "$pid")" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 0.5; done
+    for p in $(session_pids "$pid"); do kill -KILL "$p" 2>/dev/null; done
+    wait "$pid" 2>/dev/null
+    return 124
+}
 say() { echo "[gpu_loan +$(( $(date +%s) - t_start ))s] $*" | tee -a "$state/summary.txt"; }
 want() { [[ "$stages" == *" $1 "* ]] && [ ! -f "$state/done_$1" ]; }
 : >> "$state/summary.txt"
@@ -82,11 +119,13 @@ if want check; then
     else
         b=$(( ${GPU_CHECK_BUDGET:-200} < $(left) - 60 ? ${GPU_CHECK_BUDGET:-200} : $(left) - 60 ))
         t=$(date +%s)
-        # DEVICE=cpu: gpu_check.sh's dry run (the kernels on the CUDA emulation)
-        DEVICE=$device GPU_CHECK_BUDGET=$b timeout --kill-after=10 $(( b + 30 )) bash benchmarks/gpu_check.sh \
+        # DEVICE=cpu: gpu_check.sh's dry run (the kernels on the CUDA emulation); it is given
+        # 10 s less than its budget for its own steps, and stopped at the budget
+        DEVICE=$device GPU_CHECK_BUDGET=$(( b - 10 )) run_within "$b" bash benchmarks/gpu_check.sh \
             "$state/gpu_check" > "$state/logs/gpu_check.log" 2>&1
         rc=$?
-        say "check: benchmarks/gpu_check.sh exit $rc in $(( $(date +%s) - t )) s (budget $b s)"
+        say "check: benchmarks/gpu_check.sh exit $rc in $(( $(date +%s) - t )) s (budget $b s)$(
+            [ $rc = 124 ] && echo ": STOPPED at its budget")"
         sed 's/^/    /' "$state/gpu_check/gpu_check_summary.txt" 2>/dev/null | tee -a "$state/summary.txt"
     fi
     touch "$state/done_check"
@@ -105,7 +144,7 @@ if want ptb1; then
             && { [ "${RESUME:-0}" = 1 ] || [ "${KEEP_SPEED:-0}" = 1 ]; }; then
         keep=$speed_s
     fi
-    b=$(( $(left) - keep - 10 ))
+    b=$(( $(left) - keep - 10 ))   # 10 s: the margin of its run_within
     if [ "$b" -lt 60 ]; then
         say "ptb1: SKIPPED: ${b}s left for it (RESUME=1 in a later command)"
     else
@@ -115,18 +154,31 @@ if want ptb1; then
         attempt=$(wc -l < "$state/started_ptb1")
         call_out="$state/ptb1_$attempt"
         t=$(date +%s)
-        RESUME=$resume MERGE_INTO="$target" PACK=0 \
+        # the call keeps its budget (its runs stopped, their rows merged); stopped 10 s after it
+        RESUME=$resume MERGE_INTO="$target" PACK=0 run_within $(( b + 10 )) \
             bash benchmarks/gpu_ptb_call.sh 1 "$call_out" "$b" > "$state/logs/ptb1_$attempt.log" 2>&1
         rc=$?
-        say "ptb1: benchmarks/gpu_ptb_call.sh 1 (RESUME=$resume) exit $rc in $(( $(date +%s) - t )) s (budget $b s)"
+        say "ptb1: benchmarks/gpu_ptb_call.sh 1 (RESUME=$resume) exit $rc in $(( $(date +%s) - t )) s (budget $b s)$(
+            [ $rc = 124 ] && echo ": STOPPED 10 s after its budget")"
         grep -E "^\[setup|data preparation" "$call_out/gpu_reproduce.log" 2>/dev/null | sed 's/^/    /' | tee -a "$state/summary.txt"
-        if python3 - "$call_out/ptb_${config}_gpu_call.json" <<'EOF'
+        if python3 - "$call_out/ptb_${config}_gpu_call.json" 2>&1 <<'EOF' | tee -a "$state/summary.txt"
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
+def cut(r):
+    if r["status"] == "not run":
+        return ": NOT RUN (no time left in the budget)"
+    if r["status"] == "incomplete" or r.get("cut"):
+        return ": CUT by the time budget"
+    return ""
 for r in rows:
     print(f"    {r['variant']} lr {r['learning_rate']}: {r['status']}, {r['epochs']} of "
-          f"{r['epochs_planned']} epochs, valid {r['valid_ppl']}, test {r['test_ppl']}, {r['seconds']} s")
-sys.exit(0 if rows and all(r["status"] in ("complete", "diverged") for r in rows) else 1)
+          f"{r['epochs_planned']} epochs, valid {r['valid_ppl']}, test {r['test_ppl']}, "
+          f"{r['seconds']} s{cut(r)}")
+names = [f"{r['variant']} lr {r['learning_rate']}" for r in rows if cut(r)]
+if names:
+    print("    cut or not run: " + ", ".join(names))
+sys.exit(0 if rows and all(r["status"] in ("complete", "diverged") and not r.get("cut")
+                           for r in rows) else 1)
 EOF
         then
             touch "$state/done_ptb1"; say "ptb1: every run finished"
@@ -146,11 +198,12 @@ if want speed; then
         dev_args=(--device "$device")
         [ "$device" != cpu ] && dev_args+=(--require-cuda-kernels)
         # shellcheck disable=SC2086
-        timeout --kill-after=10 "$b" python3 benchmarks/speed_variable_length.py "${dev_args[@]}" \
+        run_within "$b" python3 benchmarks/speed_variable_length.py "${dev_args[@]}" \
             --time-budget $(( b * 2 / 3 )) --out "$state/speed" ${SPEED_ARGS:-} \
             > "$state/logs/speed_variable_length.log" 2>&1
         rc=$?
-        say "speed: benchmarks/speed_variable_length.py exit $rc in $(( $(date +%s) - t )) s"
+        say "speed: benchmarks/speed_variable_length.py exit $rc in $(( $(date +%s) - t )) s (budget $b s)$(
+            [ $rc = 124 ] && echo ": STOPPED at its budget")"
         grep -E "^# (WARNING|time budget|wrote)" "$state/logs/speed_variable_length.log" | sed 's/^/    /' | tee -a "$state/summary.txt"
         [ $rc -eq 0 ] && touch "$state/done_speed"
     fi

@@ -30,7 +30,8 @@
 # and pictures; with PACK=1 (the default) everything but gpu_reproduce.log, the call's rows
 # ptb_${CONFIG}_gpu_call.json and the merged table (ptb_${CONFIG}_gpu.{json,md,png}) goes into
 # OUT/call<CALL>.tgz (a device call brings back at most 8 files).  BUDGET_SECONDS (default 540)
-# bounds the whole command.  Environment as in gpu_reproduce.sh (RNN_ABLATIONS_PTB, WORK,
+# bounds the whole command: gpu_reproduce.sh gets it less MERGE_S seconds (default 20) kept for
+# the merge, which gets what is left (at least 10 s).  Environment as in gpu_reproduce.sh (RNN_ABLATIONS_PTB, WORK,
 # DEVICE, CONFIG, CPU_KERNEL, PRECOMPILE_ARGS; DEVICE=cpu CONFIG=tiny checks the commands
 # without a GPU, as tests/test_lm_gpu_script.py does); VISUALIZE overrides the runs drawn.
 set -o pipefail
@@ -53,13 +54,21 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export WORK=${WORK:-runs/gpu_work}
 t_start=$(date +%s)
 target=${MERGE_INTO:-benchmarks/results/ptb_${config}_gpu.json}
-merge_s=15   # kept back for the merge
+merge_s=${MERGE_S:-20}   # kept back for the merge (a Python start, the table and its picture)
+# gpu_reproduce.sh keeps its budget (its runs are stopped there, their rows written); `timeout`
+# (on its whole process group) only if it does not end 10 s after that
 VARIANTS="$variants" SEEDS="$seeds" LRS="$lrs" VISUALIZE="${VISUALIZE-$pictures}" \
-    RUNS_PER_PROCESS=${RUNS_PER_PROCESS:-1} bash benchmarks/gpu_reproduce.sh "$out" $(( budget - merge_s ))
+    RUNS_PER_PROCESS=${RUNS_PER_PROCESS:-1} timeout --kill-after=5 $(( budget - merge_s + 10 )) \
+    bash benchmarks/gpu_reproduce.sh "$out" $(( budget - merge_s ))
 status=$?
+[ "$status" = 124 ] || [ "$status" = 137 ] && echo "gpu_ptb_call.sh: benchmarks/gpu_reproduce.sh did not end within its budget + 10 s: stopped" >&2
 rows="$out/ptb_${config}_gpu_call.json"
 if [ -f "$rows" ]; then
-    python3 benchmarks/ptb_medium_merge.py "$target" "$rows" \
+    # what is left of the budget, at least 10 s: the merged .json is written first, the table
+    # and its picture after it
+    merge_left=$(( budget - ($(date +%s) - t_start) ))
+    [ "$merge_left" -lt 10 ] && merge_left=10
+    timeout --kill-after=3 "$merge_left" python3 benchmarks/ptb_medium_merge.py "$target" "$rows" \
         --device-time $(( $(date +%s) - t_start )) --call "$call" || status=$?
     stem=$(basename "$target" .json)
     for ext in json md png; do

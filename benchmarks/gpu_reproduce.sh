@@ -12,7 +12,10 @@
 #               the PATH, a third time: one process per run under MPS.
 #   STEPS = 0   (default) the full run: `rnn-ablations reproduce ptb --config $CONFIG` for the
 #               five variants, all at once, stopped so that the whole script ends within
-#               BUDGET_SECONDS (default 450; runs cut short are reported as incomplete).
+#               BUDGET_SECONDS (default 450; runs cut short are reported as incomplete): the
+#               command is given what is left after the set-up, less a Python start (timed in
+#               the data preparation) and 10 s for the rows, and stops its runs at its budget,
+#               their evaluations included (`reproduce ptb --time-budget`).
 #   FULL=1      with STEPS > 0: the timing, then the full run in the same command, with what is
 #               left of BUDGET_SECONDS (one machine start and one set-up for both).
 #   CHECKS=1    with STEPS = 0: the CUDA checks of the graphed step first (as in timing mode).
@@ -84,11 +87,15 @@ source benchmarks/gpu_setup.sh
 gpu_setup_kernels "$out" "$device" || { say "ERROR: the set-up failed (see above)"; exit 3; }
 
 # ---- data preparation, timed (every run reads the corpus again: this says what that costs)
+# (the seconds of a Python start with torch, py_start, are kept back from the runs' budget: the
+# runs' command counts its budget from after its imports)
 t_data=$(date +%s)
-python3 -c "import sys, time; t = time.perf_counter(); from rnn_ablations.lm.data import load_corpus; \
-c = load_corpus(sys.argv[1]); print(c.summary(), f'(read in {time.perf_counter() - t:.1f} s)')" "$data" \
+py_start=$(python3 -c "import math, sys, time; t = time.perf_counter(); from rnn_ablations.lm.data import load_corpus; \
+i = time.perf_counter() - t; c = load_corpus(sys.argv[1]); \
+print(c.summary(), f'(read in {time.perf_counter() - t - i:.1f} s, imports {i:.1f} s)', file=sys.stderr); \
+print(math.ceil(i) + 1)" "$data") \
     || { say "ERROR: the PTB corpus in $data could not be read"; exit 2; }
-say "data preparation: $(( $(date +%s) - t_data )) s"
+say "data preparation: $(( $(date +%s) - t_data )) s (a Python start with torch: ${py_start} s)"
 
 mps_start() {
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/rnn_ablations_mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/rnn_ablations_mps/log
@@ -135,8 +142,9 @@ fi
 # ---- the full run
 if [ "$steps" -eq 0 ] || [ "${FULL:-0}" = 1 ]; then
     # kept back from the runs' budget: the rows file and the weight pictures (VISUALIZE_S each)
+    # and the runs' command's Python start (py_start), which its own budget does not count
     reserve=$(( 10 + ${VISUALIZE_S:-30} * $(echo ${VISUALIZE:-} | wc -w) ))
-    left=$(( budget - $(elapsed) - reserve ))
+    left=$(( budget - $(elapsed) - reserve - py_start ))
     if [ "$left" -lt 60 ]; then
         say "ERROR: only ${left}s of the ${budget}s budget left for the full run"
         exit 4
@@ -174,10 +182,14 @@ EOF
         [ "${RESUME:-0}" = 1 ] && say "RESUME=1 but no $work/run on this machine (a fresh machine?): starting the runs afresh"
         rm -rf "$work/run"
     fi
+    # the command stops its runs at its budget and still writes their rows; `timeout` (its whole
+    # process group) only if it does not end 10 s after that
+    timeout --kill-after=5 $(( left + py_start + 10 )) \
     python3 -m rnn_ablations.cli reproduce ptb --config "$config" --data "$data" \
         --variants $variants --seeds $seeds "${lr_args[@]}" --device $device --cuda-graph "$graph" \
         --out "$work/run" --time-budget "$left" --runs-per-process "$rpp" $resume \
         ${MAX_PARALLEL:+--max-parallel $MAX_PARALLEL} || status=$?
+    [ "$status" = 124 ] || [ "$status" = 137 ] && say "ERROR: the runs' command did not end within its budget + 10 s: stopped"
     [ "${MPS:-0}" = 1 ] && mps_stop
     for f in results.json results.md results.csv results.png; do
         cp "$work/run/$f" "$out/" 2>/dev/null || say "no $f"
@@ -198,10 +210,15 @@ table = {"device": r["device"], "config": config, "runs_at_once": r["max_paralle
          "setup_seconds": int(os.environ.get("GPU_SETUP_SECONDS") or 0),
          "cuda_kernels": (None if os.environ.get("CALL_DEVICE") == "cpu"
                           else os.environ.get("GPU_SETUP_CUDA_KERNELS") == "1"),
-         "rows": [{k: row.get(k) for k in keys} for row in r["rows"]]}
+         "rows": [dict({k: row.get(k) for k in keys},
+                       **{k: row[k] for k in ("cut", "note") if row.get(k)}) for row in r["rows"]]}
+cut = [row["run"] for row in r["rows"] if row.get("cut") or row.get("status") == "incomplete"]
+not_run = [row["run"] for row in r["rows"] if row.get("status") == "not run"]
 json.dump(table, open(dst, "w"), indent=2)
 open(dst, "a").write("\n")
 print(json.dumps(table, indent=2))
+print("runs cut by the time budget: " + (", ".join(cut) or "none")
+      + ("; not run: " + ", ".join(not_run) if not_run else ""))
 EOF
     for d in "$work"/run/*/; do
         [ -f "$d/run.log" ] && { echo "=== $(basename "$d")/run.log"; grep -v "UserWarning\|warnings.warn" "$d/run.log"; }
@@ -220,7 +237,12 @@ EOF
             if [ ! -f "$work/run/$r/checkpoint.pt" ]; then
                 say "visualize: no trained run $r in $work/run"; status=5; continue
             fi
-            timeout 120 python3 -m rnn_ablations.cli visualize --model "$work/run/$r" \
+            vis_s=$(( budget - $(elapsed) - 5 ))
+            [ "$vis_s" -gt 120 ] && vis_s=120
+            if [ "$vis_s" -lt 10 ]; then
+                say "visualize $r: SKIPPED: ${vis_s}s of the budget left"; status=5; continue
+            fi
+            timeout --kill-after=5 "$vis_s" python3 -m rnn_ablations.cli visualize --model "$work/run/$r" \
                 --text "$sentence" --out "$out/visualize_$r.png" --json "$out/visualize_$r.json" \
                 || { say "visualize $r FAILED"; status=5; }
         done

@@ -505,9 +505,11 @@ def add_subparser(subparsers) -> None:
     pt.add_argument("--resume", action="store_true", help="continue the runs in --out")
     pt.add_argument("--overwrite", action="store_true", help="discard the runs in --out")
     pt.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
-                    help="stop training so that everything ends within SECONDS (a reserve of "
-                         "min(30 s, 10%%) is kept for the final evaluations); a cut run is "
-                         "reported with the epochs it did, marked incomplete; a run that cannot "
+                    help="end within SECONDS: training stops early enough for the final "
+                         "evaluations (a reserve of min(30 s, 10%%)), and runs still going at "
+                         "min(10 s, 10%%) before the end are stopped; a cut run is reported "
+                         "with the epochs it did and the perplexities evaluated in time, marked "
+                         "incomplete and cut; a run that cannot "
                          "start with at least that reserve of training time left is not started "
                          "and listed as not run (--resume continues both); an overrun is stated "
                          "in the results")

@@ -10,11 +10,15 @@ the variant's learning rates; one run per given lr and seed.  Each run is one pr
 each process replays its training step as a CUDA graph (:mod:`rnn_ablations.lm.graph_step`):
 the step is launch-bound, so several processes share the GPU.
 
-``--time-budget S``: training stops so that the command ends within S seconds (a reserve of
-``min(30 s, 10 %)`` is kept for the final evaluations and the tables); a run is started only
-while at least that reserve of training time is left, so runs that cannot start within the
-budget are not started and are listed as *not run*; a cut run is reported with the epochs it
-did; when the command still ends after S seconds, the results state by how much.
+``--time-budget S``: the command ends within S seconds.  At ``min(10 s, 10 %)`` before the end
+(kept for the tables) every run still going (an evaluation that does not fit, a validation at an
+epoch's end) is stopped: SIGTERM, then SIGKILL after a few seconds.  Training stops
+``min(30 s, 10 %)`` before that (the reserve for the evaluations of the cut runs); a run is
+started only while at least that reserve of training time is left, so runs that cannot start
+within the budget are not started and are listed as *not run*.  A cut run is reported with
+the epochs it did and the perplexities it had time to evaluate (``None`` for the others); its
+row says ``"cut": true``.  When the command still ends after S seconds, the results state by
+how much.
 
 When the runs end, ``OUT/results.{json,md,csv,png}`` get every run and, per variant, the mean ±
 std over seeds beside the papers' test perplexities (:mod:`rnn_ablations.lm.reproduce_report`).
@@ -33,10 +37,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..variants import get_variant
-from .checkpoints import RUN_FILES
+from .checkpoints import RUN_FILES, load_checkpoint
 from .configs import get_config
 from .corpora import corpus_fingerprint
-from .data import load_corpus
+from .data import batchify, load_corpus
 from .distributed import resolve_device
 from .graph_step import check_mode
 from .reproduce_child import OUTCOME, RUN_LOG, device_name
@@ -153,11 +157,29 @@ def _child_env(threads: int) -> Dict[str, str]:
     return env
 
 
+def _stop(procs: Dict[str, subprocess.Popen], grace: float) -> None:
+    """SIGTERM to each process (by its pid), SIGKILL to those still there after ``grace`` s."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    end = time.time() + grace
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(0.0, end - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def run_children(procs: List[Dict], max_parallel: int, threads: int, say,
-                 start_by: Optional[float] = None, poll: float = 0.2) -> Dict[str, Optional[int]]:
+                 start_by: Optional[float] = None, poll: float = 0.2,
+                 stop_at: Optional[float] = None, cut: Optional[set] = None,
+                 grace: float = 3.0) -> Dict[str, Optional[int]]:
     """Start the processes (at most ``max_parallel`` at once); returns each run's exit code
     (a process's, or what its thread reported in ``OUT/<run>/exit``).  After ``start_by`` (a
-    ``time.time()``) no process is started: its runs get the code ``None`` (not run)."""
+    ``time.time()``) no process is started: its runs get the code ``None`` (not run).  At
+    ``stop_at`` the processes still running are stopped (SIGTERM, SIGKILL after ``grace`` s)
+    and their runs' names are added to ``cut``."""
     pending = list(procs)
     running: Dict[str, subprocess.Popen] = {}
     by_name = {p["name"]: p for p in procs}
@@ -191,6 +213,26 @@ def run_children(procs: List[Dict], max_parallel: int, threads: int, say,
                 say(f"started {proc['name']} (pid {running[proc['name']].pid})")
             if not running:
                 continue
+            if stop_at is not None and time.time() >= stop_at:
+                names = [r["run"] for n in running for r in by_name[n]["runs"]
+                         if codes.get(r["run"]) is None]
+                say(f"time budget: stopping {', '.join(sorted(running))} (cut: "
+                    f"{', '.join(names)})")
+                _stop(running, grace)
+                for name, p in running.items():
+                    logs.pop(name).close()
+                    for r in by_name[name]["runs"]:
+                        e = Path(r["out"]) / "exit"
+                        codes[r["run"]] = int(e.read_text()) if e.exists() else (p.returncode or 1)
+                        if cut is not None and codes[r["run"]] != 0:
+                            cut.add(r["run"])
+                running.clear()
+                for proc in pending:
+                    for r in proc["runs"]:
+                        codes[r["run"]] = None
+                    say(f"{proc['name']} not started: too little of the time budget is left")
+                pending.clear()
+                break
             time.sleep(poll)
             for name, p in list(running.items()):
                 rc = p.poll()
@@ -230,8 +272,30 @@ def _default_parallel(n_runs: int, device: str) -> int:
     return max(1, min(n_runs, os.cpu_count() or 1))
 
 
-def row_of(out: Path, spec: Dict, code: Optional[int], not_run: bool = False) -> Dict:
-    """One row of the table from a run's outcome (or its failure, or its not being started)."""
+def _cut_row(out: Path, spec: Dict, base: Dict, epoch_size: int) -> Optional[Dict]:
+    """The row of a run stopped at the time budget: its outcome as far as it got (the child
+    writes one before its evaluations), else its last checkpoint's epochs, unevaluated."""
+    p = out / spec["run"] / OUTCOME
+    if p.exists():
+        try:
+            return dict(base, **json.loads(p.read_text()), cut=True)
+        except ValueError:
+            pass
+    try:
+        ckpt = load_checkpoint(out / spec["run"])
+    except (OSError, ValueError):
+        return None
+    return dict(base, epochs=round(ckpt["epoch"] + ckpt["step"] / max(epoch_size, 1), 3),
+                epochs_planned=spec.get("epochs_planned"), valid_ppl=None, test_ppl=None,
+                seconds=round(float(ckpt.get("wall_time") or 0.0), 1), status="incomplete",
+                complete=False, steps=ckpt.get("global_step"), cut=True,
+                note="cut by the time budget before its evaluation")
+
+
+def row_of(out: Path, spec: Dict, code: Optional[int], not_run: bool = False,
+           cut: bool = False, epoch_size: int = 1) -> Dict:
+    """One row of the table from a run's outcome (or its failure, or its not being started,
+    or, ``cut``, its being stopped at the time budget)."""
     p = out / spec["run"] / OUTCOME
     base = {"variant": spec["variant"], "seed": spec["seed"], "run": spec["run"],
             "paper_name": get_variant(spec["variant"]).paper_name,
@@ -242,6 +306,10 @@ def row_of(out: Path, spec: Dict, code: Optional[int], not_run: bool = False) ->
                     test_ppl=None, seconds=0.0, status="not run")
     if p.exists() and code == 0:
         return dict(base, **json.loads(p.read_text()))
+    if cut:
+        row = _cut_row(out, spec, base, epoch_size)
+        if row is not None:
+            return row
     tail = ""
     log = Path(spec.get("process_log") or out / spec["run"] / RUN_LOG)
     if log.exists():
@@ -290,12 +358,14 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
     parallel = max_parallel or _default_parallel(len(planned), dev)
     nthreads = threads or max(1, (os.cpu_count() or 1) // min(parallel * runs_per_process,
                                                                len(planned)))
-    deadline = start_by = None
+    deadline = start_by = stop_at = None
     if time_budget is not None:
         # keep time for the final evaluation of every run and the tables; start no run that
-        # would have less than that left to train
-        reserve = min(30.0, 0.1 * time_budget)
-        deadline = t0 + time_budget - reserve
+        # would have less than that left to train; stop what still runs when only the time
+        # for the tables is left
+        reserve, tables = min(30.0, 0.1 * time_budget), min(10.0, 0.1 * time_budget)
+        stop_at = t0 + time_budget - tables
+        deadline = stop_at - reserve
         start_by = deadline - reserve
     specs = []
     for v, lr, s in planned:
@@ -315,9 +385,13 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
         f"epochs), {len(planned)} run(s) ({', '.join(run_names)}) in {len(procs)} process(es) "
         f"({runs_per_process} run(s) each), {parallel} process(es) at a time on {dev}"
         + (f", time budget {time_budget:g} s" if time_budget else "") + f"; logs in {out}/*/{RUN_LOG}")
-    codes = run_children(procs, parallel, nthreads, say, start_by=start_by)
+    cut: set = set()
+    codes = run_children(procs, parallel, nthreads, say, start_by=start_by, stop_at=stop_at,
+                         cut=cut)
+    epoch_size = (batchify(corpus.train, cfg.batch_size).shape[1] - 1) // cfg.num_steps
     rows = [row_of(out, spec, codes.get(spec["run"]),
-                   not_run=spec["run"] in codes and codes[spec["run"]] is None) for spec in specs]
+                   not_run=spec["run"] in codes and codes[spec["run"]] is None,
+                   cut=spec["run"] in cut, epoch_size=epoch_size) for spec in specs]
     wall = round(time.time() - t0, 1)
     results = {
         "device": device_name(dev), "config": cfg.name, "epochs_planned": cfg.epochs,
@@ -334,6 +408,10 @@ def reproduce_ptb(config: str, data, out, *, variants: Optional[Sequence[str]] =
     say(format_summary(results))
     say("")
     say(format_results(results))
+    cut_rows = [r["run"] for r in results["rows"]
+                if r.get("cut") or r.get("status") == "incomplete"]
+    if cut_rows:
+        say("cut by the time budget (continue with --resume): " + ", ".join(cut_rows))
     if results["over_budget_s"]:
         say(f"the command took {results['over_budget_s']:.0f} s more than its time budget")
     say("wrote " + ", ".join(str(p) for p in paths))

@@ -4,7 +4,9 @@ started by :mod:`rnn_ablations.lm.reproduce` as ``python -m rnn_ablations.lm.rep
 
 A training run (:func:`child_train`) trains with :func:`~rnn_ablations.lm.trainer.train_lm` in
 ``OUT/<run>/``, evaluates the model on valid and test (also when the run was cut) and writes
-``OUT/<run>/outcome.json`` (epochs, perplexities, seconds, status); a timing run
+``OUT/<run>/outcome.json`` (epochs, perplexities, seconds, status; a cut run's outcome is
+written before each of its evaluations too, with what is known so far, so that a process stopped
+at the time budget still leaves its row); a timing run
 (:func:`child_timing`) captures its step, waits for the other runs, and times ``steps`` steps and
 one valid evaluation, all runs at once.  Each run writes its exit code to ``OUT/<run>/exit``.
 """
@@ -25,7 +27,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .checkpoints import load_checkpoint, model_from_checkpoint
+from .checkpoints import RESULT, load_checkpoint, model_from_checkpoint
 from .configs import LMConfig, get_config
 from .data import batchify, load_corpus
 from .distributed import DistContext, resolve_device
@@ -104,31 +106,59 @@ def child_train(spec: Dict) -> int:
     step_mode = "graph" if (dev.type == "cuda" and spec["cuda_graph"] != "off") else "eager"
     if any("CUDA graph of the training step not used" in line for line in lines):
         step_mode = "eager (capture failed)"
+    finite = (lambda v: v if (v is not None and math.isfinite(v)) else None)
+
+    def write_outcome(valid, test, evaluated: bool) -> str:
+        diverged = (_diverged(valid, vocab) or _diverged(test, vocab)) if evaluated else any(
+            v is not None and _diverged(v, vocab) for v in (valid, test))
+        status = "diverged" if diverged else ("complete" if complete else "incomplete")
+        outcome = {"epochs": epochs_done, "epochs_planned": cfg.epochs,
+                   "valid_ppl": None if diverged else valid,
+                   "test_ppl": None if diverged else test,
+                   "valid_ppl_raw": finite(valid), "test_ppl_raw": finite(test),
+                   "seconds": round(seconds, 1), "status": status, "complete": complete,
+                   "device": device_name(str(dev)), "learning_rate": cfg.learning_rate,
+                   "paper_learning_rate": paper_cfg.learning_rate,
+                   "steps": ckpt["global_step"], "step_mode": step_mode}
+        if not evaluated:
+            outcome["note"] = "cut by the time budget before its " + (
+                "test evaluation" if valid is not None else "evaluation")
+        tmp = out / (OUTCOME + ".tmp")
+        tmp.write_text(json.dumps(outcome, indent=2) + "\n")
+        os.replace(tmp, out / OUTCOME)
+        return status
+
     if result is not None:
         valid, test = result["valid_ppl"], result["test_ppl"]
         epochs_done, complete, seconds = cfg.epochs, True, result["wall_time_s"]
-    else:   # cut by the deadline (or max_steps): evaluate the model as it is now
-        model = model_from_checkpoint(ckpt, dev)
-        valid = evaluate(model, corpus.valid, cfg.eval_batch_size, cfg.num_steps, dev)["ppl"]
-        test = evaluate(model, corpus.test, cfg.eval_batch_size, cfg.num_steps, dev)["ppl"]
+    else:   # cut by the deadline (or max_steps): evaluate the model as it is now, writing the
+        # outcome before each evaluation (the time budget may stop this process in one)
         epochs_done = round(ckpt["epoch"] + ckpt["step"] / epoch_size, 3)
         complete, seconds = False, ckpt["wall_time"]
-    diverged = _diverged(valid, vocab) or _diverged(test, vocab)
-    status = "diverged" if diverged else ("complete" if complete else "incomplete")
-    finite = (lambda v: v if (v is not None and math.isfinite(v)) else None)
-    outcome = {"epochs": epochs_done, "epochs_planned": cfg.epochs,
-               "valid_ppl": None if diverged else valid, "test_ppl": None if diverged else test,
-               "valid_ppl_raw": finite(valid), "test_ppl_raw": finite(test),
-               "seconds": round(seconds, 1), "status": status, "complete": complete,
-               "device": device_name(str(dev)), "learning_rate": cfg.learning_rate,
-               "paper_learning_rate": paper_cfg.learning_rate,
-               "steps": ckpt["global_step"], "step_mode": step_mode}
-    tmp = out / (OUTCOME + ".tmp")
-    tmp.write_text(json.dumps(outcome, indent=2) + "\n")
-    os.replace(tmp, out / OUTCOME)
+        valid = _stopped_valid(out, ckpt)   # the trainer evaluated valid when it stopped
+        write_outcome(valid, None, evaluated=False)
+        model = model_from_checkpoint(ckpt, dev)
+        if valid is None:
+            valid = evaluate(model, corpus.valid, cfg.eval_batch_size, cfg.num_steps, dev)["ppl"]
+            write_outcome(valid, None, evaluated=False)
+        test = evaluate(model, corpus.test, cfg.eval_batch_size, cfg.num_steps, dev)["ppl"]
+    status = write_outcome(valid, test, evaluated=True)
     log(f"{spec['run']}: {status}, {epochs_done} epochs, valid {valid:.2f}, test {test:.2f}, "
         f"{seconds:.0f} s")
     return 0
+
+
+def _stopped_valid(out: Path, ckpt: Dict) -> Optional[float]:
+    """The validation perplexity the trainer wrote into ``OUT/<run>/result.json`` when it
+    stopped the run at the checkpoint ``ckpt`` (the same model), else ``None``."""
+    try:
+        r = json.loads((out / RESULT).read_text())
+    except (OSError, ValueError):
+        return None
+    if (r.get("complete") is False and r.get("global_step") == ckpt["global_step"]
+            and isinstance(r.get("valid_ppl"), (int, float))):
+        return float(r["valid_ppl"])
+    return None
 
 
 def child_timing(spec: Dict) -> int:
