@@ -28,6 +28,20 @@ def _autocast_on(device_type: str) -> bool:
         return device_type == "cuda" and torch.is_autocast_enabled()
 
 
+def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype of the outputs under ``torch.autocast`` for a float32 input: ``lstm`` is on the
+    autocast lists of CPU and CUDA (lower precision), so ``nn.LSTM`` returns the autocast dtype;
+    ``None`` outside autocast and for other input dtypes (autocast leaves float64 alone)."""
+    if x.dtype != torch.float32 or not _autocast_on(x.device.type):
+        return None
+    try:
+        dtype = torch.get_autocast_dtype(x.device.type)
+    except (AttributeError, TypeError):  # pragma: no cover - torch < 2.4
+        dtype = (torch.get_autocast_gpu_dtype() if x.device.type == "cuda"
+                 else torch.get_autocast_cpu_dtype())
+    return dtype if dtype != x.dtype else None
+
+
 HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -117,6 +131,21 @@ class AblatedRNN(nn.Module):
         * ``mask`` ``(B, T)`` bool (True = real token, left-aligned) or ``lengths`` ``(B,)``, for
           padded input: a row's backward direction starts at its last real token, outputs at
           padded positions are zero and final states are taken at each row's last real token.
+
+    Not a subclass of ``torch.nn.RNNBase`` (``isinstance(rnn, nn.RNNBase)`` is False) on purpose:
+    ``nn.RNNBase``'s methods (``_init_flat_weights``, ``_apply``, ``__setattr__``,
+    ``flatten_parameters``) keep ``_flat_weights`` in the layout that ``torch._VF.lstm`` /
+    cuDNN run, for ``mode`` in ``"LSTM"``, ``"GRU"``, ``"RNN_TANH"``, ``"RNN_RELU"``, and code
+    that tests for ``nn.RNNBase`` does so to rely on that; given these weights it would compute
+    an LSTM for every variant (or fail on the shapes).  To accept either, test
+    ``isinstance(rnn, (nn.RNNBase, AblatedRNN))``: the attributes such code reads
+    (``mode``, ``input_size``, ``hidden_size``, ``num_layers``, ``bias``, ``batch_first``,
+    ``dropout``, ``bidirectional``, ``proj_size``, ``all_weights``, ``_flat_weights_names``,
+    ``flatten_parameters()``) are there.
+
+    ``torch.jit.script`` does not compile the module; trace it and script the model around it
+    (``model.rnn = torch.jit.trace(model.rnn, (example,))``): the traced module runs every
+    sequence length and batch size (the error from ``torch.jit.script`` says so).
 
     Outputs: ``output, (h_n, c_n)`` with ``nn.LSTM``'s shapes.  For ``srnn``, which has no memory
     cell, ``c_n`` is a copy of ``h_n`` (so that code that unpacks ``(h, c)`` keeps working).
@@ -401,7 +430,7 @@ class AblatedRNN(nn.Module):
             raise ValueError(f"input is on {x.device} but the module's parameters are on "
                              f"{weight.device}; move one of them: input.to({str(weight.device)!r}) "
                              f"or model.to({str(x.device)!r})")
-        if x.shape[0] == 0:
+        if not torch.jit.is_tracing() and x.shape[0] == 0:
             raise ValueError("input has seq_len 0; every sequence needs at least one token")
 
     def normalize_lengths(self, batch: int, seq_len: int, mask=None,
@@ -496,11 +525,15 @@ class AblatedRNN(nn.Module):
     # ------------------------------------------------------------------ forward
     def __prepare_scriptable__(self):
         # torch.jit.script calls this on every module it is asked to compile, submodules included
+        example = "(1, 2, {0})" if self.batch_first else "(2, 1, {0})"
+        example = example.format(self.input_size)
         raise RuntimeError(
             "torch.jit.script cannot compile AblatedRNN (its forward takes a tensor or a "
-            "PackedSequence and chooses its kernel in Python). Use torch.jit.trace(model, "
-            "example_inputs), which records the generic path, or torch.compile / "
-            "torch.export.export, which keep the kernels; torch.onnx.export works too.")
+            "PackedSequence and chooses its kernel in Python). Trace it, then script the model "
+            "around it: model.rnn = torch.jit.trace(model.rnn, (torch.randn" + example + ",)); "
+            "torch.jit.script(model). The traced module holds the recurrence as a scripted loop "
+            "and runs every sequence length and batch size with the eager numbers. "
+            "torch.compile / torch.export.export keep the kernels; torch.onnx.export works too.")
 
     def forward(self, input, hx: Optional[HiddenState] = None, mask=None, lengths=None):
         r"""Run the layers over ``input``; ``torch.nn.LSTM.forward``'s inputs and outputs.
@@ -557,6 +590,9 @@ class AblatedRNN(nn.Module):
         lengths = self.normalize_lengths(batch, seq_len, mask=mask, lengths=lengths)
         h0, c0 = self._initial_state(hx, batch, x)
         output, h_n, c_n = self._run(x, lengths, h0, c0)
+        cast = _autocast_output_dtype(x)
+        if cast is not None:  # nn.LSTM's autocast policy: the outputs in the autocast dtype
+            output, h_n, c_n = output.to(cast), h_n.to(cast), c_n.to(cast)
         if packed:
             output = pack_padded_sequence(output, lengths, enforce_sorted=False)
         elif unbatched:

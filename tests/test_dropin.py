@@ -1,0 +1,84 @@
+"""``AblatedRNN`` where code written for ``torch.nn.LSTM`` meets it: the autocast policy,
+``torch.jit.script`` of a model that holds one, ``isinstance`` checks, ``proj_size`` and
+``torch.compile``'s dynamic shapes; each against ``nn.LSTM`` or the eager float32 result."""
+import pytest
+import torch
+from torch import nn
+
+from rnn_ablations import VARIANTS, AblatedRNN
+
+
+# ----------------------------------------------------------------------------- autocast
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_cpu_autocast_returns_the_autocast_dtype(variant, bidirectional):
+    """lstm is on CPU autocast's lower-precision list: nn.LSTM returns bfloat16, so does every
+    variant, within bfloat16's tolerance of float32, with float32 gradients for the parameters."""
+    torch.manual_seed(0)
+    rnn = AblatedRNN(variant, 5, 7, num_layers=2, bidirectional=bidirectional)
+    x = torch.randn(4, 3, 5)
+    want, (wh, wc) = rnn(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, (h, c) = rnn(x)
+    assert out.dtype == h.dtype == c.dtype == torch.bfloat16
+    for got, ref in ((out, want), (h, wh), (c, wc)):
+        torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
+    out.float().sum().backward()
+    assert rnn.weight_ih_l0.grad.dtype == torch.float32
+    assert rnn.weight_ih_l0.grad.abs().sum() > 0
+
+
+def test_cpu_autocast_leaves_float64_alone():
+    rnn = AblatedRNN("ran", 3, 4).double()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, (h, c) = rnn(torch.randn(2, 1, 3, dtype=torch.float64))
+    assert out.dtype == h.dtype == c.dtype == torch.float64
+
+
+# ----------------------------------------------------------------------------- TorchScript
+class _Tagger(nn.Module):
+    def __init__(self, variant):
+        super().__init__()
+        self.rnn = AblatedRNN(variant, 5, 7, num_layers=2, bidirectional=True, batch_first=True)
+        self.out = nn.Linear(14, 3)
+
+    def forward(self, x):
+        out, (h, c) = self.rnn(x)
+        return self.out(out), h, c
+
+
+@pytest.mark.parametrize("variant", ["lstm", "ran", "lstm_minus_srnn_minus_hidden"])
+def test_script_a_model_around_the_traced_rnn(variant):
+    """The alternative the torch.jit.script error names: trace the RNN, script the model around
+    it; the scripted model runs other lengths and batch sizes with the eager numbers."""
+    torch.manual_seed(0)
+    model = _Tagger(variant).eval()
+    eager = _Tagger(variant).eval()
+    eager.load_state_dict(model.state_dict())
+    with pytest.raises(RuntimeError, match=r"torch\.jit\.trace\(model\.rnn, \(torch\.randn\(1, 2, 5\),\)\)"):
+        torch.jit.script(model)
+    model.rnn = torch.jit.trace(model.rnn, (torch.randn(1, 2, 5),))
+    scripted = torch.jit.script(model)
+    for shape in ((3, 9, 5), (1, 1, 5)):
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            for got, want in zip(scripted(x), eager(x)):
+                torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- isinstance
+def test_not_an_rnnbase_and_the_documented_test_accepts_both():
+    """AblatedRNN is no nn.RNNBase (whose flat weights are _VF's LSTM layout); the documented
+    test, isinstance(m, (nn.RNNBase, AblatedRNN)), accepts both, and the attributes code written
+    for nn.RNNBase reads are there with nn.LSTM's values for an lstm of the same arguments."""
+    ours, theirs = AblatedRNN("lstm", 4, 6, num_layers=2), nn.LSTM(4, 6, num_layers=2)
+    assert not isinstance(ours, nn.RNNBase)
+    assert "RNNBase" in AblatedRNN.__doc__
+    for m in (ours, theirs):
+        assert isinstance(m, (nn.RNNBase, AblatedRNN))
+    for name in ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout",
+                 "bidirectional", "proj_size", "_flat_weights_names"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert [[w.shape for w in ws] for ws in ours.all_weights] == \
+        [[w.shape for w in ws] for ws in theirs.all_weights]
+    ours.flatten_parameters()
