@@ -82,3 +82,43 @@ def test_not_an_rnnbase_and_the_documented_test_accepts_both():
     assert [[w.shape for w in ws] for ws in ours.all_weights] == \
         [[w.shape for w in ws] for ws in theirs.all_weights]
     ours.flatten_parameters()
+
+
+# ----------------------------------------------------------------------------- torch.compile
+def _frames(dynamic, shapes, mark=False):
+    """Dynamo's graph count (CompileCounter: no code generation) over calls with ``shapes``,
+    each checked against eager."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    rnn = AblatedRNN("ran", 13, 4, bidirectional=True)
+    compiled = torch.compile(rnn, backend=counter, fullgraph=True, dynamic=dynamic)
+    counts = []
+    for i, (T, B) in enumerate(shapes):
+        x = torch.randn(T, B, 13)  # 13: no size of the first call equals another (duck sizing)
+        if mark and i == 0:
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(x, 1)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x)[0], rnn(x)[0])
+        counts.append(counter.frame_count)
+    return counts
+
+
+SHAPES = [(5, 3), (7, 3), (7, 6), (12, 2), (30, 9)]
+
+
+def test_compile_dynamic_is_one_graph_from_the_first_call():
+    """README: torch.compile(model, dynamic=True) (or mark_dynamic on the first input's T and B
+    dims) gives one graph for every T and B (>= 2) on the same side of the plan's thresholds."""
+    assert _frames(True, SHAPES) == [1] * len(SHAPES)
+    assert _frames(None, SHAPES, mark=True) == [1] * len(SHAPES)
+
+
+def test_compile_default_recompiles_once_per_dynamic_dim():
+    """README: with torch.compile's default (dynamic=None) dynamo compiles the first shape
+    exactly, again with T dynamic on a new T, again with B dynamic on a new B: three graphs,
+    then none for further sizes."""
+    assert _frames(None, SHAPES) == [1, 2, 3, 3, 3]
