@@ -101,8 +101,9 @@ def missing_toolchain() -> Optional[str]:
     env = build_environment()
     missing = []
     if env["compiler"]["path"] is None:
-        missing.append(f"no C++ compiler ({env['compiler']['name']!r} is not on the PATH; "
-                       "$CXX names another)")
+        name = env["compiler"]["name"]
+        missing.append(f"no C++ compiler ($CXX={name} is not found)" if os.environ.get("CXX")
+                       else f"no C++ compiler ({name} is not on the PATH; $CXX may name another)")
     if not env["python_headers"]:
         missing.append("no Python headers (Python.h)")
     return "; ".join(missing) or None
