@@ -13,7 +13,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from .dispatch import run_layer_call
 from .export import run_stack
-from .functional import projection_bias, reversal_index
+from .functional import pointwise, projection_bias, reversal_index
 from .plan import stack_runner
 from .validation import check_positive_int, check_prob
 from .variants import VARIANTS, Variant, get_variant
@@ -64,10 +64,13 @@ class AblatedRNN(nn.Module):
         variant: ``"lstm"``, ``"srnn"``, ``"lstm_minus_srnn"``, ``"ran"``, ``"identity_ran"``,
             ``"lstm_minus_srnn_minus_hidden"`` (aliases: ``lstm_minus_gates``,
             ``lstm_minus_srnn_minus_out``, ``tanh_ran``, ``minus_hidden``).
-        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional:
+        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, proj_size:
             as in :class:`torch.nn.LSTM` (``dropout`` is applied to the outputs of every layer
             but the last, during training; with one layer it has no effect, and a warning
-            says so, as ``nn.LSTM``'s does).
+            says so, as ``nn.LSTM``'s does).  ``proj_size`` (``nn.LSTM``'s, ``weight_hr_l{k}``,
+            ``h_t = W_hr (o_t ∘ tanh(c_t))``) for the variants with that output rule (``lstm``,
+            ``lstm_minus_srnn``, ``lstm_minus_srnn_minus_hidden``), without highway; it runs the
+            generic path (:meth:`_run_projected`); the other variants refuse it.
         recurrent_dropout: variational dropout on ``h_{t-1}`` where it enters the recurrent
             projection: one mask per sequence (per layer and direction), drawn at every forward
             in training mode (Gal & Ghahramani 2016), as AllenNLP 2.10.1's ``AugmentedLstm``
@@ -165,9 +168,22 @@ class AblatedRNN(nn.Module):
                            ("bidirectional", bidirectional), ("highway", highway)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
+            raise ValueError(f"proj_size must be a non-negative integer, got {proj_size!r}")
         if proj_size:
-            raise ValueError("proj_size is not supported by AblatedRNN (the papers' cells have no "
-                             "output projection); leave it at 0")
+            projectable = [v for v in VARIANTS if get_variant(v).output == "o_tanh"]
+            if self.variant.output != "o_tanh":
+                raise ValueError(
+                    f"proj_size projects h_t = o_t*tanh(c_t) (nn.LSTM's LSTMP), which needs an "
+                    f"output gate; {self.variant.name!r} has none (its h_t is "
+                    f"{ {'tanh': 'tanh(c_t)', 'identity': 'c_t', 'content': 'the S-RNN state'}[self.variant.output]}): "
+                    f"leave proj_size at 0, or use one of {', '.join(map(repr, projectable))}")
+            if highway:
+                raise ValueError("proj_size and highway=True cannot be combined (the highway "
+                                 "mixes W_hw x_t into the unprojected h_t); choose one")
+            if proj_size >= hidden_size:
+                raise ValueError(f"proj_size has to be smaller than hidden_size (as in nn.LSTM), "
+                                 f"got proj_size={proj_size}, hidden_size={hidden_size}")
         self.bias = bias
         if forget_bias is not None:
             if (isinstance(forget_bias, bool) or not isinstance(forget_bias, numbers.Real)
@@ -200,10 +216,15 @@ class AblatedRNN(nn.Module):
         rec, inp = self.variant.num_recurrent(highway), self.variant.num_input_only(highway)
         n_bias = self.variant.num_biased(highway)
         H = self.hidden_size
+        #: nn.LSTM's attribute: the size of h_t after the projection ``weight_hr`` (0: none)
+        self.proj_size = proj_size
+        P = proj_size or H  # the size of h_t: what the next step and the next layer read
         factory = {"device": device, "dtype": dtype}
         self._param_names: List[List[Tuple[str, ...]]] = []
+        #: ``weight_hr_l{k}[_reverse]`` per layer and direction, with proj_size (else empty)
+        self._proj_names: List[List[str]] = []
         for layer in range(self.num_layers):
-            d_in = self.input_size if layer == 0 else H * self.num_directions
+            d_in = self.input_size if layer == 0 else P * self.num_directions
             per_dir = []
             for direction in range(self.num_directions):
                 sfx = f"_l{layer}" + ("_reverse" if direction else "")
@@ -211,7 +232,7 @@ class AblatedRNN(nn.Module):
                 names = [f"weight_ih{sfx}", f"weight_hh{sfx}" if rec else None]
                 setattr(self, names[0], nn.Parameter(torch.empty((rec + inp) * H, d_in, **factory)))
                 if rec:
-                    setattr(self, names[1], nn.Parameter(torch.empty(rec * H, H, **factory)))
+                    setattr(self, names[1], nn.Parameter(torch.empty(rec * H, P, **factory)))
                 if bias:
                     if self.variant.uses_lstm_bias_names(highway):
                         names += [f"bias_ih{sfx}", f"bias_hh{sfx}"]
@@ -220,10 +241,14 @@ class AblatedRNN(nn.Module):
                     else:
                         names.append(f"bias{sfx}")
                         setattr(self, names[2], nn.Parameter(torch.empty(n_bias * H, **factory)))
+                if proj_size:
+                    setattr(self, f"weight_hr{sfx}",
+                            nn.Parameter(torch.empty(proj_size, H, **factory)))
                 per_dir.append(tuple(names))
             self._param_names.append(per_dir)
-        #: nn.LSTM's attribute; always 0 (the papers' cells have no output projection)
-        self.proj_size = 0
+            if proj_size:
+                self._proj_names.append([f"weight_hr_l{layer}" + ("_reverse" if d else "")
+                                         for d in range(self.num_directions)])
         # The variant and highway flag travel in the state dict's metadata (_save_to_state_dict),
         # so that a state saved from one variant is refused by another with the same shapes
         # (ran / identity_ran) while an `lstm` state dict has nn.LSTM's keys only.  No buffer:
@@ -242,6 +267,9 @@ class AblatedRNN(nn.Module):
                 for name in names:
                     if name is not None:  # no weight_hh in a cell that reads no h_{t-1}
                         nn.init.uniform_(getattr(self, name), -stdv, stdv)
+        for layer in self._proj_names:
+            for name in layer:
+                nn.init.uniform_(getattr(self, name), -stdv, stdv)
         if self.forget_bias is not None:
             self.set_forget_bias_(self.forget_bias)
 
@@ -381,8 +409,10 @@ class AblatedRNN(nn.Module):
 
     @property
     def _all_weights(self) -> List[List[str]]:
-        """Parameter names per layer and direction, in ``nn.LSTM``'s order."""
-        return [list(names) for layer in self._param_names for names in layer]
+        """Parameter names per layer and direction, in ``nn.LSTM``'s order (``weight_hr`` last,
+        with ``proj_size``)."""
+        return [list(names) + ([self._proj_names[k][d]] if self._proj_names else [])
+                for k, layer in enumerate(self._param_names) for d, names in enumerate(layer)]
 
     @property
     def _flat_weights_names(self) -> List[str]:
@@ -404,7 +434,7 @@ class AblatedRNN(nn.Module):
         if self.num_layers != 1:
             s += f", num_layers={self.num_layers}"
         for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
-                              ("bidirectional", False), ("recurrent_dropout", 0.0),
+                              ("bidirectional", False), ("proj_size", 0), ("recurrent_dropout", 0.0),
                               ("highway", False), ("forget_bias", None)):
             if getattr(self, name) != default:
                 s += f", {name}={getattr(self, name)}"
@@ -495,9 +525,9 @@ class AblatedRNN(nn.Module):
 
     def _initial_state(self, hx, batch: int, ref: torch.Tensor):
         shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
+        h_shape = shape[:2] + (self.proj_size or self.hidden_size,)
         if hx is None:
-            z = ref.new_zeros(shape)
-            return z, z
+            return ref.new_zeros(h_shape), ref.new_zeros(shape)
         if isinstance(hx, torch.Tensor):
             if not self.variant.accepts_single_h0:
                 single = [v for v in VARIANTS if get_variant(v).accepts_single_h0]
@@ -509,10 +539,11 @@ class AblatedRNN(nn.Module):
             h0, c0 = hx
         else:
             raise ValueError("hx must be a tuple (h_0, c_0) of tensors")
-        for name, t in (("h_0", h0), ("c_0", c0)):
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape} (num_layers*num_directions, "
-                                 f"batch, hidden_size), got {tuple(getattr(t, 'shape', ()))}")
+        for name, t, want, size in (("h_0", h0, h_shape, "proj_size" if self.proj_size
+                                     else "hidden_size"), ("c_0", c0, shape, "hidden_size")):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape {want} (num_layers*num_directions, "
+                                 f"batch, {size}), got {tuple(getattr(t, 'shape', ()))}")
             # under torch.autocast the states may be in the autocast dtype (e.g. h_n of the
             # previous batch, carried by a language model), as nn.LSTM accepts; they are cast
             if (t.dtype != ref.dtype and not (t.is_floating_point() and
@@ -611,12 +642,14 @@ class AblatedRNN(nn.Module):
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer!r}")
         if layer == 0:
             return x
-        zeros = x.new_zeros(self.num_layers * self.num_directions, x.shape[1], self.hidden_size)
-        return self._run(x, lengths, zeros, zeros, num_layers=layer)[0]
+        h0, c0 = self._initial_state(None, x.shape[1], x)
+        return self._run(x, lengths, h0, c0, num_layers=layer)[0]
 
     def _run(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
         """Time-major core: x (T, B, d_in), original batch order; ``num_layers`` stops early
         (:meth:`layer_input`)."""
+        if self.proj_size:
+            return self._run_projected(x, lengths, h0, c0, num_layers)
         runner = stack_runner()
         if runner != "layers":
             # torch.jit.trace / ONNX export: the recurrence as a loop in the graph (export.py)
@@ -681,3 +714,55 @@ class AblatedRNN(nn.Module):
             output = output.index_select(1, inverse)
             h_n, c_n = h_n.index_select(1, inverse), c_n.index_select(1, inverse)
         return output, h_n, c_n
+
+    def _run_projected(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
+        """:meth:`_run` with ``proj_size``: the generic path (torch ops, autograd), every step on
+        every row, ``h_t = W_hr (o_t * tanh(c_t))``; a row past its length keeps its state and
+        outputs zeros, its reverse direction starts at its last real token."""
+        seq_len, batch = x.shape[0], x.shape[1]
+        if lengths is None:
+            lengths = torch.full((batch,), seq_len, dtype=torch.int64)
+        active = (torch.arange(seq_len).unsqueeze(1) < lengths.unsqueeze(0)).to(x.device)
+        active = active.unsqueeze(-1)  # (T, B, 1)
+        index = reversal_index(lengths, seq_len).to(x.device).unsqueeze(-1)
+        H, dirs = self.hidden_size, self.num_directions
+        R = self.variant.num_recurrent(False) * H
+        layer_input = x
+        h_finals, c_finals = [], []
+        for layer in range(self.num_layers if num_layers is None else num_layers):
+            outputs = []
+            for d in range(dirs):
+                w_ih, w_hh, bias = self.projection_parameters(layer, d)
+                w_hr = getattr(self, self._proj_names[layer][d])
+                xd = layer_input if d == 0 else layer_input.gather(
+                    0, index.expand(-1, -1, layer_input.shape[-1]))
+                pre = F.linear(xd, w_ih, bias)
+                k = layer * dirs + d
+                h, c = h0[k].to(pre.dtype), c0[k].to(pre.dtype)
+                w_hh = None if w_hh is None else w_hh.to(pre.dtype)
+                w_hr = w_hr.to(pre.dtype)
+                mask = None
+                if self.training and self.recurrent_dropout > 0 and w_hh is not None:
+                    keep = 1.0 - self.recurrent_dropout
+                    mask = torch.empty_like(h).bernoulli_(keep) / keep
+                outs = []
+                for t in range(seq_len):
+                    a = pre[t, :, :R]
+                    if w_hh is not None:
+                        a = torch.addmm(a, h if mask is None else h * mask, w_hh.t())
+                    res = pointwise(self.variant, False, a,
+                                    pre[t, :, R:] if pre.shape[-1] > R else None, c)
+                    h_new = res.h @ w_hr.t()
+                    on = active[t]
+                    outs.append(torch.where(on, h_new, torch.zeros_like(h_new)))
+                    h, c = torch.where(on, h_new, h), torch.where(on, res.c, c)
+                out = torch.stack(outs)
+                if d == 1:
+                    out = out.gather(0, index.expand(-1, -1, out.shape[-1]))
+                outputs.append(out)
+                h_finals.append(h)
+                c_finals.append(c)
+            layer_input = outputs[0] if dirs == 1 else torch.cat(outputs, dim=-1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                layer_input = F.dropout(layer_input, self.dropout, True)
+        return layer_input, torch.stack(h_finals), torch.stack(c_finals)

@@ -122,3 +122,61 @@ def test_compile_default_recompiles_once_per_dynamic_dim():
     exactly, again with T dynamic on a new T, again with B dynamic on a new B: three graphs,
     then none for further sizes."""
     assert _frames(None, SHAPES) == [1, 2, 3, 3, 3]
+
+
+# ----------------------------------------------------------------------------- proj_size
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_proj_size_lstm_is_nn_lstm(bidirectional, batch_first):
+    """proj_size on lstm: nn.LSTM's state dict keys (weight_hr_l{k}) in its order, loaded
+    strictly both ways, and its outputs, states and gradients, padded (PackedSequence) too."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+    torch.manual_seed(0)
+    ref = nn.LSTM(5, 7, num_layers=2, bidirectional=bidirectional, proj_size=3,
+                  batch_first=batch_first).double()
+    ours = AblatedRNN("lstm", 5, 7, num_layers=2, bidirectional=bidirectional, proj_size=3,
+                      batch_first=batch_first).double()
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    assert ours._flat_weights_names == ref._flat_weights_names
+    ours.load_state_dict(ref.state_dict())
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(4, 6, 5, dtype=torch.float64)
+    batch = 4 if batch_first else 6
+    h0 = torch.randn(2 * (1 + bidirectional), batch, 3, dtype=torch.float64)
+    c0 = torch.randn(2 * (1 + bidirectional), batch, 7, dtype=torch.float64)
+    for inputs in ((x,), (x, (h0, c0))):
+        got, want = ours(*inputs), ref(*inputs)
+        for g, w in ((got[0], want[0]), (got[1][0], want[1][0]), (got[1][1], want[1][1])):
+            torch.testing.assert_close(g, w)
+    lengths = torch.tensor([6, 3, 1, 5]) if batch_first else torch.tensor([4, 2, 1, 3, 4, 2])
+    packed = pack_padded_sequence(x, lengths, batch_first=batch_first, enforce_sorted=False)
+    got, want = ours(packed), ref(packed)
+    torch.testing.assert_close(got[0].data, want[0].data)
+    torch.testing.assert_close(got[1], want[1])
+    (got[0].data.sum() + got[1][0].sum()).backward()
+    (want[0].data.sum() + want[1][0].sum()).backward()
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+@pytest.mark.parametrize("variant", ["lstm_minus_srnn", "lstm_minus_srnn_minus_hidden"])
+def test_proj_size_other_gated_variants(variant):
+    """The other variants with h_t = o_t*tanh(c_t): h_t and the next layer's input have
+    proj_size entries (shapes), and the float64 gradients are autograd's (gradcheck)."""
+    torch.manual_seed(0)
+    rnn = AblatedRNN(variant, 3, 4, num_layers=2, bidirectional=True, proj_size=2).double()
+    x = torch.randn(3, 2, 3, dtype=torch.float64, requires_grad=True)
+    out, (h, c) = rnn(x, lengths=[3, 2])
+    assert out.shape == (3, 2, 4) and h.shape == (4, 2, 2) and c.shape == (4, 2, 4)
+    assert rnn.weight_ih_l1.shape[1] == 4  # 2 directions x proj_size
+    torch.autograd.gradcheck(lambda inp: rnn(inp, lengths=[3, 2])[0], (x,))
+
+
+@pytest.mark.parametrize("variant", ["srnn", "ran", "identity_ran"])
+def test_proj_size_refused_without_an_output_gate(variant):
+    with pytest.raises(ValueError, match=r"proj_size projects h_t = o_t\*tanh\(c_t\).*'lstm'"):
+        AblatedRNN(variant, 3, 4, proj_size=2)
+    with pytest.raises(ValueError, match="smaller than hidden_size"):
+        AblatedRNN("lstm", 3, 4, proj_size=4)
+    with pytest.raises(ValueError, match="highway"):
+        AblatedRNN("lstm", 3, 4, proj_size=2, highway=True)
