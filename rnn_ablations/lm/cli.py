@@ -227,6 +227,8 @@ def _interrupted(args, exc) -> int:
 @_file_errors
 def _cmd_train(args) -> int:
     check_out_path(Path(args.out))
+    if args.data is None and args.corpus_seed is None and args.corpus_sentences is None:
+        args.data = _ptb_from_environment(synthetic_default=True)  # docs/options.md
     out = Path(args.out)
     if args.resume and out.is_dir() and not (out / CHECKPOINT).exists():
         raise ValueError(
@@ -329,19 +331,22 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _ptb_from_environment():
-    """``RNN_ABLATIONS_PTB`` (the default --data of `reproduce ptb`), checked: a folder."""
+def _ptb_from_environment(synthetic_default: bool = False):
+    """``RNN_ABLATIONS_PTB`` (the default --data of `reproduce ptb` and `lm train`), checked: a
+    folder.  ``synthetic_default``: the command trains on the embedded corpus without data
+    (`lm train`), so unsetting the variable is a way out; `reproduce ptb` needs the data."""
     value = os.environ.get("RNN_ABLATIONS_PTB", "").strip()
     if not value:
         return None
     path = Path(value).expanduser()
     if not path.is_dir():
         what = "is a file, not a folder" if path.exists() else "does not exist"
+        way_out = (", or unset it to train on the embedded synthetic corpus" if synthetic_default
+                   else "")
         raise ValueError(
             f"the environment variable RNN_ABLATIONS_PTB={value!r} names the PTB data folder, but "
             f"{str(path)!r} {what}; set RNN_ABLATIONS_PTB to the folder that holds "
-            "ptb.train.txt, ptb.valid.txt and ptb.test.txt, pass --data DIR, or unset it to "
-            "train on the embedded synthetic corpus")
+            f"ptb.train.txt, ptb.valid.txt and ptb.test.txt, or pass --data DIR{way_out}")
     return str(path)
 
 
@@ -406,6 +411,11 @@ def add_subparser(subparsers) -> None:
                          "continues")
     tr.add_argument("--log-losses", action="store_true",
                     help="write the mean training loss of every window to RUN_DIR/losses.json")
+    for action in tr._actions:
+        if action.dest == "data":
+            action.help = action.help.replace("default: the embedded synthetic corpus",
+                                              "default: $RNN_ABLATIONS_PTB, else the embedded "
+                                              "synthetic corpus")
     tr.set_defaults(func=_cmd_train, _parser=tr, _command_words=("lm", "train"))
     ev = lm_sub.add_parser(
         "evaluate", help="perplexity of a trained model on valid/test",
