@@ -22,7 +22,7 @@ from .corpora import check_corpus_matches, corpus_from_spec, truncate_train
 from .data import load_corpus
 from .distributed import init_distributed, resolve_device
 from .evaluation import evaluate, long_range_positions
-from .interrupt import TrainingInterrupted
+from .interrupt import SigtermAsInterrupt, TrainingInterrupted
 from .params import format_param_table, param_rows
 from .reproduce import reproduce_ptb
 from .reproduce_timing import run_timing
@@ -242,11 +242,12 @@ def _cmd_train(args) -> int:
     ctx = _setup(args, cfg)
     cfg = cfg.for_variant(variant, paper_lr=not args.same_lr)
     try:
-        result = train_lm(variant, cfg, corpus, args.out, corpus_spec=spec, seed=args.seed,
-                          ctx=ctx, resume=args.resume, overwrite=args.overwrite,
-                          checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
-                          progress=not args.no_progress, record_losses=args.log_losses,
-                          log=print)
+        with SigtermAsInterrupt():  # SIGTERM at any stage ends with the --resume command
+            result = train_lm(variant, cfg, corpus, args.out, corpus_spec=spec, seed=args.seed,
+                              ctx=ctx, resume=args.resume, overwrite=args.overwrite,
+                              checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
+                              progress=not args.no_progress, record_losses=args.log_losses,
+                              log=print)
     except KeyboardInterrupt as exc:   # TrainingInterrupted: after a checkpoint
         return _interrupted(args, exc)
     if result is not None and ctx.is_main and corpus.test is None:
@@ -303,9 +304,11 @@ def _cmd_ablate(args) -> int:
     corpus, spec = _corpus(args)
     ctx = _setup(args, cfg)
     try:
-        run_ablation(cfg, corpus, args.out, variants=variants, corpus_spec=spec, seed=args.seed,
-                     paper_lr=not args.same_lr, resume=args.resume, overwrite=args.overwrite,
-                     ctx=ctx, progress=not args.no_progress, log=print)
+        with SigtermAsInterrupt():  # SIGTERM at any stage ends with the --resume command
+            run_ablation(cfg, corpus, args.out, variants=variants, corpus_spec=spec,
+                         seed=args.seed, paper_lr=not args.same_lr, resume=args.resume,
+                         overwrite=args.overwrite, ctx=ctx, progress=not args.no_progress,
+                         log=print)
     except KeyboardInterrupt as exc:   # TrainingInterrupted: after a checkpoint
         return _interrupted(args, exc)
     return 0
