@@ -114,8 +114,11 @@ class AblatedRNN(nn.Module):
       by ``torch.save`` / ``torch.load``, entries ``"rnn_ablations.variant"`` and
       ``"rnn_ablations.highway"``): loading a state dict saved from another variant (``ran``
       into ``identity_ran``, whose shapes match) or highway setting raises an error naming both.
-      A state dict without them (``nn.LSTM``, ``nn.RNN``, or a plain ``dict`` copy, which drops
-      the metadata) loads, its shapes being the check.  A ``variant_state`` key (int64
+      A state dict without them (``nn.LSTM``, ``nn.RNN``, or a plain ``dict`` copy or a
+      safetensors file, which drop the metadata) loads, its shapes being the check; where those
+      shapes fit another variant too (:meth:`shape_twins`: ``ran`` and ``identity_ran``) a
+      warning says so.  To keep the check in such formats store ``rnn.variant_state`` under the
+      key ``variant_state`` (with the module's prefix) before saving.  A ``variant_state`` key (int64
       ``[Variant.code, highway]``, written by earlier versions of the package, e.g. in AllenNLP
       and OpenNMT-py checkpoints) is checked the same way and then dropped; the property
       ``variant_state`` gives that pair for the module.
@@ -300,6 +303,20 @@ class AblatedRNN(nn.Module):
         name = repr(names[code]) if code in names else f"<unknown variant code {code}>"
         return name + (" with highway" if highway else "")
 
+    def shape_twins(self) -> List[str]:
+        """The other variants (with their highway setting) whose parameters have exactly this
+        module's names and shapes (``ran`` and ``identity_ran``): a state dict without a variant
+        record cannot be told apart between them."""
+        def signature(v: Variant, highway: bool):
+            return (v.num_recurrent(highway), v.num_input_only(highway), v.num_biased(highway),
+                    v.uses_lstm_bias_names(highway), v.reads_hidden)
+
+        mine = signature(self.variant, self.highway)
+        return [self._describe(v.code, hw) for v in map(get_variant, VARIANTS)
+                for hw in (False, True)
+                if (v.name, hw) != (self.variant.name, self.highway) and signature(v, hw) == mine
+                and not (self.proj_size and v.output != "o_tanh")]
+
     @property
     def variant_state(self) -> torch.Tensor:
         """``[Variant.code, highway]`` (CPU int64): the entry earlier versions saved in the
@@ -341,6 +358,15 @@ class AblatedRNN(nn.Module):
                     f"variant and highway setting")
         name = (local_metadata or {}).get(self.METADATA_VARIANT)
         if name is None:
+            twins = self.shape_twins()
+            if twins and key not in state_dict and any(k.startswith(prefix) for k in state_dict):
+                warnings.warn(
+                    f"loading a state_dict without a variant record into an AblatedRNN of variant "
+                    f"{mine}: its parameter shapes fit {', '.join(twins)} as well, so the variant "
+                    f"cannot be checked (the record travels in the state dict's metadata, which "
+                    f"dict(sd) and safetensors drop). To keep the check in such formats, store "
+                    f"the tensor rnn.variant_state under the key '{key}' before saving: it is "
+                    f"checked and dropped on load", stacklevel=3)
             return
         highway = bool((local_metadata or {}).get(self.METADATA_HIGHWAY, False))
         try:
