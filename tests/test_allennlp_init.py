@@ -220,3 +220,27 @@ def test_a_regex_naming_the_stock_encoder_s_parameters_reaches_the_same_roles():
     assert torch.all(rnn.weight_ih_l1_reverse == 0)
     assert not torch.all(rnn.weight_hh_l1 == 0.5)  # forward_layer_1: prevented
     assert torch.all(rnn.weight_hh_l1_reverse == 0.5)
+
+
+@pytest.mark.parametrize("variant", ["srnn", "lstm_minus_srnn", "ran", "identity_ran",
+                                     "lstm_minus_srnn_minus_hidden"])
+def test_lstm_bias_regexes_reach_the_single_bias_gate_by_gate(variant):
+    """BiDAF with the parser's stock initializer block, `lstm` -> <variant> by one line:
+    nn.LSTM's bias_ih (zero) + bias_hh (lstm_hidden_bias: forget gate 1) sum to 0 with the
+    forget gate at 1; the variant's single bias gets that sum gate by gate, as the stock LSTM's
+    effective bias is."""
+    env = dict(SQUAD_ENV, GLOVE_6B_100D="")
+    config = _config("bidaf", variant, env)
+    config["model"]["initializer"] = STOCK_PARSER_INITIALIZER
+    model = _build_model(json.loads(json.dumps(config["model"])),
+                         _vocab(["tokens", "token_characters"]))
+    rnns = [m for m in model.modules() if isinstance(m, AblatedRNN)]
+    assert rnns
+    for rnn in rnns:
+        H, blocks = rnn.hidden_size, rnn.variant.biased_blocks(rnn.highway)
+        for per_dir in rnn._param_names:
+            for names in per_dir:
+                bias = getattr(rnn, names[2])
+                for k, block in enumerate(blocks):
+                    want = 1.0 if block == "f" else 0.0
+                    assert torch.all(bias[k * H:(k + 1) * H] == want), (names[2], block)
