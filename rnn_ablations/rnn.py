@@ -45,6 +45,11 @@ def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
 HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 
 
+def _has_output_gate(variant: Variant) -> bool:
+    """Whether the cell's h_t passes an output gate ``o`` (what ``proj_size`` projects after)."""
+    return "o" in variant.blocks(False)[0] + variant.blocks(False)[1]
+
+
 class AblatedRNN(nn.Module):
     r"""A multi-layer recurrent network of one of the papers' variants, with ``torch.nn.LSTM``'s API.
 
@@ -174,13 +179,12 @@ class AblatedRNN(nn.Module):
         if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
             raise ValueError(f"proj_size must be a non-negative integer, got {proj_size!r}")
         if proj_size:
-            projectable = [v for v in VARIANTS if get_variant(v).output == "o_tanh"]
-            if self.variant.output != "o_tanh":
+            projectable = [v for v in VARIANTS if _has_output_gate(get_variant(v))]
+            if not _has_output_gate(self.variant):
                 raise ValueError(
                     f"proj_size projects h_t = o_t*tanh(c_t) (nn.LSTM's LSTMP), which needs an "
-                    f"output gate; {self.variant.name!r} has none (its h_t is "
-                    f"{ {'tanh': 'tanh(c_t)', 'identity': 'c_t', 'content': 'the S-RNN state'}[self.variant.output]}): "
-                    f"leave proj_size at 0, or use one of {', '.join(map(repr, projectable))}")
+                    f"output gate; {self.variant.name!r} has none: leave proj_size at 0, or use "
+                    f"one of {', '.join(map(repr, projectable))}")
             if highway:
                 raise ValueError("proj_size and highway=True cannot be combined (the highway "
                                  "mixes W_hw x_t into the unprojected h_t); choose one")
@@ -315,7 +319,7 @@ class AblatedRNN(nn.Module):
         return [self._describe(v.code, hw) for v in map(get_variant, VARIANTS)
                 for hw in (False, True)
                 if (v.name, hw) != (self.variant.name, self.highway) and signature(v, hw) == mine
-                and not (self.proj_size and v.output != "o_tanh")]
+                and not (self.proj_size and not _has_output_gate(v))]
 
     @property
     def variant_state(self) -> torch.Tensor:
