@@ -49,6 +49,9 @@ def weighted_sum(rnn, input: torch.Tensor, layer: int = 0, direction: int = 0,
 
     if not isinstance(rnn, AblatedRNN):
         raise TypeError(f"weighted_sum needs an AblatedRNN, got {type(rnn).__name__}")
+    if rnn.proj_size:
+        raise ValueError(f"weighted_sum reads h_t unprojected; this AblatedRNN has "
+                         f"proj_size={rnn.proj_size}: build it without proj_size for the analysis")
     variant = rnn.variant
     if not variant.has_memory:
         with_memory = [v for v in VARIANTS if get_variant(v).has_memory]

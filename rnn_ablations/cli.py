@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = [
     "rnn_ablations.commands.configs",
     "rnn_ablations.commands.variants",
     "rnn_ablations.commands.speed",
+    "rnn_ablations.commands.kernels",
     "rnn_ablations.lm.cli",
     "rnn_ablations.visualize",
     "rnn_ablations.integrations.onmt_cli",

@@ -13,7 +13,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from .dispatch import run_layer_call
 from .export import run_stack
-from .functional import projection_bias, reversal_index
+from .functional import pointwise, projection_bias, reversal_index
 from .plan import stack_runner
 from .validation import check_positive_int, check_prob
 from .variants import VARIANTS, Variant, get_variant
@@ -28,7 +28,26 @@ def _autocast_on(device_type: str) -> bool:
         return device_type == "cuda" and torch.is_autocast_enabled()
 
 
+def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype of the outputs under ``torch.autocast`` for a float32 input: ``lstm`` is on the
+    autocast lists of CPU and CUDA (lower precision), so ``nn.LSTM`` returns the autocast dtype;
+    ``None`` outside autocast and for other input dtypes (autocast leaves float64 alone)."""
+    if x.dtype != torch.float32 or not _autocast_on(x.device.type):
+        return None
+    try:
+        dtype = torch.get_autocast_dtype(x.device.type)
+    except (AttributeError, TypeError):  # pragma: no cover - torch < 2.4
+        dtype = (torch.get_autocast_gpu_dtype() if x.device.type == "cuda"
+                 else torch.get_autocast_cpu_dtype())
+    return dtype if dtype != x.dtype else None
+
+
 HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
+
+
+def _has_output_gate(variant: Variant) -> bool:
+    """Whether the cell's h_t passes an output gate ``o`` (what ``proj_size`` projects after)."""
+    return "o" in variant.blocks(False)[0] + variant.blocks(False)[1]
 
 
 class AblatedRNN(nn.Module):
@@ -50,10 +69,13 @@ class AblatedRNN(nn.Module):
         variant: ``"lstm"``, ``"srnn"``, ``"lstm_minus_srnn"``, ``"ran"``, ``"identity_ran"``,
             ``"lstm_minus_srnn_minus_hidden"`` (aliases: ``lstm_minus_gates``,
             ``lstm_minus_srnn_minus_out``, ``tanh_ran``, ``minus_hidden``).
-        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional:
+        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, proj_size:
             as in :class:`torch.nn.LSTM` (``dropout`` is applied to the outputs of every layer
             but the last, during training; with one layer it has no effect, and a warning
-            says so, as ``nn.LSTM``'s does).
+            says so, as ``nn.LSTM``'s does).  ``proj_size`` (``nn.LSTM``'s, ``weight_hr_l{k}``,
+            ``h_t = W_hr (o_t ∘ tanh(c_t))``) for the variants with that output rule (``lstm``,
+            ``lstm_minus_srnn``, ``lstm_minus_srnn_minus_hidden``), without highway; it runs the
+            generic path (:meth:`_run_projected`); the other variants refuse it.
         recurrent_dropout: variational dropout on ``h_{t-1}`` where it enters the recurrent
             projection: one mask per sequence (per layer and direction), drawn at every forward
             in training mode (Gal & Ghahramani 2016), as AllenNLP 2.10.1's ``AugmentedLstm``
@@ -97,8 +119,11 @@ class AblatedRNN(nn.Module):
       by ``torch.save`` / ``torch.load``, entries ``"rnn_ablations.variant"`` and
       ``"rnn_ablations.highway"``): loading a state dict saved from another variant (``ran``
       into ``identity_ran``, whose shapes match) or highway setting raises an error naming both.
-      A state dict without them (``nn.LSTM``, ``nn.RNN``, or a plain ``dict`` copy, which drops
-      the metadata) loads, its shapes being the check.  A ``variant_state`` key (int64
+      A state dict without them (``nn.LSTM``, ``nn.RNN``, or a plain ``dict`` copy or a
+      safetensors file, which drop the metadata) loads, its shapes being the check; where those
+      shapes fit another variant too (:meth:`shape_twins`: ``ran`` and ``identity_ran``) a
+      warning says so.  To keep the check in such formats store ``rnn.variant_state`` under the
+      key ``variant_state`` (with the module's prefix) before saving.  A ``variant_state`` key (int64
       ``[Variant.code, highway]``, written by earlier versions of the package, e.g. in AllenNLP
       and OpenNMT-py checkpoints) is checked the same way and then dropped; the property
       ``variant_state`` gives that pair for the module.
@@ -118,6 +143,21 @@ class AblatedRNN(nn.Module):
           padded input: a row's backward direction starts at its last real token, outputs at
           padded positions are zero and final states are taken at each row's last real token.
 
+    Not a subclass of ``torch.nn.RNNBase`` (``isinstance(rnn, nn.RNNBase)`` is False) on purpose:
+    ``nn.RNNBase``'s methods (``_init_flat_weights``, ``_apply``, ``__setattr__``,
+    ``flatten_parameters``) keep ``_flat_weights`` in the layout that ``torch._VF.lstm`` /
+    cuDNN run, for ``mode`` in ``"LSTM"``, ``"GRU"``, ``"RNN_TANH"``, ``"RNN_RELU"``, and code
+    that tests for ``nn.RNNBase`` does so to rely on that; given these weights it would compute
+    an LSTM for every variant (or fail on the shapes).  To accept either, test
+    ``isinstance(rnn, (nn.RNNBase, AblatedRNN))``: the attributes such code reads
+    (``mode``, ``input_size``, ``hidden_size``, ``num_layers``, ``bias``, ``batch_first``,
+    ``dropout``, ``bidirectional``, ``proj_size``, ``all_weights``, ``_flat_weights_names``,
+    ``flatten_parameters()``) are there.
+
+    ``torch.jit.script`` does not compile the module; trace it and script the model around it
+    (``model.rnn = torch.jit.trace(model.rnn, (example,))``): the traced module runs every
+    sequence length and batch size (the error from ``torch.jit.script`` says so).
+
     Outputs: ``output, (h_n, c_n)`` with ``nn.LSTM``'s shapes.  For ``srnn``, which has no memory
     cell, ``c_n`` is a copy of ``h_n`` (so that code that unpacks ``(h, c)`` keeps working).
     """
@@ -136,9 +176,21 @@ class AblatedRNN(nn.Module):
                            ("bidirectional", bidirectional), ("highway", highway)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
+            raise ValueError(f"proj_size must be a non-negative integer, got {proj_size!r}")
         if proj_size:
-            raise ValueError("proj_size is not supported by AblatedRNN (the papers' cells have no "
-                             "output projection); leave it at 0")
+            projectable = [v for v in VARIANTS if _has_output_gate(get_variant(v))]
+            if not _has_output_gate(self.variant):
+                raise ValueError(
+                    f"proj_size projects h_t = o_t*tanh(c_t) (nn.LSTM's LSTMP), which needs an "
+                    f"output gate; {self.variant.name!r} has none: leave proj_size at 0, or use "
+                    f"one of {', '.join(map(repr, projectable))}")
+            if highway:
+                raise ValueError("proj_size and highway=True cannot be combined (the highway "
+                                 "mixes W_hw x_t into the unprojected h_t); choose one")
+            if proj_size >= hidden_size:
+                raise ValueError(f"proj_size has to be smaller than hidden_size (as in nn.LSTM), "
+                                 f"got proj_size={proj_size}, hidden_size={hidden_size}")
         self.bias = bias
         if forget_bias is not None:
             if (isinstance(forget_bias, bool) or not isinstance(forget_bias, numbers.Real)
@@ -171,10 +223,15 @@ class AblatedRNN(nn.Module):
         rec, inp = self.variant.num_recurrent(highway), self.variant.num_input_only(highway)
         n_bias = self.variant.num_biased(highway)
         H = self.hidden_size
+        #: nn.LSTM's attribute: the size of h_t after the projection ``weight_hr`` (0: none)
+        self.proj_size = proj_size
+        P = proj_size or H  # the size of h_t: what the next step and the next layer read
         factory = {"device": device, "dtype": dtype}
         self._param_names: List[List[Tuple[str, ...]]] = []
+        #: ``weight_hr_l{k}[_reverse]`` per layer and direction, with proj_size (else empty)
+        self._proj_names: List[List[str]] = []
         for layer in range(self.num_layers):
-            d_in = self.input_size if layer == 0 else H * self.num_directions
+            d_in = self.input_size if layer == 0 else P * self.num_directions
             per_dir = []
             for direction in range(self.num_directions):
                 sfx = f"_l{layer}" + ("_reverse" if direction else "")
@@ -182,7 +239,7 @@ class AblatedRNN(nn.Module):
                 names = [f"weight_ih{sfx}", f"weight_hh{sfx}" if rec else None]
                 setattr(self, names[0], nn.Parameter(torch.empty((rec + inp) * H, d_in, **factory)))
                 if rec:
-                    setattr(self, names[1], nn.Parameter(torch.empty(rec * H, H, **factory)))
+                    setattr(self, names[1], nn.Parameter(torch.empty(rec * H, P, **factory)))
                 if bias:
                     if self.variant.uses_lstm_bias_names(highway):
                         names += [f"bias_ih{sfx}", f"bias_hh{sfx}"]
@@ -191,10 +248,14 @@ class AblatedRNN(nn.Module):
                     else:
                         names.append(f"bias{sfx}")
                         setattr(self, names[2], nn.Parameter(torch.empty(n_bias * H, **factory)))
+                if proj_size:
+                    setattr(self, f"weight_hr{sfx}",
+                            nn.Parameter(torch.empty(proj_size, H, **factory)))
                 per_dir.append(tuple(names))
             self._param_names.append(per_dir)
-        #: nn.LSTM's attribute; always 0 (the papers' cells have no output projection)
-        self.proj_size = 0
+            if proj_size:
+                self._proj_names.append([f"weight_hr_l{layer}" + ("_reverse" if d else "")
+                                         for d in range(self.num_directions)])
         # The variant and highway flag travel in the state dict's metadata (_save_to_state_dict),
         # so that a state saved from one variant is refused by another with the same shapes
         # (ran / identity_ran) while an `lstm` state dict has nn.LSTM's keys only.  No buffer:
@@ -213,6 +274,9 @@ class AblatedRNN(nn.Module):
                 for name in names:
                     if name is not None:  # no weight_hh in a cell that reads no h_{t-1}
                         nn.init.uniform_(getattr(self, name), -stdv, stdv)
+        for layer in self._proj_names:
+            for name in layer:
+                nn.init.uniform_(getattr(self, name), -stdv, stdv)
         if self.forget_bias is not None:
             self.set_forget_bias_(self.forget_bias)
 
@@ -242,6 +306,20 @@ class AblatedRNN(nn.Module):
         names = {v.code: v.name for v in map(get_variant, VARIANTS)}
         name = repr(names[code]) if code in names else f"<unknown variant code {code}>"
         return name + (" with highway" if highway else "")
+
+    def shape_twins(self) -> List[str]:
+        """The other variants (with their highway setting) whose parameters have exactly this
+        module's names and shapes (``ran`` and ``identity_ran``): a state dict without a variant
+        record cannot be told apart between them."""
+        def signature(v: Variant, highway: bool):
+            return (v.num_recurrent(highway), v.num_input_only(highway), v.num_biased(highway),
+                    v.uses_lstm_bias_names(highway), v.reads_hidden)
+
+        mine = signature(self.variant, self.highway)
+        return [self._describe(v.code, hw) for v in map(get_variant, VARIANTS)
+                for hw in (False, True)
+                if (v.name, hw) != (self.variant.name, self.highway) and signature(v, hw) == mine
+                and not (self.proj_size and not _has_output_gate(v))]
 
     @property
     def variant_state(self) -> torch.Tensor:
@@ -284,6 +362,15 @@ class AblatedRNN(nn.Module):
                     f"variant and highway setting")
         name = (local_metadata or {}).get(self.METADATA_VARIANT)
         if name is None:
+            twins = self.shape_twins()
+            if twins and key not in state_dict and any(k.startswith(prefix) for k in state_dict):
+                warnings.warn(
+                    f"loading a state_dict without a variant record into an AblatedRNN of variant "
+                    f"{mine}: its parameter shapes fit {', '.join(twins)} as well, so the variant "
+                    f"cannot be checked (the record travels in the state dict's metadata, which "
+                    f"dict(sd) and safetensors drop). To keep the check in such formats, store "
+                    f"the tensor rnn.variant_state under the key '{key}' before saving: it is "
+                    f"checked and dropped on load", stacklevel=3)
             return
         highway = bool((local_metadata or {}).get(self.METADATA_HIGHWAY, False))
         try:
@@ -352,8 +439,10 @@ class AblatedRNN(nn.Module):
 
     @property
     def _all_weights(self) -> List[List[str]]:
-        """Parameter names per layer and direction, in ``nn.LSTM``'s order."""
-        return [list(names) for layer in self._param_names for names in layer]
+        """Parameter names per layer and direction, in ``nn.LSTM``'s order (``weight_hr`` last,
+        with ``proj_size``)."""
+        return [list(names) + ([self._proj_names[k][d]] if self._proj_names else [])
+                for k, layer in enumerate(self._param_names) for d, names in enumerate(layer)]
 
     @property
     def _flat_weights_names(self) -> List[str]:
@@ -375,7 +464,7 @@ class AblatedRNN(nn.Module):
         if self.num_layers != 1:
             s += f", num_layers={self.num_layers}"
         for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
-                              ("bidirectional", False), ("recurrent_dropout", 0.0),
+                              ("bidirectional", False), ("proj_size", 0), ("recurrent_dropout", 0.0),
                               ("highway", False), ("forget_bias", None)):
             if getattr(self, name) != default:
                 s += f", {name}={getattr(self, name)}"
@@ -401,7 +490,7 @@ class AblatedRNN(nn.Module):
             raise ValueError(f"input is on {x.device} but the module's parameters are on "
                              f"{weight.device}; move one of them: input.to({str(weight.device)!r}) "
                              f"or model.to({str(x.device)!r})")
-        if x.shape[0] == 0:
+        if not torch.jit.is_tracing() and x.shape[0] == 0:
             raise ValueError("input has seq_len 0; every sequence needs at least one token")
 
     def normalize_lengths(self, batch: int, seq_len: int, mask=None,
@@ -466,9 +555,9 @@ class AblatedRNN(nn.Module):
 
     def _initial_state(self, hx, batch: int, ref: torch.Tensor):
         shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
+        h_shape = shape[:2] + (self.proj_size or self.hidden_size,)
         if hx is None:
-            z = ref.new_zeros(shape)
-            return z, z
+            return ref.new_zeros(h_shape), ref.new_zeros(shape)
         if isinstance(hx, torch.Tensor):
             if not self.variant.accepts_single_h0:
                 single = [v for v in VARIANTS if get_variant(v).accepts_single_h0]
@@ -480,10 +569,11 @@ class AblatedRNN(nn.Module):
             h0, c0 = hx
         else:
             raise ValueError("hx must be a tuple (h_0, c_0) of tensors")
-        for name, t in (("h_0", h0), ("c_0", c0)):
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape} (num_layers*num_directions, "
-                                 f"batch, hidden_size), got {tuple(getattr(t, 'shape', ()))}")
+        for name, t, want, size in (("h_0", h0, h_shape, "proj_size" if self.proj_size
+                                     else "hidden_size"), ("c_0", c0, shape, "hidden_size")):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape {want} (num_layers*num_directions, "
+                                 f"batch, {size}), got {tuple(getattr(t, 'shape', ()))}")
             # under torch.autocast the states may be in the autocast dtype (e.g. h_n of the
             # previous batch, carried by a language model), as nn.LSTM accepts; they are cast
             if (t.dtype != ref.dtype and not (t.is_floating_point() and
@@ -496,11 +586,15 @@ class AblatedRNN(nn.Module):
     # ------------------------------------------------------------------ forward
     def __prepare_scriptable__(self):
         # torch.jit.script calls this on every module it is asked to compile, submodules included
+        example = "(1, 2, {0})" if self.batch_first else "(2, 1, {0})"
+        example = example.format(self.input_size)
         raise RuntimeError(
             "torch.jit.script cannot compile AblatedRNN (its forward takes a tensor or a "
-            "PackedSequence and chooses its kernel in Python). Use torch.jit.trace(model, "
-            "example_inputs), which records the generic path, or torch.compile / "
-            "torch.export.export, which keep the kernels; torch.onnx.export works too.")
+            "PackedSequence and chooses its kernel in Python). Trace it, then script the model "
+            "around it: model.rnn = torch.jit.trace(model.rnn, (torch.randn" + example + ",)); "
+            "torch.jit.script(model). The traced module holds the recurrence as a scripted loop "
+            "and runs every sequence length and batch size with the eager numbers. "
+            "torch.compile / torch.export.export keep the kernels; torch.onnx.export works too.")
 
     def forward(self, input, hx: Optional[HiddenState] = None, mask=None, lengths=None):
         r"""Run the layers over ``input``; ``torch.nn.LSTM.forward``'s inputs and outputs.
@@ -557,6 +651,9 @@ class AblatedRNN(nn.Module):
         lengths = self.normalize_lengths(batch, seq_len, mask=mask, lengths=lengths)
         h0, c0 = self._initial_state(hx, batch, x)
         output, h_n, c_n = self._run(x, lengths, h0, c0)
+        cast = _autocast_output_dtype(x)
+        if cast is not None:  # nn.LSTM's autocast policy: the outputs in the autocast dtype
+            output, h_n, c_n = output.to(cast), h_n.to(cast), c_n.to(cast)
         if packed:
             output = pack_padded_sequence(output, lengths, enforce_sorted=False)
         elif unbatched:
@@ -575,12 +672,14 @@ class AblatedRNN(nn.Module):
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer!r}")
         if layer == 0:
             return x
-        zeros = x.new_zeros(self.num_layers * self.num_directions, x.shape[1], self.hidden_size)
-        return self._run(x, lengths, zeros, zeros, num_layers=layer)[0]
+        h0, c0 = self._initial_state(None, x.shape[1], x)
+        return self._run(x, lengths, h0, c0, num_layers=layer)[0]
 
     def _run(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
         """Time-major core: x (T, B, d_in), original batch order; ``num_layers`` stops early
         (:meth:`layer_input`)."""
+        if self.proj_size:
+            return self._run_projected(x, lengths, h0, c0, num_layers)
         runner = stack_runner()
         if runner != "layers":
             # torch.jit.trace / ONNX export: the recurrence as a loop in the graph (export.py)
@@ -645,3 +744,55 @@ class AblatedRNN(nn.Module):
             output = output.index_select(1, inverse)
             h_n, c_n = h_n.index_select(1, inverse), c_n.index_select(1, inverse)
         return output, h_n, c_n
+
+    def _run_projected(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
+        """:meth:`_run` with ``proj_size``: the generic path (torch ops, autograd), every step on
+        every row, ``h_t = W_hr (o_t * tanh(c_t))``; a row past its length keeps its state and
+        outputs zeros, its reverse direction starts at its last real token."""
+        seq_len, batch = x.shape[0], x.shape[1]
+        if lengths is None:
+            lengths = torch.full((batch,), seq_len, dtype=torch.int64)
+        active = (torch.arange(seq_len).unsqueeze(1) < lengths.unsqueeze(0)).to(x.device)
+        active = active.unsqueeze(-1)  # (T, B, 1)
+        index = reversal_index(lengths, seq_len).to(x.device).unsqueeze(-1)
+        H, dirs = self.hidden_size, self.num_directions
+        R = self.variant.num_recurrent(False) * H
+        layer_input = x
+        h_finals, c_finals = [], []
+        for layer in range(self.num_layers if num_layers is None else num_layers):
+            outputs = []
+            for d in range(dirs):
+                w_ih, w_hh, bias = self.projection_parameters(layer, d)
+                w_hr = getattr(self, self._proj_names[layer][d])
+                xd = layer_input if d == 0 else layer_input.gather(
+                    0, index.expand(-1, -1, layer_input.shape[-1]))
+                pre = F.linear(xd, w_ih, bias)
+                k = layer * dirs + d
+                h, c = h0[k].to(pre.dtype), c0[k].to(pre.dtype)
+                w_hh = None if w_hh is None else w_hh.to(pre.dtype)
+                w_hr = w_hr.to(pre.dtype)
+                mask = None
+                if self.training and self.recurrent_dropout > 0 and w_hh is not None:
+                    keep = 1.0 - self.recurrent_dropout
+                    mask = torch.empty_like(h).bernoulli_(keep) / keep
+                outs = []
+                for t in range(seq_len):
+                    a = pre[t, :, :R]
+                    if w_hh is not None:
+                        a = torch.addmm(a, h if mask is None else h * mask, w_hh.t())
+                    res = pointwise(self.variant, False, a,
+                                    pre[t, :, R:] if pre.shape[-1] > R else None, c)
+                    h_new = res.h @ w_hr.t()
+                    on = active[t]
+                    outs.append(torch.where(on, h_new, torch.zeros_like(h_new)))
+                    h, c = torch.where(on, h_new, h), torch.where(on, res.c, c)
+                out = torch.stack(outs)
+                if d == 1:
+                    out = out.gather(0, index.expand(-1, -1, out.shape[-1]))
+                outputs.append(out)
+                h_finals.append(h)
+                c_finals.append(c)
+            layer_input = outputs[0] if dirs == 1 else torch.cat(outputs, dim=-1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                layer_input = F.dropout(layer_input, self.dropout, True)
+        return layer_input, torch.stack(h_finals), torch.stack(c_finals)

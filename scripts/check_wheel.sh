@@ -48,6 +48,8 @@ print("check_wheel: kernel compiled on first use and used; ISA", ra.kernel_isa()
       "of", ra.supported_kernel_isas())
 PY
 "$W/venv/bin/python" -c "import rnn_ablations as ra; from rnn_ablations.kernels import backend; assert backend._KERNEL_SOURCE == 'cache', backend._KERNEL_SOURCE"
+built=$("$W/venv/bin/rnn-ablations" kernels build)   # the explicit build step: the cache holds it now
+grep -q "already in the cache" <<<"$built" || { echo "check_wheel: rnn-ablations kernels build: $built"; exit 1; }
 test -f "$("$W/venv/bin/rnn-ablations" configs path bidaf_srnn)"
 set +e
 msg=$("$W/venv/bin/rnn-ablations" ablate --out "$W/runs" 2>&1); rc=$?
@@ -103,6 +105,16 @@ PY
       done
       echo "check_wheel: AllenNLP trained bidaf_srnn and biaffine_parser_ran via $how"
     done
+    # a user's config changed by one line from a stock one (no prevent_regexes): the parser's
+    # nn.LSTM-style initializer regexes leave the stacked drop-in alone, as the stock encoder
+    run="$W/allennlp-stock-initializer"; mkdir -p "$run"; cd "$run"
+    sed '/prevent_regexes/d' "$("$AV/rnn-ablations" configs path biaffine_parser_ran)" >p.jsonnet
+    "$AV/allennlp" train p.jsonnet -s out -o "$one_epoch" --include-package rnn_ablations >p.log 2>&1 ||
+      { tail -40 p.log; echo "check_wheel: AllenNLP parser without prevent_regexes failed"; exit 1; }
+    if grep "Initializing encoder._module" p.log; then
+      echo "check_wheel: a stock initializer re-initialised the ablated encoder"; exit 1
+    fi
+    echo "check_wheel: a stock initializer leaves stacked_bidirectional_ran alone"
     ;;
   onmt)
     framework_venv onmt onmt OpenNMT-py==3.5.1

@@ -147,8 +147,9 @@ def test_parser_every_variant_starts_like_augmented_lstm(variant, use_highway):
         if role in roles:
             assert torch.all(roles[role] == 0), role
 
-def test_parser_initializer_would_touch_the_encoder_without_prevent_regexes():
-    """The reason for prevent_regexes: without it the nn.LSTM-style regexes match our names."""
+def test_parser_initializer_leaves_the_encoder_alone_with_or_without_prevent_regexes():
+    """The shipped config's prevent_regexes and the stacked drop-in's stock names (the
+    integration's initializers.py) each keep the nn.LSTM-style regexes off the encoder."""
     _allennlp()
     from allennlp.common import Params
     from allennlp.nn import InitializerApplicator
@@ -163,4 +164,83 @@ def test_parser_initializer_would_touch_the_encoder_without_prevent_regexes():
         assert torch.equal(p, before[n]), n
     del init["prevent_regexes"]
     InitializerApplicator.from_params(Params(init))(model)
-    assert not all(torch.equal(p, before[n]) for n, p in model.encoder.named_parameters())
+    for n, p in model.encoder.named_parameters():
+        assert torch.equal(p, before[n]), n
+
+# The stock parser's initializer block (allennlp-models' biaffine parser) without the shipped
+# configs' prevent_regexes: a user's config that changes one line (the encoder type).
+STOCK_PARSER_INITIALIZER = {"regexes": [
+    [".*projection.*weight", {"type": "xavier_uniform"}],
+    [".*projection.*bias", {"type": "zero"}],
+    [".*tag_bilinear.*weight", {"type": "xavier_uniform"}],
+    [".*tag_bilinear.*bias", {"type": "zero"}],
+    [".*weight_ih.*", {"type": "xavier_uniform"}],
+    [".*weight_hh.*", {"type": "orthogonal"}],
+    [".*bias_ih.*", {"type": "zero"}],
+    [".*bias_hh.*", {"type": "lstm_hidden_bias"}]]}
+
+
+def _initialized(variant, initializer, use_highway=True):
+    from allennlp.common import Params
+    from allennlp.nn import InitializerApplicator
+    model = _parser_model(variant, use_highway)
+    InitializerApplicator.from_params(Params(json.loads(json.dumps(initializer))))(model)
+    return model
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_stock_parser_initializer_treats_the_stacked_drop_in_as_the_stock_encoder(variant):
+    """stacked_bidirectional_lstm -> stacked_bidirectional_<variant> in a stock config (no
+    prevent_regexes): the nn.LSTM-style regexes match no AugmentedLstm parameter, so they leave
+    the ablated encoder alone too, and it starts like AugmentedLstm."""
+    from allennlp.modules.stacked_bidirectional_lstm import StackedBidirectionalLstm
+    rnn = _initialized(variant, STOCK_PARSER_INITIALIZER).encoder.rnn
+    for per_dir in rnn._param_names:
+        for names in per_dir:
+            for name in names[:2]:
+                if name is not None:
+                    _assert_block_orthogonal(getattr(rnn, name), rnn.hidden_size, f"{variant} {name}")
+    reference = _parser_model("lstm", True, encoder_type="stacked_bidirectional_lstm")
+    stacked = [m for m in reference.modules() if isinstance(m, StackedBidirectionalLstm)][0]
+    assert_same_distribution(ablated_roles(rnn, sum_biases=True), augmented_lstm_roles(stacked),
+                             f"parser {variant}, stock initializer")
+
+
+def test_a_regex_naming_the_stock_encoder_s_parameters_reaches_the_same_roles():
+    """A regex written for AugmentedLstm's names initialises the ablated parameters of the same
+    role: state_linearity.weight is weight_hh, state_linearity.bias the bias, input_linearity
+    weight_ih; prevent_regexes are read on those names too."""
+    init = {"regexes": [[".*state_linearity.weight", {"type": "constant", "val": 0.5}],
+                        [".*state_linearity.bias", {"type": "constant", "val": -2.0}],
+                        [".*backward_layer_1.*input_linearity.*", {"type": "zero"}]],
+            "prevent_regexes": [".*forward_layer_1.*"]}
+    rnn = _initialized("ran", init).encoder.rnn
+    assert torch.all(rnn.weight_hh_l0 == 0.5) and torch.all(rnn.weight_hh_l0_reverse == 0.5)
+    assert torch.all(rnn.bias_l0 == -2.0)
+    assert torch.all(rnn.weight_ih_l1_reverse == 0)
+    assert not torch.all(rnn.weight_hh_l1 == 0.5)  # forward_layer_1: prevented
+    assert torch.all(rnn.weight_hh_l1_reverse == 0.5)
+
+
+@pytest.mark.parametrize("variant", ["srnn", "lstm_minus_srnn", "ran", "identity_ran",
+                                     "lstm_minus_srnn_minus_hidden"])
+def test_lstm_bias_regexes_reach_the_single_bias_gate_by_gate(variant):
+    """BiDAF with the parser's stock initializer block, `lstm` -> <variant> by one line:
+    nn.LSTM's bias_ih (zero) + bias_hh (lstm_hidden_bias: forget gate 1) sum to 0 with the
+    forget gate at 1; the variant's single bias gets that sum gate by gate, as the stock LSTM's
+    effective bias is."""
+    env = dict(SQUAD_ENV, GLOVE_6B_100D="")
+    config = _config("bidaf", variant, env)
+    config["model"]["initializer"] = STOCK_PARSER_INITIALIZER
+    model = _build_model(json.loads(json.dumps(config["model"])),
+                         _vocab(["tokens", "token_characters"]))
+    rnns = [m for m in model.modules() if isinstance(m, AblatedRNN)]
+    assert rnns
+    for rnn in rnns:
+        H, blocks = rnn.hidden_size, rnn.variant.biased_blocks(rnn.highway)
+        for per_dir in rnn._param_names:
+            for names in per_dir:
+                bias = getattr(rnn, names[2])
+                for k, block in enumerate(blocks):
+                    want = 1.0 if block == "f" else 0.0
+                    assert torch.all(bias[k * H:(k + 1) * H] == want), (names[2], block)

@@ -230,3 +230,24 @@ def test_a_second_process_says_it_waits_for_the_build(tmp_path, monkeypatch, cap
     messages = [r.getMessage() for r in caplog.records]
     assert any("waiting for another process (pid 4242, compiling for" in m for m in messages), messages
     assert any("still waiting for the other process's build" in m for m in messages), messages
+
+
+def test_cut_installed_module_with_a_rewritten_size_is_not_mapped(package_copy, tmp_path):
+    """The module cut inside its last LOAD segment and its record's size rewritten to match
+    (a contrived SIGBUS): the SHA-256 refuses it before it is mapped, and the import lives."""
+    import json
+    root, target = package_copy
+    copy = tmp_path / "pkg"
+    shutil.copytree(root, copy)
+    module = copy / "rnn_ablations" / target.name
+    cut = module.stat().st_size - 4096
+    with open(module, "r+b") as f:
+        f.truncate(cut)
+    record = copy / "rnn_ablations" / _build.INSTALLED_RECORD
+    data = json.loads(record.read_text())
+    data["size"] = cut
+    record.write_text(json.dumps(data))
+    assert "does not match the SHA-256" in _kernel_loader.installed_record_problem(str(module))
+    result, err = _child(copy, tmp_path / "cache")
+    assert not result["loaded"] and not result["available"], result
+    assert "does not match the SHA-256 in its record" in err, err

@@ -88,8 +88,31 @@ def test_ptb_variable_naming_a_missing_folder(tmp_path, capsys, monkeypatch):
     assert main(["reproduce", "ptb", "--config", "tiny", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"RNN_ABLATIONS_PTB={str(tmp_path / 'no' / 'ptb')!r}" in err and "does not exist" in err
-    assert "pass --data DIR, or unset it" in err and "Traceback" not in err
+    assert "or pass --data DIR" in err and "unset it" not in err and "Traceback" not in err
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("RNN_ABLATIONS_PTB", str(tmp_path / "file"))
     assert main(["reproduce", "ptb", "--config", "tiny", "--out", str(tmp_path / "out")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_ptb_variable_is_read_by_lm_train(tmp_path, capsys, monkeypatch):
+    """docs/options.md: RNN_ABLATIONS_PTB is the default --data of `lm train` too; a bad value
+    is refused there with the way out that exists for it (unset: the synthetic corpus), and
+    `reproduce ptb`, which needs the data, does not offer that way out."""
+    from rnn_ablations.lm import load_checkpoint
+    from _lm_corpus import write_ptb
+    monkeypatch.setenv("RNN_ABLATIONS_PTB", str(tmp_path / "missing"))
+    assert main(["lm", "train", "--variant", "ran", "--out", str(tmp_path / "a"),
+                 "--config", "tiny", "--no-progress", "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "RNN_ABLATIONS_PTB=" in err and "unset it to train on the embedded synthetic" in err
+    assert main(["reproduce", "ptb", "--config", "tiny", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "pass --data DIR" in err and "unset it" not in err, err
+    data = write_ptb(tmp_path / "ptb", 2400, 300)
+    monkeypatch.setenv("RNN_ABLATIONS_PTB", str(data))
+    run = tmp_path / "run"
+    assert main(["lm", "train", "--variant", "ran", "--out", str(run), "--config", "tiny",
+                 "--no-progress", "--max-steps", "1"]) == 0
+    spec = load_checkpoint(run)["corpus"]["spec"]
+    assert spec == {"kind": "dir", "path": str(data.resolve())}, spec

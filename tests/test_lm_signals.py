@@ -100,3 +100,33 @@ def test_resume_of_a_folder_without_a_checkpoint_says_so(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds no checkpoint (checkpoint.pt), so there is nothing to continue" in err
     assert "drop --resume" in err and not (run / "checkpoint.pt").exists()
+
+
+_VALIDATION_CHILD = r"""
+import os, signal, sys
+from rnn_ablations.cli import main
+from rnn_ablations.lm import trainer
+real = trainer._Training.stopped_result
+def stopped_result(self, why):   # SIGTERM while the run validates after --max-steps
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, why)
+trainer._Training.stopped_result = stopped_result
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_the_validation_after_max_steps_prints_the_resume_command(tmp_path):
+    """After --max-steps the run validates outside the training loop; SIGTERM there ends as
+    Ctrl-C does (the resume command, exit status 143), not silently (-15); --resume finishes."""
+    run = tmp_path / "run"
+    args = ["lm", "train", "--variant", "ran", "--config", "tiny", "--max-steps", "3",
+            "--corpus-sentences", "120", "--no-progress", "--out", str(run)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run([sys.executable, "-c", _VALIDATION_CHILD] + args, env=env,
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 143, (proc.returncode, proc.stderr[-2000:])
+    assert "Continue the run with:" in proc.stderr and "--resume" in proc.stderr, proc.stderr
+    assert load_checkpoint(run)["global_step"] == 3
+    assert main(args + ["--resume"]) == 0
+    assert (run / "result.json").exists()

@@ -366,6 +366,9 @@ def test_unknown_encoder_type_lists_the_valid_ones():
         _check("-encoder_type", "tanh_ran")
     with pytest.raises(ValueError, match=r"did you mean 'bidentity_ran'\?"):
         _check("-encoder_type", "bi-identity-ran")
+    for typo, meant in (("BRAN_x", "bran"), ("brann", "bran"), ("lstm_minus_srnnx", "lstm_minus_srnn")):
+        with pytest.raises(ValueError, match=rf"'{typo}' is unknown \(did you mean '{meant}'\?\)"):
+            _check("-encoder_type", typo)
 
 
 def test_hidden_size_mismatch_and_layers_are_rejected():
@@ -448,3 +451,12 @@ def test_a_typo_in_a_config_is_not_silently_accepted(tmp_path):
     cfg.write_text((CONFIGS / "multi30k_bran.yaml").read_text() + "encoder_tpye: ran\n")
     opt, unknown = _get_parser().parse_known_args(["-config", str(cfg)])
     assert any("encoder_tpye" in u for u in unknown)  # what the config test above relies on
+
+
+def test_toy_config_uses_the_documented_default_init():
+    """docs/onmt.md calls ablated_init: onmt the unconfounded default; the toy config agrees."""
+    import yaml
+    from conftest import REPO
+    config = yaml.safe_load((REPO / "onmt_configs" / "toy_fixture.yaml").read_text())
+    assert config["ablated_init"] == "onmt"
+    assert "| `onmt` (default) |" in (REPO / "docs" / "onmt.md").read_text()

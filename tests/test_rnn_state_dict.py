@@ -105,3 +105,28 @@ def test_corrupt_variant_state_is_refused():
     sd["variant_state"] = torch.tensor([0.5, 1.0])
     with pytest.raises(ValueError, match="integer tensor"):
         AblatedRNN("ran", 3, 4).load_state_dict(sd)
+
+
+def test_variant_record_lost_with_the_metadata_warns_and_variant_state_keeps_the_check(tmp_path):
+    """dict(sd) and safetensors drop the state dict's metadata: ran's weights fit identity_ran,
+    so loading them says that the variant cannot be checked; the variant_state tensor, stored
+    as a key, survives those formats and refuses the other variant."""
+    import warnings
+    ran, identity = AblatedRNN("ran", 3, 4), AblatedRNN("identity_ran", 3, 4)
+    assert "'identity_ran'" in ran.shape_twins() and "'ran'" in identity.shape_twins()
+    assert "'srnn' with highway" in ran.shape_twins()  # h, r recurrent + hw: ran's i, f + c
+    with pytest.warns(UserWarning, match=r"fit .*'ran'.* as well.*variant_state"):
+        identity.load_state_dict(dict(ran.state_dict()))
+    plain = dict(ran.state_dict(), variant_state=ran.variant_state)
+    with pytest.raises(ValueError, match="variant 'ran' into one of variant 'identity_ran'"):
+        identity.load_state_dict(plain)
+    safetensors = pytest.importorskip("safetensors.torch")
+    path = tmp_path / "ran.safetensors"
+    safetensors.save_file(plain, str(path))
+    with pytest.raises(ValueError, match="variant 'ran' into one of variant 'identity_ran'"):
+        identity.load_state_dict(safetensors.load_file(str(path)))
+    AblatedRNN("ran", 3, 4).load_state_dict(safetensors.load_file(str(path)))  # its own: loads
+    with warnings.catch_warnings():  # shapes no other variant has: nothing to say
+        warnings.simplefilter("error")
+        AblatedRNN("lstm", 3, 4).load_state_dict(dict(torch.nn.LSTM(3, 4).state_dict()))
+        AblatedRNN("srnn", 3, 4).load_state_dict(dict(AblatedRNN("srnn", 3, 4).state_dict()))

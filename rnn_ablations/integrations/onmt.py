@@ -307,7 +307,8 @@ def _valid_types_message(str2enc) -> str:
 
 
 def _suggest(name) -> Optional[str]:
-    """Our encoder type for a near miss: another case, '-', or a variant alias (``tanh_ran``)."""
+    """Our encoder type for a near miss: another case, '-', a variant alias (``tanh_ran``), or
+    the closest of our types to a typo (``BRAN_x`` → ``bran``)."""
     if not isinstance(name, str):
         return None
     key = name.strip().lower().replace("-", "_")
@@ -321,7 +322,10 @@ def _suggest(name) -> Optional[str]:
             return encoder_type_for(variant, bidirectional)
         except (ValueError, TypeError):
             continue
-    return None
+    import difflib  # a typo (``BRAN_x``, ``brann``): the closest of our types
+
+    close = difflib.get_close_matches(key, list(ENCODER_TYPES), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def check_model_opts(opt) -> None:

@@ -53,10 +53,9 @@ logger = logging.getLogger("rnn_ablations")
 
 MODULE = __package__.rpartition(".")[0] + "._C"  # rnn_ablations._C
 RECORD = "build.json"
-_FIX = ("install a C++ compiler and the Python headers (e.g. `apt install g++ python3-dev`) and "
-        "import rnn_ablations again, or reinstall with `pip install --no-build-isolation .` in an "
-        "environment that has them; set RNN_ABLATIONS_NO_KERNEL=1 to use the generic path "
-        "without this warning")
+_FIX = ("install a C++ compiler and the Python headers (e.g. `apt install g++ python3-dev`), then "
+        "run `rnn-ablations kernels build` (or import rnn_ablations again); set "
+        "RNN_ABLATIONS_NO_KERNEL=1 to use the generic path without this warning")
 
 
 class KernelCacheError(RuntimeError):
@@ -93,6 +92,21 @@ def build_environment() -> dict:
     include = sysconfig.get_paths().get("include") or ""
     return {"torch": torch.__version__, "compiler": compiler,
             "python_headers": os.path.isfile(os.path.join(include, "Python.h"))}
+
+
+def missing_toolchain() -> Optional[str]:
+    """What the first-use build lacks before it can start (no C++ compiler on the PATH, no
+    Python headers), in one line, or None.  Checked before the build is announced or run, so
+    that a machine without a compiler gets this line, not a compiler's error output."""
+    env = build_environment()
+    missing = []
+    if env["compiler"]["path"] is None:
+        name = env["compiler"]["name"]
+        missing.append(f"no C++ compiler ($CXX={name} is not found)" if os.environ.get("CXX")
+                       else f"no C++ compiler ({name} is not on the PATH; $CXX may name another)")
+    if not env["python_headers"]:
+        missing.append("no Python headers (Python.h)")
+    return "; ".join(missing) or None
 
 
 def _remembered_failure(folder: str) -> Optional[str]:
@@ -310,17 +324,67 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def _run_build(folder: str, out: str, build_temp: str, log_path: str) -> int:
+#: The build process's prologue: it leads a process group of its own (``start_new_session``), asks
+#: Linux to send it SIGTERM when the importing thread dies (``PR_SET_PDEATHSIG``: a SIGTERM or
+#: SIGKILL of the importer, whose default action runs no Python), and on SIGTERM, SIGINT or
+#: SIGHUP stops its whole group (ninja, which stops its compilers, and the compilers it runs
+#: itself) before it exits.  It holds the folder's build lock (an inherited descriptor of the
+#: same open file), so no second build starts in the folder until this one has stopped.
+_BUILD_PROLOGUE = r"""
+import os, signal, sys, time
+def _stop(signum, frame):
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    try:
+        os.killpg(0, signal.SIGTERM)
+        time.sleep(1.0)
+    finally:
+        os.killpg(0, signal.SIGKILL)
+for _s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(_s, _stop)
+_parent = int(sys.argv.pop(1))
+if sys.platform.startswith("linux"):
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+if os.getppid() != _parent:  # the importer died before the request took effect
+    _stop(signal.SIGTERM, None)
+import runpy
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Stop the build's process group (SIGTERM, then SIGKILL) and reap the build process."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _run_build(folder: str, out: str, build_temp: str, log_path: str,
+               lock_fd: Optional[int] = None) -> int:
     from . import build as _build
 
-    code = ("import runpy, sys; sys.argv = sys.argv[1:]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
     with open(log_path, "a") as log:
         # -c: sys.path[0] is the working folder, not rnn_ablations/ (whose module names could
         # shadow others); the build does not import this package.
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, _build.__file__, "--out", out, "--build-temp", build_temp],
-            cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+            [sys.executable, "-c", _BUILD_PROLOGUE, str(os.getpid()), _build.__file__, "--out",
+             out, "--build-temp", build_temp],
+            cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            pass_fds=() if lock_fd is None else (lock_fd,))
         start, expected = time.time(), _expected_seconds()
         while True:
             try:
@@ -328,9 +392,8 @@ def _run_build(folder: str, out: str, build_temp: str, log_path: str) -> int:
             except subprocess.TimeoutExpired:
                 logger.warning("rnn_ablations: still compiling the CPU kernel: %.0f s of about "
                                "%.0f s (log: %s)", time.time() - start, expected, log_path)
-            except BaseException:  # Ctrl-C: the build stops with this process
-                proc.kill()
-                proc.wait()
+            except BaseException:  # Ctrl-C, SystemExit: the build stops with this process
+                _stop_group(proc)
                 raise
 
 
@@ -438,6 +501,13 @@ def _compile(folder: str) -> str:
                     shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
                 elif entry.startswith(".build-") and entry.endswith(".json"):
                     os.remove(os.path.join(folder, entry))
+            missing = missing_toolchain()
+            if missing:  # before the announcement: one clean line, no compiler output
+                raise _BuildFailed(
+                    ("the cached module cannot be used (" + damaged + ") and compiling it "
+                     "again failed: " if damaged else "it cannot be compiled here: ") + missing,
+                    f"{_FIX} (deleting the folder {folder} removes the damaged module)"
+                    if damaged else _FIX)
             if damaged:
                 logger.warning("rnn_ablations: the cached CPU kernel cannot be used (%s); "
                                "compiling it again (%s)", damaged, folder)
@@ -458,10 +528,10 @@ def _compile(folder: str) -> str:
             try:
                 start = time.time()
                 reused = os.path.isdir(build_temp)
-                rc = _run_build(folder, out, build_temp, log_path)
+                rc = _run_build(folder, out, build_temp, log_path, lock.fileno())
                 if rc != 0 and reused:  # the object files kept from an earlier build may be bad
                     shutil.rmtree(build_temp, ignore_errors=True)
-                    rc = _run_build(folder, out, build_temp, log_path)
+                    rc = _run_build(folder, out, build_temp, log_path, lock.fileno())
                 what = (f"the cached module cannot be used ({damaged}) and compiling it again"
                         if damaged else "compiling it on first use")
                 fix = (f"{_FIX} (deleting the folder {folder} removes the damaged module)"

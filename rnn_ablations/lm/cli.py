@@ -22,7 +22,7 @@ from .corpora import check_corpus_matches, corpus_from_spec, truncate_train
 from .data import load_corpus
 from .distributed import init_distributed, resolve_device
 from .evaluation import evaluate, long_range_positions
-from .interrupt import TrainingInterrupted
+from .interrupt import SigtermAsInterrupt, TrainingInterrupted
 from .params import format_param_table, param_rows
 from .reproduce import reproduce_ptb
 from .reproduce_timing import run_timing
@@ -227,6 +227,8 @@ def _interrupted(args, exc) -> int:
 @_file_errors
 def _cmd_train(args) -> int:
     check_out_path(Path(args.out))
+    if args.data is None and args.corpus_seed is None and args.corpus_sentences is None:
+        args.data = _ptb_from_environment(synthetic_default=True)  # docs/options.md
     out = Path(args.out)
     if args.resume and out.is_dir() and not (out / CHECKPOINT).exists():
         raise ValueError(
@@ -240,11 +242,12 @@ def _cmd_train(args) -> int:
     ctx = _setup(args, cfg)
     cfg = cfg.for_variant(variant, paper_lr=not args.same_lr)
     try:
-        result = train_lm(variant, cfg, corpus, args.out, corpus_spec=spec, seed=args.seed,
-                          ctx=ctx, resume=args.resume, overwrite=args.overwrite,
-                          checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
-                          progress=not args.no_progress, record_losses=args.log_losses,
-                          log=print)
+        with SigtermAsInterrupt():  # SIGTERM at any stage ends with the --resume command
+            result = train_lm(variant, cfg, corpus, args.out, corpus_spec=spec, seed=args.seed,
+                              ctx=ctx, resume=args.resume, overwrite=args.overwrite,
+                              checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
+                              progress=not args.no_progress, record_losses=args.log_losses,
+                              log=print)
     except KeyboardInterrupt as exc:   # TrainingInterrupted: after a checkpoint
         return _interrupted(args, exc)
     if result is not None and ctx.is_main and corpus.test is None:
@@ -301,9 +304,11 @@ def _cmd_ablate(args) -> int:
     corpus, spec = _corpus(args)
     ctx = _setup(args, cfg)
     try:
-        run_ablation(cfg, corpus, args.out, variants=variants, corpus_spec=spec, seed=args.seed,
-                     paper_lr=not args.same_lr, resume=args.resume, overwrite=args.overwrite,
-                     ctx=ctx, progress=not args.no_progress, log=print)
+        with SigtermAsInterrupt():  # SIGTERM at any stage ends with the --resume command
+            run_ablation(cfg, corpus, args.out, variants=variants, corpus_spec=spec,
+                         seed=args.seed, paper_lr=not args.same_lr, resume=args.resume,
+                         overwrite=args.overwrite, ctx=ctx, progress=not args.no_progress,
+                         log=print)
     except KeyboardInterrupt as exc:   # TrainingInterrupted: after a checkpoint
         return _interrupted(args, exc)
     return 0
@@ -329,19 +334,22 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _ptb_from_environment():
-    """``RNN_ABLATIONS_PTB`` (the default --data of `reproduce ptb`), checked: a folder."""
+def _ptb_from_environment(synthetic_default: bool = False):
+    """``RNN_ABLATIONS_PTB`` (the default --data of `reproduce ptb` and `lm train`), checked: a
+    folder.  ``synthetic_default``: the command trains on the embedded corpus without data
+    (`lm train`), so unsetting the variable is a way out; `reproduce ptb` needs the data."""
     value = os.environ.get("RNN_ABLATIONS_PTB", "").strip()
     if not value:
         return None
     path = Path(value).expanduser()
     if not path.is_dir():
         what = "is a file, not a folder" if path.exists() else "does not exist"
+        way_out = (", or unset it to train on the embedded synthetic corpus" if synthetic_default
+                   else "")
         raise ValueError(
             f"the environment variable RNN_ABLATIONS_PTB={value!r} names the PTB data folder, but "
             f"{str(path)!r} {what}; set RNN_ABLATIONS_PTB to the folder that holds "
-            "ptb.train.txt, ptb.valid.txt and ptb.test.txt, pass --data DIR, or unset it to "
-            "train on the embedded synthetic corpus")
+            f"ptb.train.txt, ptb.valid.txt and ptb.test.txt, or pass --data DIR{way_out}")
     return str(path)
 
 
@@ -406,6 +414,11 @@ def add_subparser(subparsers) -> None:
                          "continues")
     tr.add_argument("--log-losses", action="store_true",
                     help="write the mean training loss of every window to RUN_DIR/losses.json")
+    for action in tr._actions:
+        if action.dest == "data":
+            action.help = action.help.replace("default: the embedded synthetic corpus",
+                                              "default: $RNN_ABLATIONS_PTB, else the embedded "
+                                              "synthetic corpus")
     tr.set_defaults(func=_cmd_train, _parser=tr, _command_words=("lm", "train"))
     ev = lm_sub.add_parser(
         "evaluate", help="perplexity of a trained model on valid/test",

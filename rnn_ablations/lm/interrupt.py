@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .checkpoints import CHECKPOINT
 
-__all__ = ["TrainingInterrupted", "DeferredInterrupt", "exit_on_sigterm"]
+__all__ = ["TrainingInterrupted", "DeferredInterrupt", "exit_on_sigterm", "SigtermInterrupt",
+           "interrupt_on_sigterm", "SigtermAsInterrupt"]
 
 _logger = logging.getLogger(__name__)
 
@@ -42,6 +43,42 @@ def exit_on_sigterm(signum, frame):
     raise SystemExit(143)
 
 
+class SigtermInterrupt(KeyboardInterrupt):
+    """SIGTERM outside the training loop (e.g. during the final validation): raised like
+    Ctrl-C's ``KeyboardInterrupt``, so that the commands print the ``--resume`` command for
+    it too.  ``signal_name`` is ``"SIGTERM"``."""
+
+    signal_name = "SIGTERM"
+
+
+def interrupt_on_sigterm(signum, frame):
+    """A SIGTERM handler that raises :class:`SigtermInterrupt` (what Ctrl-C does with
+    ``KeyboardInterrupt``); :class:`DeferredInterrupt` replaces it while a run trains."""
+    raise SigtermInterrupt("SIGTERM")
+
+
+class SigtermAsInterrupt:
+    """While active (main thread, SIGTERM at its default disposition, which would kill the
+    process without a word), SIGTERM raises :class:`SigtermInterrupt`: every stage of a command
+    (setup, training, the validation after ``--max-steps``, the results) ends through the
+    command's interrupt path, which names the ``--resume`` command."""
+
+    def __init__(self):
+        self._previous = None
+
+    def __enter__(self):
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            self._previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+        return False
+
+
 _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
@@ -50,7 +87,7 @@ class DeferredInterrupt:
     :attr:`signal_name`, ``"Ctrl-C"`` or ``"SIGTERM"``); a second one raises
     ``KeyboardInterrupt`` at once.  Installed only in the main thread, for SIGINT only where it
     has Python's default handler, for SIGTERM where it has the default disposition (which kills
-    the process without a word) or :func:`exit_on_sigterm`."""
+    the process without a word), :func:`exit_on_sigterm` or :func:`interrupt_on_sigterm`."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
@@ -71,7 +108,8 @@ class DeferredInterrupt:
             return self
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, exit_on_sigterm):
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, exit_on_sigterm,
+                                                 interrupt_on_sigterm):
             self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
         return self
 

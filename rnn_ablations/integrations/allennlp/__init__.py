@@ -7,7 +7,9 @@
 * the ``drqa`` ``Model`` (:mod:`.drqa`), its ``drqa_squad`` ``DatasetReader``
   (:mod:`.drqa_reader`) and ``drqa`` ``Predictor`` (:mod:`.predictors`);
 * the ``reduce_on_plateau_torch2`` learning-rate scheduler (:mod:`.schedulers`): AllenNLP's
-  ``reduce_on_plateau`` fails on torch 2.x, the BiDAF configs use this one.
+  ``reduce_on_plateau`` fails on torch 2.x, the BiDAF configs use this one;
+* and it makes a config's ``initializer`` treat a ``stacked_bidirectional_<variant>`` encoder
+  as the ``stacked_bidirectional_lstm`` it replaces (:mod:`.initializers`).
 
 ``allennlp train config.jsonnet --include-package rnn_ablations`` imports it (AllenNLP imports every
 submodule of the named package).  ``import rnn_ablations`` alone does not need AllenNLP: it imports
@@ -50,6 +52,9 @@ if ALLENNLP_IMPORT_ERROR is None:
     from .drqa import DrQA  # noqa: E402
     from .predictors import DrQAPredictor  # noqa: E402
     from .schedulers import ReduceOnPlateauTorch2  # noqa: E402
+    from .initializers import install as _install_initializers  # noqa: E402
+
+    _install_initializers()  # a config's initializer treats a stacked drop-in as the stock one
 else:
     # Without AllenNLP this package imports but exposes nothing: its submodules subclass
     # AllenNLP's classes, so the package hides them (an empty __path__) from tools that import

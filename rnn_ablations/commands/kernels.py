@@ -1,0 +1,90 @@
+"""``rnn-ablations kernels``: compile the kernels ahead of first use (Dockerfiles, shared caches).
+
+``rnn-ablations kernels build`` compiles the CPU kernel ``rnn_ablations._C`` for the installed
+torch into the cache (``RNN_ABLATIONS_CACHE``, default ``~/.cache/rnn_ablations``) unless the
+package was installed with one or the cache already holds it, and says which; what the first
+``import rnn_ablations`` would otherwise do (:mod:`rnn_ablations.kernels.loader`).  Without a
+compiler it fails with one line that says so.  ``rnn-ablations kernels precompile-cuda [--arch
+sm_XY] [--jobs N] [--all] [--force]`` is ``python -m rnn_ablations.kernels.cuda.precompile``: the
+NVRTC programs of the CUDA kernels, compiled into their cache.
+"""
+from __future__ import annotations
+
+import sys
+from typing import List
+
+__all__ = ["add_subparser", "build"]
+
+_SOURCES = {
+    "installed": "installed with the package",
+    "cache": "already in the cache",
+    "compiled": "compiled now into the cache",
+}
+
+
+def build(out=None) -> int:
+    """Load or compile the CPU kernel; print where it is.  Returns 0, or 1 when it cannot be
+    had (the reason printed in one line on stderr)."""
+    from .. import _env
+
+    out = out or sys.stdout
+    if _env.kernel_disabled():
+        raise ValueError(f"{_env.kernel_switch_set()} is set, which turns the compiled kernel off; "
+                         "unset it to build the kernel")
+    from ..kernels import backend  # loading it is the build (the first-use path)
+
+    if backend._C is None:
+        why = " ".join(str(backend._KERNEL_ERROR).split())
+        print(f"rnn-ablations kernels build: error: {why}", file=sys.stderr)
+        return 1
+    import torch
+
+    where = _SOURCES.get(backend._KERNEL_SOURCE, backend._KERNEL_SOURCE)
+    print(f"CPU kernel for torch {torch.__version__}: {backend._C.__file__} ({where}; vector "
+          f"path {backend.kernel_isa()})", file=out)
+    return 0
+
+
+def _build(args) -> int:
+    return build()
+
+
+def _precompile(args) -> int:
+    from ..kernels.cuda import precompile
+
+    argv: List[str] = []
+    for flag in ("all", "force"):
+        if getattr(args, flag):
+            argv.append("--" + flag)
+    for option in ("arch", "jobs"):
+        if getattr(args, option) is not None:
+            argv += ["--" + option, str(getattr(args, option))]
+    return precompile.main(argv)
+
+
+def add_subparser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "kernels", help="compile the CPU kernel (and the CUDA kernels) ahead of first use",
+        description="Compile the kernels ahead of first use (a Dockerfile step, a shared cache: "
+                    "RNN_ABLATIONS_CACHE names the folder).")
+    sub = p.add_subparsers(dest="kernels_action", metavar="ACTION")
+    sub.required = True
+    b = sub.add_parser(
+        "build", help="compile the CPU kernel for the installed torch into the cache",
+        description="Compile the CPU kernel rnn_ablations._C for the installed torch into the "
+                    "cache (RNN_ABLATIONS_CACHE) unless the install or the cache holds it; print "
+                    "its path and where it came from.")
+    b.set_defaults(func=_build)
+    c = sub.add_parser(
+        "precompile-cuda",
+        help="compile the CUDA kernels' NVRTC programs into their cache "
+             "(python -m rnn_ablations.kernels.cuda.precompile)",
+        description="python -m rnn_ablations.kernels.cuda.precompile: compile the CUDA kernels' "
+                    "NVRTC programs into their cache (~/.cache/rnn_ablations/cuda/).")
+    c.add_argument("--all", action="store_true", help="every instantiation (the default set)")
+    c.add_argument("--arch", default=None, help="target architecture, e.g. sm_90 (default: the "
+                                                "local GPU)")
+    c.add_argument("--jobs", default=None, help="programs compiled at once (default: the CPU "
+                                                "count)")
+    c.add_argument("--force", action="store_true", help="compile even what the cache holds")
+    c.set_defaults(func=_precompile)
