@@ -3,8 +3,8 @@
 ``rnn_ablations/backend.py`` and its siblings (``ops``, ``ops_cuda``, ``kernel_autograd``,
 ``scan``, ``projection``, ``cuda_graphs``, ``cuda_recurrence``) each call :func:`alias`: importing
 the old path warns (``DeprecationWarning``, naming the new path) and gives the module itself, so
-that ``rnn_ablations.backend.X`` and ``rnn_ablations.kernels.backend.X`` are one object (a
-monkeypatch through either is seen by the package).  The old paths are kept for one release.
+that an attribute read or set through the old path (``rnn_ablations.backend``) is the new one's
+(``rnn_ablations.kernels.backend``): a monkeypatch through either is seen by the package.  The old paths are kept for one release.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import torch
 import rnn_ablations as ra
 from rnn_ablations import _env, dispatch, get_variant
 from rnn_ablations.kernels import backend
-from rnn_ablations.kernels.cuda import driver, host, nvrtc, selfcheck, step
+from rnn_ablations.kernels.cuda import common, driver, host, nvrtc, selfcheck, step
 from rnn_ablations.plan import Plan
 
 needs_cpu_kernel = pytest.mark.skipif(not backend.kernel_available(),
@@ -292,7 +292,7 @@ def _counting_driver(monkeypatch):
     monkeypatch.setattr(driver.torch.cuda, "current_stream", current_stream)
     if hasattr(driver, "_primary"):
         monkeypatch.setattr(driver, "_primary", {})
-    monkeypatch.setattr(host, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(common, "DEVICE_TYPE", "cpu")
     yield lib, streams
 
 

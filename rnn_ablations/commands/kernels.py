@@ -33,14 +33,16 @@ def build(out=None) -> int:
                          "unset it to build the kernel")
     from ..kernels import backend  # loading it is the build (the first-use path)
 
-    if backend._C is None:
-        why = " ".join(str(backend._KERNEL_ERROR).split())
+    cpu = backend.cpu_kernel()
+    if cpu is None:
+        why = " ".join(str(backend.cpu_kernel_error()).split())
         print(f"rnn-ablations kernels build: error: {why}", file=sys.stderr)
         return 1
     import torch
 
-    where = _SOURCES.get(backend._KERNEL_SOURCE, backend._KERNEL_SOURCE)
-    print(f"CPU kernel for torch {torch.__version__}: {backend._C.__file__} ({where}; vector "
+    source = backend.cpu_kernel_source()
+    where = _SOURCES.get(source, source)
+    print(f"CPU kernel for torch {torch.__version__}: {cpu.raw.__file__} ({where}; vector "
           f"path {backend.kernel_isa()})", file=out)
     return 0
 

@@ -27,7 +27,7 @@ from . import cuda_graphs, loader, ops, ops_cuda
 
 __all__ = ["kernel_available", "cuda_kernel_available", "kernel_isa", "supported_kernel_isas",
            "kernels", "Kernels", "onednn_usable", "cpu_kernel", "cpu_kernel_error",
-           "cuda_kernel", "cuda_kernel_error", "graphed_cuda_kernel"]
+           "cpu_kernel_source", "cuda_kernel", "cuda_kernel_error", "graphed_cuda_kernel"]
 
 # The CPU kernel: built at install time, or compiled on first use and cached (kernels/loader.py).
 _C, _KERNEL_ERROR, _KERNEL_SOURCE = loader.load_cpu_kernel()
@@ -108,6 +108,12 @@ def cpu_kernel():
 def cpu_kernel_error() -> Optional[str]:
     """Why there is no CPU kernel (``None`` when there is one)."""
     return _KERNEL_ERROR if _C is None else None
+
+
+def cpu_kernel_source() -> Optional[str]:
+    """Where the CPU kernel was loaded from (``"installed"``, ``"cache"``, ``"built"``), or
+    ``None`` without one."""
+    return _KERNEL_SOURCE if _C is not None else None
 
 
 def cuda_kernel():

@@ -3,7 +3,7 @@
 * ``emulation_device``: the emulated device (session-wide; builds the emulated kernels once,
   skips with the reason where no C++ compiler is found);
 * ``emulated_cuda``: that device installed as the CUDA driver's implementation for one test,
-  with ``host.DEVICE_TYPE = "cpu"`` (emulator.installed), restored after it.
+  with ``common.DEVICE_TYPE = "cpu"`` (emulator.installed), restored after it.
 """
 import shutil
 

@@ -16,7 +16,7 @@ unchanged on CPU tensors.
   and an occupancy computed from the threads and shared memory a block asks for; a launch that
   a GPU would refuse (too many threads, more shared memory than allowed, a cooperative grid
   that cannot be resident) raises ``CudaDriverError``.
-* :func:`installed` (a context manager) installs it and sets ``host.DEVICE_TYPE = "cpu"``, and
+* :func:`installed` (a context manager) installs it and sets ``common.DEVICE_TYPE = "cpu"``, and
   restores both; ``tests/cuda_emulation/conftest.py`` has it as the fixture ``emulated_cuda``.
 """
 from __future__ import annotations
@@ -270,13 +270,13 @@ class EmulatedDevice:
 def installed(device: Optional[EmulatedDevice] = None) -> Iterator[EmulatedDevice]:
     """Run the host loops on CPU tensors with the kernels emulated: installs ``device`` (a new
     :class:`EmulatedDevice` by default) as the driver's implementation, sets
-    ``host.DEVICE_TYPE = "cpu"`` (the host loops then skip ``torch.cuda.device`` and name the
+    ``common.DEVICE_TYPE = "cpu"`` (the host loops then skip ``torch.cuda.device`` and name the
     device from the driver), and, on a torch without CUDA, lets ``Tensor.pin_memory`` return
     the CPU tensor itself; restores all."""
-    from rnn_ablations.kernels.cuda import host
+    from rnn_ablations.kernels.cuda import common
     device = device or EmulatedDevice()
-    saved = [(host, "DEVICE_TYPE", host.DEVICE_TYPE)]
-    host.DEVICE_TYPE = "cpu"
+    saved = [(common, "DEVICE_TYPE", common.DEVICE_TYPE)]
+    common.DEVICE_TYPE = "cpu"
     if not torch.cuda.is_available():  # the scan's row lengths are copied from pinned memory
         saved.append((torch.Tensor, "pin_memory", torch.Tensor.pin_memory))
         torch.Tensor.pin_memory = lambda self, *a, **k: self

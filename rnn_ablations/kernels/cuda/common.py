@@ -3,7 +3,7 @@ input checks (those of the CPU kernel, ``csrc/common/layer_tensors.h``), the pac
 launch's arguments in the kernel's parameter order (:func:`pack`, from ``programs.PARAMS``), the
 final states and the previous hidden states of a layer, and the device type and guard.
 
-The device type the entry points take is ``host.DEVICE_TYPE`` (``"cuda"``; the tests that run
+The device type the entry points take is :data:`DEVICE_TYPE` (``"cuda"``; the tests that run
 the host loops on CPU tensors set ``"cpu"``), read at each call (:func:`device_type`).
 """
 from __future__ import annotations
@@ -29,10 +29,13 @@ NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bf
 acc_dtype = ops.accumulation_dtype
 
 
+#: the device type the entry points take (see the module docstring)
+DEVICE_TYPE = "cuda"
+
+
 def device_type() -> str:
-    """The device type the entry points take (``host.DEVICE_TYPE``)."""
-    from . import host
-    return host.DEVICE_TYPE
+    """The device type the entry points take (:data:`DEVICE_TYPE`)."""
+    return DEVICE_TYPE
 
 
 def on_device(t: Tensor) -> bool:

@@ -20,8 +20,8 @@ persistent kernels are one launch per call (per 1024 steps for the persistent on
 Dtypes: float64, float32, bfloat16 and float16; the saved tensors (gates, cs, hin) and the
 carried gradients are in the accumulation type (float32 for the half types).
 
-``DEVICE_TYPE`` is the device type the entry points take: ``"cuda"``; the tests that run the
-host loops on CPU tensors (with a stand-in for :mod:`.driver`) set ``"cpu"``.
+The device type the entry points take is ``common.DEVICE_TYPE``: ``"cuda"``; the tests that run
+the host loops on CPU tensors (with a stand-in for :mod:`.driver`) set ``"cpu"``.
 """
 from __future__ import annotations
 
@@ -31,12 +31,9 @@ from .scan import scan_backward, scan_forward
 from .step import plain_backward, plain_forward
 
 __all__ = ["plain_forward", "plain_backward", "scan_forward", "scan_backward", "persistent_forward",
-           "persistent_backward", "persistent_plan", "scan_abi", "pack", "DEVICE_TYPE"]
+           "persistent_backward", "persistent_plan", "scan_abi", "pack"]
 
 #: the scan entry points' calling convention, under the name the backend reads from every
 #: kernel module (rnn_ablations.kernels.ops.scan_built; the CPU kernel's module has it too):
 #: it must equal rnn_ablations.kernels.backend.SCAN_ABI
 scan_abi = 3
-
-#: the device type the entry points take (see the module docstring)
-DEVICE_TYPE = "cuda"
