@@ -10,6 +10,11 @@ that the reason a test did not run reads the same everywhere and names the fix:
   installs both);
 * ``requires_shared_data(*parts)``: a file or folder of the experiments' data (``../shared/data``
   or ``$RNN_ABLATIONS_SHARED_DATA``), which the package never needs to run its tests' defaults.
+
+The marker ``slow`` names the tests that build a copy of the package or of its kernels (the
+recipes' copies, the first-use build, the wheel, all NVRTC programs) or train a model end to
+end: the README's test command deselects them (``-m "not slow"``), and ``.ci/run`` runs them in a
+second step (``pytest -m slow tests``).
 """
 import contextlib
 import importlib.machinery
@@ -72,6 +77,12 @@ def requires_shared_data(*parts):
     path = SHARED_DATA.joinpath(*parts)
     return pytest.mark.skipif(not path.exists(),
                               reason=f"shared data {path} is absent (set RNN_ABLATIONS_SHARED_DATA)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: builds a copy of the package or its kernels, or trains end to end "
+        "(run by .ci/run's second step: pytest -m slow tests)")
 
 
 @pytest.fixture(autouse=True)

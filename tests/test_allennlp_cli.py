@@ -187,6 +187,7 @@ def _metrics_agree(result, keys, tol):
     return trained, evaluated
 
 
+@pytest.mark.slow  # trains with `allennlp train`
 def test_bidaf_with_ran(runs, reload):
     result = runs["bidaf"]
     _check(result)
@@ -205,6 +206,7 @@ def test_bidaf_with_ran(runs, reload):
         assert got["span_start_probs"] == pytest.approx(expected["span_start_probs"], abs=1e-6)
 
 
+@pytest.mark.slow  # trains with `allennlp train`
 def test_biaffine_parser_with_lstm_minus_srnn(runs, reload):
     result = runs["parser"]
     _check(result)
@@ -223,6 +225,7 @@ def test_biaffine_parser_with_lstm_minus_srnn(runs, reload):
         assert got["predicted_dependencies"] == expected["predicted_dependencies"]
 
 
+@pytest.mark.slow  # trains with `allennlp train`
 def test_drqa_trained_on_two_cpu_processes(runs, reload):
     result = runs["drqa"]
     _check(result)
@@ -246,6 +249,7 @@ def test_drqa_trained_on_two_cpu_processes(runs, reload):
         assert got["span_end_probs"] == pytest.approx(expected["span_end_probs"], abs=1e-6)
 
 
+@pytest.mark.slow  # trains with `allennlp train`
 def test_unset_data_variable_is_named_by_the_cli(runs):
     (step,) = runs["missing"]["log"]
     assert step["rc"] != 0

@@ -104,6 +104,7 @@ def _assert_valid(folder):
     return Path(path)
 
 
+@pytest.mark.slow  # the kernel's first-use build
 def test_compiled_module_has_a_record_and_is_loaded_from_the_cache(built_cache):
     folder = _kernel_folder(built_cache)
     module = _assert_valid(folder)
@@ -115,6 +116,7 @@ def test_compiled_module_has_a_record_and_is_loaded_from_the_cache(built_cache):
     assert result["worst"] < 1e-4, result
 
 
+@pytest.mark.slow  # the kernel's first-use build
 def test_truncated_module_is_compiled_again(built_cache):
     """A truncated shared library, once mapped, kills the process with SIGBUS: never loaded."""
     folder = _kernel_folder(built_cache)
@@ -131,6 +133,7 @@ def test_truncated_module_is_compiled_again(built_cache):
     assert _assert_valid(folder).stat().st_size == size
 
 
+@pytest.mark.slow  # the kernel's first-use build
 def test_overwritten_module_is_compiled_again(built_cache):
     folder = _kernel_folder(built_cache)
     module = _assert_valid(folder)
@@ -144,6 +147,7 @@ def test_overwritten_module_is_compiled_again(built_cache):
     assert _assert_valid(folder).stat().st_size == size
 
 
+@pytest.mark.slow  # the kernel's first-use build
 def test_module_that_matches_its_record_but_does_not_load_is_compiled_again(built_cache):
     folder = _kernel_folder(built_cache)
     module = _assert_valid(folder)
@@ -158,6 +162,7 @@ def test_module_that_matches_its_record_but_does_not_load_is_compiled_again(buil
     _assert_valid(folder)
 
 
+@pytest.mark.slow  # the kernel's first-use build
 def test_damaged_module_without_a_compiler_falls_back_and_names_the_fix(built_cache, tmp_path):
     cache_root = tmp_path / "cache"
     shutil.copytree(built_cache, cache_root)

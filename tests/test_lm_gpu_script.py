@@ -18,7 +18,7 @@ from _lm_corpus import write_ptb
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")]  # runs the GPU loan scripts' training on the CPU
 
 
 def _env(tmp_path, **kw):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # trains OpenNMT-py models
+
 pytest.importorskip("onmt", reason="OpenNMT-py is not installed (bash scripts/setup.sh)")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +79,7 @@ from conftest import SHARED_DATA, requires_shared_data  # noqa: E402
 
 from rnn_ablations.integrations.onmt import encoder_type_for  # noqa: E402
 from rnn_ablations.variants import VARIANTS  # noqa: E402
+
 
 TINY = ("--subset 120 --steps 4 --save-every 2 --timing-steps 2 --max-steps-per-call 2 "
         "--onmt-opt -layers 1 -hidden_size 8 -word_vec_size 4 -batch_size 16 "

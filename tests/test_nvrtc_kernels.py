@@ -30,6 +30,7 @@ def _compile(source, expressions=(), arch="sm_80"):
     return nvrtc.compile_program(source, "probe.cu", list(expressions), cache.options_for(arch))
 
 
+@pytest.mark.slow  # compiles all 62 programs
 @pytest.mark.parametrize("arch", [80, 90])
 def test_nvrtc_compiles_every_instantiation(arch, tmp_path, monkeypatch):
     """Every program the launcher can ask for compiles to CUBIN (cold, into an empty cache);

@@ -81,6 +81,7 @@ def test_onmt_build_vocab(workdir):
     assert "mädchen\t" in tgt and "man\t" not in tgt
 
 
+@pytest.mark.slow  # trains with `onmt_train`
 def test_onmt_train_translate_and_train_from(workdir):
     """The console scripts, one encoder type: bran, LSTM decoder with input feeding, -bridge,
     -dropout_steps; then onmt_translate and -train_from from its checkpoint."""
@@ -158,6 +159,7 @@ def _matrix_runs():
     return runs
 
 
+@pytest.mark.slow  # trains with `onmt_train`
 def test_every_encoder_type_trains_and_translates(workdir):
     runs = _matrix_runs()
     combos = {tuple(r["args"]) for r in runs}

@@ -163,6 +163,7 @@ def recipe_copy(tmp_path_factory):
     return copy, root / "cache"
 
 
+@pytest.mark.slow  # builds a copy of the package
 def test_the_new_rule_runs_and_matches_on_cpu(recipe_copy):
     copy, cache = recipe_copy
     done = subprocess.run([sys.executable, str(TESTS / "_output_rule_recipe_check.py"),
@@ -192,6 +193,7 @@ print("compiled", len(progs), [p.name for p in progs])
 """
 
 
+@pytest.mark.slow  # builds a copy of the package
 def test_the_new_rule_compiles_for_cuda(recipe_copy):
     """The copy's CUDA programs the rule reaches (its scan instantiations; the step and
     persistent kernels read the rule at run time) compile with NVRTC for sm_90."""

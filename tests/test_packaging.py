@@ -112,6 +112,7 @@ def pure_wheel(tmp_path_factory):
     return wheels[0]
 
 
+@pytest.mark.slow  # builds the wheel
 def test_wheel_contents(pure_wheel):
     assert pure_wheel.name.endswith("-py3-none-any.whl"), pure_wheel.name
     with zipfile.ZipFile(pure_wheel) as z:

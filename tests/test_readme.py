@@ -108,8 +108,10 @@ def test_readme_is_a_manual():
     assert ".venv/bin/allennlp train" in text and ".venv/bin/onmt_train" in text, \
         "the AllenNLP and OpenNMT-py commands must be within the README's first 150 lines"
     ci = (REPO / ".ci" / "run").read_text()
-    test_cmd = "bash scripts/setup.sh && .venv/bin/python -m pytest -q tests"
+    test_cmd = 'bash scripts/setup.sh && .venv/bin/python -m pytest -q -m "not slow" tests'
+    slow_cmd = ".venv/bin/python -m pytest -q -m slow tests"
     assert test_cmd in ci and test_cmd in README.read_text()
+    assert slow_cmd in ci and slow_cmd in README.read_text()
     assert "bash scripts/setup.sh && .venv/bin/rnn-ablations ablate --out runs/ablate" in lines
 
 

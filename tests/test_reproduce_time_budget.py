@@ -11,12 +11,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from _lm_corpus import write_ptb
+
+pytestmark = pytest.mark.slow  # trains under a time budget
 
 REPO = Path(__file__).resolve().parents[1]
 
 SLOW_EVALUATION = """
 import os, time
+
 if os.environ.get("SLOW_EVALUATION_S"):
     import rnn_ablations.lm.evaluation as _ev
     _evaluate = _ev.evaluate

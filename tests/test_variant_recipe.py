@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import requires_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,6 +128,7 @@ def test_the_stated_count_is_the_list():
 _IGNORE = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.egg-info")
 
 
+@pytest.mark.slow  # builds a copy of the package
 @requires_kernel
 def test_the_recipe_is_enough(tmp_path):
     copy = tmp_path / "repo"
