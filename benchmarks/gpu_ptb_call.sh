@@ -33,7 +33,7 @@
 # bounds the whole command: gpu_reproduce.sh gets it less MERGE_S seconds (default 20) kept for
 # the merge, which gets what is left (at least 10 s).  Environment as in gpu_reproduce.sh (RNN_ABLATIONS_PTB, WORK,
 # DEVICE, CONFIG, CPU_KERNEL, PRECOMPILE_ARGS; DEVICE=cpu CONFIG=tiny checks the commands
-# without a GPU, as tests/test_lm_gpu_script.py does); VISUALIZE overrides the runs drawn.
+# without a GPU, as tests/lm/test_lm_gpu_script.py does); VISUALIZE overrides the runs drawn.
 set -o pipefail
 call=${1:?usage: bash benchmarks/gpu_ptb_call.sh CALL [OUT] [BUDGET_SECONDS] (CALL 1-4)}
 out=${2:-benchmarks/results/tmp/gpu_ptb_call$call}

@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_reproduce.sh [OUT] [BUDGET_SECONDS] [STEPS]
 #
-#   STEPS > 0   timing mode: the CUDA checks of tests/test_reproduce.py (graphed step against
+#   STEPS > 0   timing mode: the CUDA checks of tests/lm/test_reproduce.py (graphed step against
 #               eager, bit-identical resume with graphs), then STEPS training steps of every run
 #               at once; prints steps/s per run and the projected wall time of the full run
 #               (OUT/timing.md), twice: one process per run (processes on one GPU take turns
@@ -123,7 +123,7 @@ timing() {   # timing NAME TITLE [extra reproduce args]: appends its table to OU
 }
 if [ "$steps" -gt 0 ] || [ "${CHECKS:-0}" = 1 ]; then
     say "CUDA checks of the graphed step"
-    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_reproduce.py -k cuda 2>&1 | tail -15
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/lm/test_reproduce.py -k cuda 2>&1 | tail -15
 fi
 if [ "$steps" -gt 0 ]; then
     : > "$out/timing.md"

@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 
 from .kernels import autograd, backend, cuda_recurrence, scan
-from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/test_cuda.py)
+from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/kernels/test_cuda.py)
 from .functional import projection_bias
 from .plan import Plan, decide
 from .kernels.projection import input_projection
@@ -217,7 +217,7 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
 
 
 def __getattr__(name: str):
-    if name == "_C_cuda":  # the CUDA kernel, as tests/test_cuda.py reads it
+    if name == "_C_cuda":  # the CUDA kernel, as tests/kernels/test_cuda.py reads it
         return backend.cuda_kernel()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

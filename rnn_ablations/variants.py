@@ -67,7 +67,7 @@ _GATED_OUTPUTS = ("o_tanh",)
 # Bits 0-2 the output rule (values 4-7 free), then one bit per field, then the tag in bits 8-15.
 # This is the one encoding in Python: the CUDA launcher (kernels/cuda/structs.py,
 # kernels/cuda/programs.py) and the export loop (export.py) derive theirs from it, and the C++
-# header's constants are checked against it (tests/test_kernel_spec_encoding.py).
+# header's constants are checked against it (tests/kernels/test_kernel_spec_encoding.py).
 #: output rule name -> its code in the spec (kernel_spec.h OutputRule)
 SPEC_OUTPUT: Dict[str, int] = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
 #: the spec's one-bit fields (kernel_spec.h kSpec*)

@@ -23,8 +23,9 @@ NAME = "lstm_identity_out"
 #: the tests that iterate over the table, run in the copy: their tests of the new row, and those
 #: that take no parameter (the table as a whole)
 TABLE_TESTS = ["test_variant_table.py", "test_reference_equations.py", "test_golden_runs.py",
-               "test_allennlp_configs.py", "test_allennlp_modules.py", "test_allennlp_init.py",
-               "test_rnn_state_dict.py", "test_onmt_init.py", "test_bidirectional_concurrent.py",
+               "integrations/test_allennlp_configs.py", "integrations/test_allennlp_modules.py",
+               "integrations/test_allennlp_init.py", "test_rnn_state_dict.py",
+               "integrations/test_onmt_init.py", "kernels/test_bidirectional_concurrent.py",
                "test_contributing_recipe.py"]
 
 

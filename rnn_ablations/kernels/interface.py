@@ -148,5 +148,5 @@ class WeightGrad(Protocol):
         """→ ``g`` (N, out)ᵀ · ``x`` (N, in): the (out, in) weight gradient."""
 
 
-#: every protocol, for the interface test (``tests/test_kernel_interface.py``)
+#: every protocol, for the interface test (``tests/kernels/test_kernel_interface.py``)
 PROTOCOLS = (StepKernel, ScanKernel, PipelinedKernel, PersistentEntries, WeightGrad)

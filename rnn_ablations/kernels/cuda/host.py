@@ -25,7 +25,7 @@ the host loops on CPU tensors (with a stand-in for :mod:`.driver`) set ``"cpu"``
 """
 from __future__ import annotations
 
-from .common import STRUCTS as _STRUCTS, pack  # noqa: F401  (tests/test_nvrtc_kernels.py)
+from .common import STRUCTS as _STRUCTS, pack  # noqa: F401  (tests/kernels/test_nvrtc_kernels.py)
 from .persistent import persistent_backward, persistent_forward, persistent_plan
 from .scan import scan_backward, scan_forward
 from .step import plain_backward, plain_forward

@@ -4,7 +4,7 @@ Strides) and ``csrc/cuda/persistent_kernel.cuh`` (PersistentArgs, PersistentBack
 the decoders that fill the spec structs from ``Variant.kernel_spec``.
 
 The decoders read the code exactly as ``decode_kernel_spec`` / ``decode_scan_spec`` in
-``kernel_spec.h`` do (the CPU kernel's; ``tests/test_nvrtc_kernels.py`` compares them on every
+``kernel_spec.h`` do (the CPU kernel's; ``tests/kernels/test_nvrtc_kernels.py`` compares them on every
 variant and on refused codes) and refuse what those refuse, with the same reasons.  The layouts
 are checked by probes that compile only when they agree: NVRTC for each struct's size and
 alignment on the device (``layout_probe``), the host C++ compiler for each field's offset

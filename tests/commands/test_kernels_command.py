@@ -1,0 +1,60 @@
+"""``rnn-ablations kernels build`` / ``precompile-cuda``: the explicit build step."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rnn_ablations import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(code, tmp_path, **env):
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("RNN_ABLATIONS_NO_KERNEL", "RNN_ABLATIONS_DISABLE_KERNEL")}
+    e.update(env)
+    e["RNN_ABLATIONS_CACHE"] = str(tmp_path / "cache")
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                          timeout=600, cwd=str(tmp_path))
+
+
+MAIN = "import sys; from rnn_ablations.cli import main; sys.exit(main(['kernels', 'build']))"
+
+
+def test_build_names_the_module_it_has(tmp_path):
+    from rnn_ablations.kernels import backend
+    if backend._C is None:
+        pytest.skip(f"no CPU kernel here: {backend._KERNEL_ERROR}")
+    proc = _run(MAIN, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "CPU kernel for torch" in proc.stdout and ".so" in proc.stdout, proc.stdout
+
+
+def test_build_without_a_compiler_says_so_in_one_line(tmp_path):
+    """No installed module, an empty cache and no compiler: one clean line, before any
+    "compiling" announcement, with no compiler output and no pip advice."""
+    code = "import sys; sys.modules['rnn_ablations._C'] = None\n" + MAIN
+    proc = _run(code, tmp_path, CC="/nonexistent/cc", CXX="/nonexistent/c++")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    errors = [line for line in proc.stderr.splitlines() if "kernels build: error" in line]
+    assert len(errors) == 1, proc.stderr
+    assert "no C++ compiler" in errors[0] and "apt install g++ python3-dev" in errors[0]
+    assert "compiling the CPU kernel" not in proc.stderr, proc.stderr
+    assert "no-build-isolation" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_build_refuses_while_the_kernel_is_switched_off(tmp_path):
+    proc = _run(MAIN, tmp_path, RNN_ABLATIONS_NO_KERNEL="1")
+    assert proc.returncode == 2 and "unset it to build the kernel" in proc.stderr, proc.stderr
+
+
+def test_precompile_cuda_forwards_its_options(monkeypatch):
+    from rnn_ablations.kernels.cuda import precompile
+    seen = []
+    monkeypatch.setattr(precompile, "main", lambda argv=None: seen.append(argv) or 0)
+    assert cli.main(["kernels", "precompile-cuda", "--arch", "sm_90", "--jobs", "2",
+                     "--force"]) == 0
+    assert seen == [["--force", "--arch", "sm_90", "--jobs", "2"]]
