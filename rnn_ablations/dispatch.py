@@ -26,7 +26,7 @@ from .kernels import autograd, backend, cuda_recurrence, scan
 from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/test_cuda.py)
 from .functional import projection_bias
 from .plan import Plan, decide
-from .kernels.projection import input_projection
+from .kernels.projection import input_projection, stream_steps, streamed_forward
 from .variants import Variant
 
 __all__ = ["RUNNERS", "run_layer_call", "run_layer", "run_scan_layer", "layer_plan"]
@@ -122,6 +122,52 @@ def _run_cpu_pipelined_pair(plan, variant, highway, x, params, h0, c0, batch_siz
                                                     flat), reverse)
 
 
+def _stream_chunk(x, params, h0, c0, rec_masks) -> int:
+    """Steps per chunk when a plain CPU call streams its input projections
+    (:func:`rnn_ablations.kernels.projection.streamed_forward`), else 0: a no-gradient call in
+    eager mode, outside autocast, whose projections of all steps reach
+    ``plan.POLICY.stream_min_bytes`` per direction."""
+    from . import plan as _plan
+    w_ih = params[0][0]
+    if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in
+                                        [x, h0, c0, *[w for p in params for w in p]])):
+        return 0
+    if (torch.compiler.is_compiling() or backend.autocast_dtype("cpu") is not None
+            or x.dtype not in (torch.float32, torch.float64) or type(x) is not torch.Tensor):
+        return 0
+    policy = _plan.POLICY
+    return stream_steps(x.shape[0], x.shape[1], w_ih.shape[0], x.element_size(),
+                        policy.stream_min_bytes, policy.stream_chunk_bytes)
+
+
+def _streaming(runner):
+    """A plain CPU runner that streams the input projections of a large no-gradient call
+    (:func:`_stream_chunk`) and otherwise runs ``runner``."""
+
+    def run(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
+        chunk = _stream_chunk(x, params, h0, c0, rec_masks)
+        if not chunk or len(params) > 2:
+            return runner(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
+                          reverse)
+        xs = _direction_inputs(x, reverse, len(params))
+        # the directions together (one per thread) where the plan runs them so
+        groups = [list(range(len(params)))] if plan.concurrent else [[d] for d in
+                                                                      range(len(params))]
+        results = [None] * len(params)
+        for g in groups:
+            done = streamed_forward(
+                backend._C, variant.kernel_spec, highway, [xs[d] for d in g],
+                [params[d][0] for d in g],
+                [projection_bias(params[d][2], params[d][0].shape[0]) for d in g],
+                [params[d][1] for d in g], [h0[d] for d in g], [c0[d] for d in g],
+                batch_sizes, [rec_masks[d] for d in g], plan.onednn, chunk)
+            for d, r in zip(g, done):
+                results[d] = r
+        return _assemble(results, reverse)
+    run.__doc__ = (runner.__doc__ or "") + " Streams the projections of a large no-gradient call."
+    return run
+
+
 # --------------------------------------------------------------------------- scan cells
 def _scan_bias(params) -> Optional[torch.Tensor]:
     """The bias of every direction's whole projection, side by side (``None`` without one)."""
@@ -179,9 +225,9 @@ def _run_fused_scan(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_
 RUNNERS: Dict[str, Callable] = {
     "generic": _run_generic,
     "generic_scan": _run_generic_scan,
-    "cpu_plain": _plain_runner(_cpu_kernel),
+    "cpu_plain": _streaming(_plain_runner(_cpu_kernel)),
     "cpu_pipelined": _run_cpu_pipelined,
-    "cpu_plain_pair": _run_cpu_plain_pair,
+    "cpu_plain_pair": _streaming(_run_cpu_plain_pair),
     "cpu_pipelined_pair": _run_cpu_pipelined_pair,
     "cuda_steps": _plain_runner(cuda_recurrence.select),
     "cuda_persistent": _plain_runner(cuda_recurrence.select),

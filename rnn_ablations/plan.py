@@ -103,12 +103,18 @@ class Policy:
     min_steps: the pipelined schedule from this many steps; max_step_macs /
     max_step_macs_inference: with 2+ threads, the plain schedule (and directions one after the
     other) from this many multiply-adds per step GEMM (B x R*H x H), training / no gradient;
-    onednn_min_weight: the input projection on oneDNN from this many weight entries."""
+    onednn_min_weight: the input projection on oneDNN from this many weight entries;
+    stream_min_bytes / stream_chunk_bytes: a no-gradient forward on the plain CPU schedule whose
+    input projections of all steps (per direction) reach ``stream_min_bytes`` computes them a
+    chunk of at most ``stream_chunk_bytes`` at a time (:func:`.kernels.projection.stream_steps`;
+    peak memory, ``benchmarks/inference_memory.py``)."""
 
     min_steps: int = 4
     max_step_macs: int = 24_000_000
     max_step_macs_inference: int = 12_000_000
     onednn_min_weight: int = 500_000
+    stream_min_bytes: int = 64 * 2**20
+    stream_chunk_bytes: int = 16 * 2**20
 
     def __post_init__(self) -> None:
         _keep_hash(self)

@@ -12,7 +12,7 @@ import torch
 
 from . import backend
 
-__all__ = ["input_projection"]
+__all__ = ["input_projection", "stream_steps", "streamed_forward"]
 
 
 @torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")
@@ -91,3 +91,59 @@ def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     if onednn:
         return _OneDnnLinear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
+
+
+# --------------------------------------------------------------------------- streamed inference
+def stream_steps(steps: int, batch: int, width: int, itemsize: int, min_bytes: int,
+                 chunk_bytes: int) -> int:
+    """Steps per chunk of a streamed no-gradient forward (:func:`streamed_forward`), or 0 when
+    the projections of all ``steps`` (``steps·batch·width·itemsize`` bytes, per direction) stay
+    below ``min_bytes`` (they are then computed at once) or one chunk would hold every step.
+    A chunk holds at most ``chunk_bytes`` of projections, and at least one step."""
+    per_step = batch * width * itemsize
+    if steps < 2 or per_step * steps < min_bytes:
+        return 0
+    chunk = max(1, chunk_bytes // max(1, per_step))
+    return chunk if chunk < steps else 0
+
+
+def streamed_forward(kernel, spec: int, highway: bool, xs, w_ihs, pbiases, w_hhs, h0s, c0s,
+                     batch_sizes: torch.Tensor, masks, onednn: bool, chunk: int):
+    """A no-gradient forward of one layer's directions on the CPU step kernel (``kernel``:
+    ``backend._C``), with the input projections computed ``chunk`` steps at a time instead of
+    all at once: per chunk of steps, each direction's projection (``xs[d]`` (T, B, D) its input
+    in its time order, ``w_ihs[d]``, ``pbiases[d]``), then the kernel from the states the
+    previous chunk ended in.  The projections of all steps (T·B·(R+X)·H per direction) are
+    never held: peak memory is the outputs plus one chunk.  One direction runs
+    ``plain_forward``, two run ``plain_directions_forward`` (one per thread).  Returns
+    ``[(out (T, B, H), h_n, c_n)]`` per direction, equal to the unstreamed forward's (each row's
+    final state is the state of its last active step: a chunk where a row is inactive passes
+    its state through)."""
+    n = len(xs)
+    T, B = xs[0].shape[0], xs[0].shape[1]
+    H = w_hhs[0].shape[1]
+    outs = [xs[0].new_empty(T, B, H) for _ in range(n)]
+    hs = [h.contiguous() for h in h0s]
+    cs = [c.contiguous() for c in c0s]
+    masks = [m.contiguous() if m is not None else xs[0].new_empty(0) for m in masks]
+    w_hhs = [w.contiguous() for w in w_hhs]
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        bs = batch_sizes[t0:t1]
+        if int(bs[0]) == 0:  # no row has a step left: the rest of the output is padding
+            for out in outs:
+                out[t0:].zero_()
+            break
+        projs = [input_projection(x[t0:t1], w, b, onednn).contiguous()
+                 for x, w, b in zip(xs, w_ihs, pbiases)]
+        if n == 1:
+            results = [kernel.plain_forward(spec, highway, projs[0], w_hhs[0], hs[0], cs[0], bs,
+                                            masks[0], False, True)]
+        else:
+            results = kernel.plain_directions_forward(spec, highway, projs, w_hhs, hs, cs, bs,
+                                                      masks, False, True)
+        for d, r in enumerate(results):
+            outs[d][t0:t1].copy_(r[0])
+            hs[d], cs[d] = r[1], r[2]
+        del projs, results
+    return [(outs[d], hs[d], cs[d]) for d in range(n)]
