@@ -26,7 +26,8 @@ from .kernels import autograd, backend, cuda_recurrence, scan
 from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/test_cuda.py)
 from .functional import projection_bias
 from .plan import Plan, decide
-from .kernels.projection import input_projection, stream_steps, streamed_forward
+from .kernels.projection import (bf16_gemm_applies, bf16_projection, input_projection,
+                                 stream_steps, streamed_forward)
 from .variants import Variant
 
 __all__ = ["RUNNERS", "run_layer_call", "run_layer", "run_scan_layer", "layer_plan"]
@@ -168,6 +169,42 @@ def _streaming(runner):
     return run
 
 
+# --------------------------------------------------------------------------- bfloat16 on the CPU
+def _cpu_bfloat16(x, params) -> bool:
+    """A CPU layer call in bfloat16 (bfloat16 input or parameters, or float32 ones under
+    ``torch.autocast("cpu", torch.bfloat16)``) that the CPU kernels run
+    (:func:`_run_cpu_bfloat16`): not with the generic backend, and where the kernel is built
+    (otherwise the plan's fallback or error applies)."""
+    if not x.is_cpu:
+        return False
+    dtypes = {x.dtype} | {t.dtype for p in params for t in p if t is not None}
+    auto = backend.autocast_dtype("cpu")
+    in_bf16 = (torch.bfloat16 in dtypes and dtypes <= {torch.bfloat16, torch.float32}) or (
+        auto == torch.bfloat16 and dtypes == {torch.float32})
+    if not in_bf16:
+        return False
+    from .plan import call_settings
+    return call_settings().backend != "generic" and backend.kernels().cpu
+
+
+def _run_cpu_bfloat16(variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
+    """The bfloat16 CPU path: the layer on the float32 kernels (the plan of the float32 call:
+    schedule, streaming, scan), with bfloat16 inputs and parameters widened (exactly) to
+    float32, states and the element-wise pass in float32, the input projection in bfloat16
+    through the GEMM library where ``plan.POLICY.bf16_gemm`` says
+    (:func:`rnn_ablations.kernels.projection.bf16_gemm_applies`), and the results in bfloat16.
+    Autograd differentiates the casts, so gradients reach bfloat16 parameters in bfloat16."""
+    from . import plan as _plan
+    f = (lambda t: None if t is None else t.float())
+    bf = torch.bfloat16
+    with torch.autocast("cpu", enabled=False), bf16_projection(
+            bf16_gemm_applies(_plan.POLICY.bf16_gemm)):
+        out, hs, cs = run_layer_call(
+            variant, highway, x.float(), [tuple(f(t) for t in p) for p in params], h0.float(),
+            c0.float(), batch_sizes, [f(m) for m in rec_masks], reverse)
+    return out.to(bf), [h.to(bf) for h in hs], [c.to(bf) for c in cs]
+
+
 # --------------------------------------------------------------------------- scan cells
 def _scan_bias(params) -> Optional[torch.Tensor]:
     """The bias of every direction's whole projection, side by side (``None`` without one)."""
@@ -246,6 +283,10 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
     if reverse is None and variant.reads_hidden and len(params) > 1:
         raise ValueError("run_layer_call: the second direction of a cell that reads h_{t-1} "
                          "runs on the input reversed within each row's length: pass reverse")
+    bf16 = _cpu_bfloat16(x, params)
+    if bf16:
+        return _run_cpu_bfloat16(variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
+                                 reverse)
     plan = decide(x, params, h0, c0, scan_layout=scan.scan_applies(variant)
                   if not variant.reads_hidden else False)
     return RUNNERS[plan.runner](plan, variant, highway, x, params, h0, c0, batch_sizes,

@@ -107,7 +107,10 @@ class Policy:
     stream_min_bytes / stream_chunk_bytes: a no-gradient forward on the plain CPU schedule whose
     input projections of all steps (per direction) reach ``stream_min_bytes`` computes them a
     chunk of at most ``stream_chunk_bytes`` at a time (:func:`.kernels.projection.stream_steps`;
-    peak memory, ``benchmarks/inference_memory.py``)."""
+    peak memory, ``benchmarks/inference_memory.py``);
+    bf16_gemm: a bfloat16 CPU call's input projection in bfloat16 (``"on"``), in float32
+    (``"off"``) or in bfloat16 where the CPU has bfloat16 GEMM instructions (AVX512-BF16 or
+    AMX) and in float32 elsewhere (``"auto"``; :func:`.kernels.projection.bf16_gemm_applies`)."""
 
     min_steps: int = 4
     max_step_macs: int = 24_000_000
@@ -115,8 +118,12 @@ class Policy:
     onednn_min_weight: int = 500_000
     stream_min_bytes: int = 64 * 2**20
     stream_chunk_bytes: int = 16 * 2**20
+    bf16_gemm: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.bf16_gemm not in ("auto", "on", "off"):
+            raise ValueError(f"Policy.bf16_gemm must be 'auto', 'on' or 'off', got "
+                             f"{self.bf16_gemm!r}")
         _keep_hash(self)
 
     __hash__ = _kept_hash

@@ -6,13 +6,16 @@ decision (:func:`rnn_ablations.plan.onednn_applies`, ``Plan.onednn``), given to
 need two transposed copies)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Optional
 
 import torch
 
 from . import backend
 
-__all__ = ["input_projection", "stream_steps", "streamed_forward"]
+__all__ = ["input_projection", "stream_steps", "streamed_forward", "bf16_gemm_applies",
+           "bf16_projection", "cpu_has_bf16_gemm"]
 
 
 @torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")
@@ -84,10 +87,48 @@ class _OneDnnLinear(torch.autograd.Function):
         return dx, dw, db
 
 
+def cpu_has_bf16_gemm() -> bool:
+    """The CPU has bfloat16 GEMM instructions (AVX512-BF16 or AMX), which oneDNN uses for a
+    bfloat16 ``F.linear``; elsewhere a bfloat16 GEMM is emulated and float32 is faster."""
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+                or getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
+
+
+def bf16_gemm_applies(setting: str) -> bool:
+    """Whether a bfloat16 CPU call computes its input projection in bfloat16:
+    ``Policy.bf16_gemm`` ``"on"`` / ``"off"``, or ``"auto"``: where :func:`cpu_has_bf16_gemm`."""
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"bf16_gemm must be 'auto', 'on' or 'off', got {setting!r}")
+    return setting == "on" or (setting == "auto" and cpu_has_bf16_gemm())
+
+
+#: Set while a bfloat16 CPU layer call runs on the float32 kernels with its input projection
+#: in bfloat16 (:func:`bf16_projection`, read by :func:`input_projection`).
+_BF16_PROJECTION = contextvars.ContextVar("rnn_ablations_bf16_projection", default=False)
+
+
+@contextlib.contextmanager
+def bf16_projection(on: bool = True):
+    """Within the block, :func:`input_projection` of float32 CPU tensors computes
+    ``F.linear`` in bfloat16 (operands rounded to bfloat16, accumulation in float32 inside the
+    GEMM library) and returns it in float32: the bfloat16 path of the CPU kernel, whose
+    recurrence, states and element-wise pass stay in float32."""
+    token = _BF16_PROJECTION.set(on)
+    try:
+        yield
+    finally:
+        _BF16_PROJECTION.reset(token)
+
+
 def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                      onednn: bool) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for all time steps at once, on oneDNN where ``onednn``
-    (``Plan.onednn``), else ``F.linear``."""
+    (``Plan.onednn``), else ``F.linear``; in bfloat16 inside :func:`bf16_projection`."""
+    if (_BF16_PROJECTION.get() and x.dtype == torch.float32 and x.device.type == "cpu"):
+        bf = torch.bfloat16
+        return torch.nn.functional.linear(
+            x.to(bf), weight.to(bf), bias.to(bf) if bias is not None else None).float()
     if onednn:
         return _OneDnnLinear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
