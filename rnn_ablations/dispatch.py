@@ -142,8 +142,9 @@ def _stream_chunk(x, params, h0, c0, rec_masks) -> int:
 
 
 def _streaming(runner):
-    """A plain CPU runner that streams the input projections of a large no-gradient call
-    (:func:`_stream_chunk`) and otherwise runs ``runner``."""
+    """A CPU step-kernel runner that streams the input projections of a large no-gradient call
+    on the plain kernel (:func:`_stream_chunk`) and otherwise runs ``runner`` (the pipelined
+    schedule's forward, too, holds per-step tensors of all steps)."""
 
     def run(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
         chunk = _stream_chunk(x, params, h0, c0, rec_masks)
@@ -169,6 +170,22 @@ def _streaming(runner):
     return run
 
 
+_step_gemm_set = [None]  # the (policy, isa) whose library thresholds the kernel holds
+
+
+def _sync_step_gemm(isa) -> None:
+    """Give the CPU kernel the step-GEMM library thresholds of ``plan.POLICY`` for the vector
+    path ``isa`` (:func:`rnn_ablations.plan.library_step_thresholds`), when they changed."""
+    from . import plan as _plan
+    key = (_plan.POLICY, isa, id(backend._C))
+    if _step_gemm_set[0] == key or backend._C is None:
+        return
+    setter = getattr(backend._C, "set_library_step_gemm", None)
+    if setter is not None:
+        setter(*_plan.library_step_thresholds(_plan.POLICY, isa))
+    _step_gemm_set[0] = key
+
+
 # --------------------------------------------------------------------------- bfloat16 on the CPU
 def _cpu_bfloat16(x, params) -> bool:
     """A CPU layer call in bfloat16 (bfloat16 input or parameters, or float32 ones under
@@ -177,6 +194,10 @@ def _cpu_bfloat16(x, params) -> bool:
     (otherwise the plan's fallback or error applies)."""
     if not x.is_cpu:
         return False
+    if x.dtype is not torch.bfloat16 and (
+            x.dtype is not torch.float32 or (params[0][0].dtype is not torch.bfloat16
+                                             and backend.autocast_dtype("cpu") is None)):
+        return False  # the common float32 / float64 call, without looking further
     dtypes = {x.dtype} | {t.dtype for p in params for t in p if t is not None}
     auto = backend.autocast_dtype("cpu")
     in_bf16 = (torch.bfloat16 in dtypes and dtypes <= {torch.bfloat16, torch.float32}) or (
@@ -263,9 +284,9 @@ RUNNERS: Dict[str, Callable] = {
     "generic": _run_generic,
     "generic_scan": _run_generic_scan,
     "cpu_plain": _streaming(_plain_runner(_cpu_kernel)),
-    "cpu_pipelined": _run_cpu_pipelined,
+    "cpu_pipelined": _streaming(_run_cpu_pipelined),
     "cpu_plain_pair": _streaming(_run_cpu_plain_pair),
-    "cpu_pipelined_pair": _run_cpu_pipelined_pair,
+    "cpu_pipelined_pair": _streaming(_run_cpu_pipelined_pair),
     "cuda_steps": _plain_runner(cuda_recurrence.select),
     "cuda_persistent": _plain_runner(cuda_recurrence.select),
     "scan": _run_scan,
@@ -289,6 +310,8 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
                                  reverse)
     plan = decide(x, params, h0, c0, scan_layout=scan.scan_applies(variant)
                   if not variant.reads_hidden else False)
+    if plan.path == "cpu":
+        _sync_step_gemm(plan.isa)
     return RUNNERS[plan.runner](plan, variant, highway, x, params, h0, c0, batch_sizes,
                                 rec_masks, reverse)
 

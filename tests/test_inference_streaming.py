@@ -1,4 +1,4 @@
-"""The streamed no-gradient forward of the plain CPU schedule (``rnn_ablations.kernels.projection.
+"""The streamed no-gradient forward of the CPU step kernel (either schedule) (``rnn_ablations.kernels.projection.
 streamed_forward``, chosen by ``rnn_ablations.dispatch._stream_chunk`` from ``plan.POLICY``):
 the same outputs and final states as the forward that projects all steps at once, for every
 variant with a step kernel, one and two directions, packed sequences and the highway; and, in a
@@ -54,13 +54,15 @@ def _run(model, x, lengths=None):
 @pytest.mark.parametrize("variant", STEP_VARIANTS)
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("packed", [False, True])
-def test_streamed_equals_unstreamed(variant, bidirectional, packed, tiny_chunks, monkeypatch):
+@pytest.mark.parametrize("schedule", ["plain", "pipelined"])
+def test_streamed_equals_unstreamed(variant, bidirectional, packed, schedule, tiny_chunks,
+                                    monkeypatch):
     torch.manual_seed(0)
     T, B, D, H = 11, 5, 6, 7
     model = AblatedRNN(variant, D, H, num_layers=2, bidirectional=bidirectional).double()
     x = torch.randn(T, B, D, dtype=torch.float64)
     lengths = torch.tensor([11, 4, 9, 1, 7]) if packed else None
-    with options(backend="kernel", cpu_schedule="plain"):
+    with options(backend="kernel", cpu_schedule=schedule):
         ref = _run(model, x, lengths)
         calls = []
         import rnn_ablations.dispatch as dispatch
