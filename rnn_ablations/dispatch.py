@@ -25,6 +25,7 @@ import torch
 from .kernels import autograd, backend, cuda_recurrence, scan
 from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/test_cuda.py)
 from .functional import projection_bias
+from . import plan as _plan
 from .plan import Plan, decide
 from .kernels.projection import (bf16_gemm_applies, bf16_projection, input_projection,
                                  stream_steps, streamed_forward)
@@ -128,15 +129,16 @@ def _stream_chunk(x, params, h0, c0, rec_masks) -> int:
     (:func:`rnn_ablations.kernels.projection.streamed_forward`), else 0: a no-gradient call in
     eager mode, outside autocast, whose projections of all steps reach
     ``plan.POLICY.stream_min_bytes`` per direction."""
-    from . import plan as _plan
     w_ih = params[0][0]
+    policy = _plan.POLICY
+    if x.shape[0] * x.shape[1] * w_ih.shape[0] * x.element_size() < policy.stream_min_bytes:
+        return 0  # the common case, decided by the size alone
     if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in
                                         [x, h0, c0, *[w for p in params for w in p]])):
         return 0
     if (torch.compiler.is_compiling() or backend.autocast_dtype("cpu") is not None
             or x.dtype not in (torch.float32, torch.float64) or type(x) is not torch.Tensor):
         return 0
-    policy = _plan.POLICY
     return stream_steps(x.shape[0], x.shape[1], w_ih.shape[0], x.element_size(),
                         policy.stream_min_bytes, policy.stream_chunk_bytes)
 
@@ -176,10 +178,11 @@ _step_gemm_set = [None]  # the (policy, isa) whose library thresholds the kernel
 def _sync_step_gemm(isa) -> None:
     """Give the CPU kernel the step-GEMM library thresholds of ``plan.POLICY`` for the vector
     path ``isa`` (:func:`rnn_ablations.plan.library_step_thresholds`), when they changed."""
-    from . import plan as _plan
-    key = (_plan.POLICY, isa, id(backend._C))
-    if _step_gemm_set[0] == key or backend._C is None:
+    key = _step_gemm_set[0]
+    if (key is not None and key[0] is _plan.POLICY and key[1] == isa
+            and key[2] is backend._C) or backend._C is None:
         return
+    key = (_plan.POLICY, isa, backend._C)
     setter = getattr(backend._C, "set_library_step_gemm", None)
     if setter is not None:
         setter(*_plan.library_step_thresholds(_plan.POLICY, isa))
@@ -215,7 +218,6 @@ def _run_cpu_bfloat16(variant, highway, x, params, h0, c0, batch_sizes, rec_mask
     through the GEMM library where ``plan.POLICY.bf16_gemm`` says
     (:func:`rnn_ablations.kernels.projection.bf16_gemm_applies`), and the results in bfloat16.
     Autograd differentiates the casts, so gradients reach bfloat16 parameters in bfloat16."""
-    from . import plan as _plan
     f = (lambda t: None if t is None else t.float())
     bf = torch.bfloat16
     with torch.autocast("cpu", enabled=False), bf16_projection(
