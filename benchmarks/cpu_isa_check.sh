@@ -15,7 +15,12 @@
 #          CPU supports (avx512, avx2, the AVX-512 blocking emulated with AVX2, portable);
 #   speed  speed_cpu_experiments_<isa>.{json,md}: benchmarks/speed.py --shapes experiments
 #          --threads 2, every variant against nn.LSTM, train and inference, with --isas avx512 avx2
-#          where the CPU has AVX-512 (the A/B in the same interleaved rounds), else the path in use.
+#          where the CPU has AVX-512 (the A/B in the same interleaved rounds), else the path in use;
+#   gemm   step_gemm_library_<cpu>.{json,md}: benchmarks/step_gemm_library.py, the step GEMM on
+#          the kernel's own packed GEMM against MKL's packed GEMM per shape, train and inference,
+#          and the plan.POLICY.library_step_gemm entry the numbers support (cpu_gemm.log);
+#   bf16   speed_cpu_experiments_bfloat16.{json,md}: benchmarks/speed.py --dtype bfloat16 (every
+#          variant against nn.LSTM in bfloat16, oneDNN / AMX where the CPU has it).
 # Environment: PYTHON (python3), CPUS (auto), REPEATS (5), WARMUP (1), SHAPE_NAMES (all rows),
 # CPU_ISA_CHECK_PRINT_CPUS=1 (print the CPUs it would pin to, as a taskset list, and exit).
 set -o pipefail
@@ -86,5 +91,19 @@ fi
     --out "$out" 2>&1 | tee "$out/cpu_speed.log"
 rc=$?
 echo "== speed ($isas): exit $rc ($(( $(date +%s) - t0 )) s, $out/$name.md)"
+[ $rc -eq 0 ] || failed=1
+
+"${pin[@]}" "$py" benchmarks/step_gemm_library.py --threads 2 --repeats "${REPEATS:-5}" \
+    --warmup "${WARMUP:-1}" --out "$out" 2>&1 | tee "$out/cpu_gemm.log"
+rc=$?
+echo "== step GEMM library: exit $rc ($(( $(date +%s) - t0 )) s)"
+[ $rc -eq 0 ] || failed=1
+
+# shellcheck disable=SC2086
+"${pin[@]}" "$py" benchmarks/speed.py --shapes experiments --threads 2 --dtype bfloat16 \
+    --repeats "${REPEATS:-5}" --warmup "${WARMUP:-1}" "${shape_names[@]}" \
+    --name speed_cpu_experiments_bfloat16 --out "$out" 2>&1 | tee "$out/cpu_speed_bf16.log"
+rc=$?
+echo "== speed (bfloat16): exit $rc ($(( $(date +%s) - t0 )) s)"
 [ $rc -eq 0 ] || failed=1
 exit $failed

@@ -25,8 +25,10 @@ import torch
 from .kernels import autograd, backend, cuda_recurrence, scan
 from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/kernels/test_cuda.py)
 from .functional import projection_bias
+from . import plan as _plan
 from .plan import Plan, decide
-from .kernels.projection import input_projection
+from .kernels.projection import (bf16_gemm_applies, bf16_projection, input_projection,
+                                 stream_steps, streamed_forward)
 from .kernels.cuda import selfcheck as cuda_selfcheck
 from .variants import Variant
 
@@ -124,6 +126,110 @@ def _run_cpu_pipelined_pair(plan, variant, highway, x, params, h0, c0, batch_siz
                                              batch_sizes, plan.chunk, flat), reverse)
 
 
+def _stream_chunk(x, params, h0, c0, rec_masks) -> int:
+    """Steps per chunk when a plain CPU call streams its input projections
+    (:func:`rnn_ablations.kernels.projection.streamed_forward`), else 0: a no-gradient call in
+    eager mode, outside autocast, whose projections of all steps reach
+    ``plan.POLICY.stream_min_bytes`` per direction."""
+    w_ih = params[0][0]
+    policy = _plan.POLICY
+    if x.shape[0] * x.shape[1] * w_ih.shape[0] * x.element_size() < policy.stream_min_bytes:
+        return 0  # the common case, decided by the size alone
+    if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in
+                                        [x, h0, c0, *[w for p in params for w in p]])):
+        return 0
+    if (torch.compiler.is_compiling() or backend.autocast_dtype("cpu") is not None
+            or x.dtype not in (torch.float32, torch.float64) or type(x) is not torch.Tensor):
+        return 0
+    return stream_steps(x.shape[0], x.shape[1], w_ih.shape[0], x.element_size(),
+                        policy.stream_min_bytes, policy.stream_chunk_bytes)
+
+
+def _streaming(runner):
+    """A CPU step-kernel runner that streams the input projections of a large no-gradient call
+    on the plain kernel (:func:`_stream_chunk`) and otherwise runs ``runner`` (the pipelined
+    schedule's forward, too, holds per-step tensors of all steps)."""
+
+    def run(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
+        chunk = _stream_chunk(x, params, h0, c0, rec_masks)
+        if not chunk or len(params) > 2:
+            return runner(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
+                          reverse)
+        xs = _direction_inputs(x, reverse, len(params))
+        # the directions together (one per thread) where the plan runs them so
+        groups = [list(range(len(params)))] if plan.concurrent else [[d] for d in
+                                                                      range(len(params))]
+        results = [None] * len(params)
+        for g in groups:
+            done = streamed_forward(
+                backend.cpu_kernel(), variant.kernel_spec, highway, [xs[d] for d in g],
+                [params[d][0] for d in g],
+                [projection_bias(params[d][2], params[d][0].shape[0]) for d in g],
+                [params[d][1] for d in g], [h0[d] for d in g], [c0[d] for d in g],
+                batch_sizes, [rec_masks[d] for d in g], plan.onednn, chunk)
+            for d, r in zip(g, done):
+                results[d] = r
+        return _assemble(results, reverse)
+    run.__doc__ = (runner.__doc__ or "") + " Streams the projections of a large no-gradient call."
+    return run
+
+
+_step_gemm_set = [None]  # the (policy, isa) whose library thresholds the kernel holds
+
+
+def _sync_step_gemm(isa) -> None:
+    """Give the CPU kernel the step-GEMM library thresholds of ``plan.POLICY`` for the vector
+    path ``isa`` (:func:`rnn_ablations.plan.library_step_thresholds`), when they changed."""
+    key, cpu = _step_gemm_set[0], backend.cpu_kernel()
+    if (key is not None and key[0] is _plan.POLICY and key[1] == isa
+            and key[2] is cpu) or cpu is None:
+        return
+    key = (_plan.POLICY, isa, cpu)
+    setter = getattr(cpu, "set_library_step_gemm", None)
+    if setter is not None:
+        setter(*_plan.library_step_thresholds(_plan.POLICY, isa))
+    _step_gemm_set[0] = key
+
+
+# --------------------------------------------------------------------------- bfloat16 on the CPU
+def _cpu_bfloat16(x, params) -> bool:
+    """A CPU layer call in bfloat16 (bfloat16 input or parameters, or float32 ones under
+    ``torch.autocast("cpu", torch.bfloat16)``) that the CPU kernels run
+    (:func:`_run_cpu_bfloat16`): not with the generic backend, and where the kernel is built
+    (otherwise the plan's fallback or error applies)."""
+    if not x.is_cpu:
+        return False
+    if x.dtype is not torch.bfloat16 and (
+            x.dtype is not torch.float32 or (params[0][0].dtype is not torch.bfloat16
+                                             and backend.autocast_dtype("cpu") is None)):
+        return False  # the common float32 / float64 call, without looking further
+    dtypes = {x.dtype} | {t.dtype for p in params for t in p if t is not None}
+    auto = backend.autocast_dtype("cpu")
+    in_bf16 = (torch.bfloat16 in dtypes and dtypes <= {torch.bfloat16, torch.float32}) or (
+        auto == torch.bfloat16 and dtypes == {torch.float32})
+    if not in_bf16:
+        return False
+    from .plan import call_settings
+    return call_settings().backend != "generic" and backend.kernels().cpu
+
+
+def _run_cpu_bfloat16(variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
+    """The bfloat16 CPU path: the layer on the float32 kernels (the plan of the float32 call:
+    schedule, streaming, scan), with bfloat16 inputs and parameters widened (exactly) to
+    float32, states and the element-wise pass in float32, the input projection in bfloat16
+    through the GEMM library where ``plan.POLICY.bf16_gemm`` says
+    (:func:`rnn_ablations.kernels.projection.bf16_gemm_applies`), and the results in bfloat16.
+    Autograd differentiates the casts, so gradients reach bfloat16 parameters in bfloat16."""
+    f = (lambda t: None if t is None else t.float())
+    bf = torch.bfloat16
+    with torch.autocast("cpu", enabled=False), bf16_projection(
+            bf16_gemm_applies(_plan.POLICY.bf16_gemm)):
+        out, hs, cs = run_layer_call(
+            variant, highway, x.float(), [tuple(f(t) for t in p) for p in params], h0.float(),
+            c0.float(), batch_sizes, [f(m) for m in rec_masks], reverse)
+    return out.to(bf), [h.to(bf) for h in hs], [c.to(bf) for c in cs]
+
+
 # --------------------------------------------------------------------------- scan cells
 def _scan_bias(params) -> Optional[torch.Tensor]:
     """The bias of every direction's whole projection, side by side (``None`` without one)."""
@@ -181,10 +287,10 @@ def _run_fused_scan(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_
 RUNNERS: Dict[str, Callable] = {
     "generic": _run_generic,
     "generic_scan": _run_generic_scan,
-    "cpu_plain": _plain_runner(_cpu_kernel),
-    "cpu_pipelined": _run_cpu_pipelined,
-    "cpu_plain_pair": _run_cpu_plain_pair,
-    "cpu_pipelined_pair": _run_cpu_pipelined_pair,
+    "cpu_plain": _streaming(_plain_runner(_cpu_kernel)),
+    "cpu_pipelined": _streaming(_run_cpu_pipelined),
+    "cpu_plain_pair": _streaming(_run_cpu_plain_pair),
+    "cpu_pipelined_pair": _streaming(_run_cpu_pipelined_pair),
     "cuda": _plain_runner(cuda_recurrence.step_kernel),
     "scan": _run_scan,
     "fused_scan": _run_fused_scan,
@@ -205,10 +311,15 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
         # the cell never reads c_0: no gradient for it (None, as the generic path gives), not
         # the kernels' zeros, which have no graph for a second derivative
         c0 = c0.detach()
+    if _cpu_bfloat16(x, params):
+        return _run_cpu_bfloat16(variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
+                                 reverse)
     plan = decide(x, params, h0, c0, scan_layout=scan.scan_applies(variant)
                   if not variant.reads_hidden else False, spec=variant.kernel_spec,
                   highway=highway)
-    if plan.path == "cuda":
+    if plan.path == "cpu":
+        _sync_step_gemm(plan.isa)
+    elif plan.path == "cuda":
         # the CUDA kernels' first-use check: a family that fails it is replaced by the
         # generic path (kernels/cuda/selfcheck.py)
         plan = cuda_selfcheck.admit(plan, variant, highway, x)

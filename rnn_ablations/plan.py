@@ -53,8 +53,8 @@ __all__ = ["Options", "options", "set_options", "get_options", "reset_options",
            "process_options", "ENVIRONMENT", "from_environment", "BACKENDS", "KERNEL_ISAS",
            "CPU_SCHEDULES", "CONCURRENT_DIRECTIONS", "CUDA_RECURRENCES",
            "LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan", "decide",
-           "check_persistent",
-           "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES"]
+           "check_persistent", "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES",
+           "library_step_thresholds"]
 
 
 from .kernels import backend
@@ -111,14 +111,39 @@ class Policy:
     min_steps: the pipelined schedule from this many steps; max_step_macs /
     max_step_macs_inference: with 2+ threads, the plain schedule (and directions one after the
     other) from this many multiply-adds per step GEMM (B x R*H x H), training / no gradient;
-    onednn_min_weight: the input projection on oneDNN from this many weight entries."""
+    onednn_min_weight: the input projection on oneDNN from this many weight entries;
+    stream_min_bytes / stream_chunk_bytes: a no-gradient forward on the plain CPU schedule whose
+    input projections of all steps (per direction) reach ``stream_min_bytes`` computes them a
+    chunk of at most ``stream_chunk_bytes`` at a time (:func:`.kernels.projection.stream_steps`;
+    peak memory, ``benchmarks/inference_memory.py``);
+    bf16_gemm: a bfloat16 CPU call's input projection in bfloat16 (``"on"``), in float32
+    (``"off"``) or in bfloat16 where the CPU has bfloat16 GEMM instructions (AVX512-BF16 or
+    AMX) and in float32 elsewhere (``"auto"``; :func:`.kernels.projection.bf16_gemm_applies`);
+    library_step_gemm: per vector path of the CPU kernel, ``(isa, train_min_macs,
+    inference_min_macs)``: the float32 step GEMM (B x R*H x H) through MKL's packed GEMM, which
+    picks its code per CPU, from this many multiply-adds per step in training / in a
+    no-gradient forward, -1 never (the kernel's own packed GEMM); a path not listed never
+    (:func:`library_step_thresholds`; measured by ``benchmarks/step_gemm_library.py``)."""
 
     min_steps: int = 4
     max_step_macs: int = 24_000_000
     max_step_macs_inference: int = 12_000_000
     onednn_min_weight: int = 500_000
+    stream_min_bytes: int = 64 * 2**20
+    stream_chunk_bytes: int = 16 * 2**20
+    bf16_gemm: str = "auto"
+    library_step_gemm: Tuple[Tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.bf16_gemm not in ("auto", "on", "off"):
+            raise ValueError(f"Policy.bf16_gemm must be 'auto', 'on' or 'off', got "
+                             f"{self.bf16_gemm!r}")
+        for entry in self.library_step_gemm:
+            if (not isinstance(entry, tuple) or len(entry) != 3 or not isinstance(entry[0], str)
+                    or any(not isinstance(v, int) or v < -1 for v in entry[1:])):
+                raise ValueError("Policy.library_step_gemm takes (isa, train_min_macs, "
+                                 "inference_min_macs) tuples, the thresholds >= 0 or -1 "
+                                 f"(never), e.g. ('avx512', -1, 0); got {entry!r}")
         _keep_hash(self)
 
     __hash__ = _kept_hash
@@ -163,6 +188,15 @@ def onednn_applies(settings: Options, device: str, dtype: torch.dtype, weight_en
     not under autocast (whose casts ``F.linear`` applies)."""
     return (settings.backend != "generic" and device == "cpu" and dtype == torch.float32
             and not autocast and weight_entries >= policy.onednn_min_weight and onednn_works)
+
+
+def library_step_thresholds(policy: Policy, isa: Optional[str]) -> Tuple[int, int]:
+    """``(train_min_macs, inference_min_macs)`` of ``policy.library_step_gemm`` for the CPU
+    kernel's vector path ``isa``; ``(-1, -1)`` (never) for a path it does not list."""
+    for name, train, inference in policy.library_step_gemm:
+        if name == isa:
+            return train, inference
+    return -1, -1
 
 
 def _kernel_for(settings: Options, device: str, dtype: torch.dtype, kernels: Kernels,

@@ -346,9 +346,10 @@ def run(args) -> int:
             raise ValueError("--clock cpu measures CPU work; use the wall clock with --device cuda")
     for d in args.dtype:
         _dtype_setup(d, args.device)  # validates
-        if args.device == "cpu" and d != "float32" and d != "float64":
-            raise ValueError(f"--dtype {d}: half precision is timed on CUDA only "
-                             "(on the CPU it runs the generic path)")
+        if args.device == "cpu" and d not in ("float32", "float64", "bfloat16",
+                                               "autocast-bfloat16"):
+            raise ValueError(f"--dtype {d}: on the CPU choose float32, float64, bfloat16 or "
+                             "autocast-bfloat16 (float16 is timed on CUDA only)")
     if args.cuda_graphs is not None:
         set_cuda_graphs(args.cuda_graphs == "on")
     if args.cuda_recurrence is not None and args.device == "cpu":

@@ -13,6 +13,7 @@
 #include "common/layer_tensors.h"
 #include "cpu/entry_points.h"
 #include "common/kernel_spec.h"
+#include "cpu/library_gemm.h"
 #include "cpu/vec_kernels.h"
 
 namespace rnn_ablations {
@@ -140,6 +141,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests only: c (+)= a @ B with the packed step GEMM of the path in use (B = w.T when "
         "transposed, else w); returns c", py::arg("a"), py::arg("w"), py::arg("transposed"),
         py::arg("c"), py::arg("accumulate"), py::arg("parallel"));
+  m.def("library_gemm", &cpu::library_gemm_available,
+        "whether MKL's packed GEMM (cblas_sgemm_pack / cblas_sgemm_compute) is linked in, for the "
+        "step GEMM's library path");
+  m.def("set_library_step_gemm", &cpu::set_library_step_gemm,
+        "the step GEMM through MKL's packed GEMM from this many multiply-adds per step "
+        "(B x N x K; float32), for training calls and for no-gradient forwards; -1 = never (the "
+        "kernel's own packed GEMM)", py::arg("train_min_macs"), py::arg("inference_min_macs"));
+  m.def("library_step_gemm", &cpu::library_step_gemm,
+        "[training, inference]: the multiply-adds per step from which the step GEMM goes through "
+        "MKL; -1 = never");
   m.def("unit_split_steps", &unit_split_steps,
         "tests only: how many forward steps of the plain kernel ran split by hidden units over "
         "the threads (w_hh packed per gate block) since the module was loaded");

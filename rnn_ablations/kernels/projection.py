@@ -6,13 +6,16 @@ decision (:func:`rnn_ablations.plan.onednn_applies`, ``Plan.onednn``), given to
 need two transposed copies)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Optional
 
 import torch
 
 from . import backend
 
-__all__ = ["input_projection"]
+__all__ = ["input_projection", "stream_steps", "streamed_forward", "bf16_gemm_applies",
+           "bf16_projection", "cpu_has_bf16_gemm"]
 
 
 @torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")
@@ -84,10 +87,104 @@ class _OneDnnLinear(torch.autograd.Function):
         return dx, dw, db
 
 
+def cpu_has_bf16_gemm() -> bool:
+    """The CPU has bfloat16 GEMM instructions (AVX512-BF16 or AMX), which oneDNN uses for a
+    bfloat16 ``F.linear``; elsewhere a bfloat16 GEMM is emulated and float32 is faster."""
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+                or getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
+
+
+def bf16_gemm_applies(setting: str) -> bool:
+    """Whether a bfloat16 CPU call computes its input projection in bfloat16:
+    ``Policy.bf16_gemm`` ``"on"`` / ``"off"``, or ``"auto"``: where :func:`cpu_has_bf16_gemm`."""
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"bf16_gemm must be 'auto', 'on' or 'off', got {setting!r}")
+    return setting == "on" or (setting == "auto" and cpu_has_bf16_gemm())
+
+
+#: Set while a bfloat16 CPU layer call runs on the float32 kernels with its input projection
+#: in bfloat16 (:func:`bf16_projection`, read by :func:`input_projection`).
+_BF16_PROJECTION = contextvars.ContextVar("rnn_ablations_bf16_projection", default=False)
+
+
+@contextlib.contextmanager
+def bf16_projection(on: bool = True):
+    """Within the block, :func:`input_projection` of float32 CPU tensors computes
+    ``F.linear`` in bfloat16 (operands rounded to bfloat16, accumulation in float32 inside the
+    GEMM library) and returns it in float32: the bfloat16 path of the CPU kernel, whose
+    recurrence, states and element-wise pass stay in float32."""
+    token = _BF16_PROJECTION.set(on)
+    try:
+        yield
+    finally:
+        _BF16_PROJECTION.reset(token)
+
+
 def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                      onednn: bool) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for all time steps at once, on oneDNN where ``onednn``
-    (``Plan.onednn``), else ``F.linear``."""
+    (``Plan.onednn``), else ``F.linear``; in bfloat16 inside :func:`bf16_projection`."""
+    if (_BF16_PROJECTION.get() and x.dtype == torch.float32 and x.device.type == "cpu"):
+        bf = torch.bfloat16
+        return torch.nn.functional.linear(
+            x.to(bf), weight.to(bf), bias.to(bf) if bias is not None else None).float()
     if onednn:
         return _OneDnnLinear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
+
+
+# --------------------------------------------------------------------------- streamed inference
+def stream_steps(steps: int, batch: int, width: int, itemsize: int, min_bytes: int,
+                 chunk_bytes: int) -> int:
+    """Steps per chunk of a streamed no-gradient forward (:func:`streamed_forward`), or 0 when
+    the projections of all ``steps`` (``steps·batch·width·itemsize`` bytes, per direction) stay
+    below ``min_bytes`` (they are then computed at once) or one chunk would hold every step.
+    A chunk holds at most ``chunk_bytes`` of projections, and at least one step."""
+    per_step = batch * width * itemsize
+    if steps < 2 or per_step * steps < min_bytes:
+        return 0
+    chunk = max(1, chunk_bytes // max(1, per_step))
+    return chunk if chunk < steps else 0
+
+
+def streamed_forward(kernel, spec: int, highway: bool, xs, w_ihs, pbiases, w_hhs, h0s, c0s,
+                     batch_sizes: torch.Tensor, masks, onednn: bool, chunk: int):
+    """A no-gradient forward of one layer's directions on the CPU step kernel (``kernel``:
+    ``backend.cpu_kernel()``), with the input projections computed ``chunk`` steps at a time instead of
+    all at once: per chunk of steps, each direction's projection (``xs[d]`` (T, B, D) its input
+    in its time order, ``w_ihs[d]``, ``pbiases[d]``), then the kernel from the states the
+    previous chunk ended in.  The projections of all steps (T·B·(R+X)·H per direction) are
+    never held: peak memory is the outputs plus one chunk.  One direction runs
+    ``plain_forward``, two run ``plain_directions_forward`` (one per thread).  Returns
+    ``[(out (T, B, H), h_n, c_n)]`` per direction, equal to the unstreamed forward's (each row's
+    final state is the state of its last active step: a chunk where a row is inactive passes
+    its state through)."""
+    n = len(xs)
+    T, B = xs[0].shape[0], xs[0].shape[1]
+    H = w_hhs[0].shape[1]
+    outs = [xs[0].new_empty(T, B, H) for _ in range(n)]
+    hs = [h.contiguous() for h in h0s]
+    cs = [c.contiguous() for c in c0s]
+    masks = [m.contiguous() if m is not None else xs[0].new_empty(0) for m in masks]
+    w_hhs = [w.contiguous() for w in w_hhs]
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        bs = batch_sizes[t0:t1]
+        if int(bs[0]) == 0:  # no row has a step left: the rest of the output is padding
+            for out in outs:
+                out[t0:].zero_()
+            break
+        projs = [input_projection(x[t0:t1], w, b, onednn).contiguous()
+                 for x, w, b in zip(xs, w_ihs, pbiases)]
+        if n == 1:
+            results = [kernel.plain_forward(spec, highway, projs[0], w_hhs[0], hs[0], cs[0], bs,
+                                            masks[0], False, True)]
+        else:
+            results = kernel.plain_directions_forward(spec, highway, projs, w_hhs, hs, cs, bs,
+                                                      masks, False, True)
+        for d, r in enumerate(results):
+            outs[d][t0:t1].copy_(r[0])
+            hs[d], cs[d] = r[1], r[2]
+        del projs, results
+    return [(outs[d], hs[d], cs[d]) for d in range(n)]

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../common/layer_tensors.h"
+#include "library_gemm.h"
 #include "vec_kernels.h"
 
 namespace rnn_ablations {
@@ -47,6 +48,9 @@ struct StepState {
   at::Tensor gates, out, cs, hin, h0, c0, w_hh, w_t, rec_mask, hp_buf;  // forward
   at::Tensor grad_out, dproj, dh, dc;                                     // backward
   PackedB packed;  // w_hh packed for the step GEMM (float32, on a path with a packed kernel)
+  // w_hh packed by MKL for the step GEMM (float32, where the per-shape choice takes the
+  // library: library_gemm.h); when defined, neither `packed` nor `packed_blocks` is.
+  LibraryPackedB library;
   // The forward's w_hh packed per recurrent block (R of them, each H x H, its own panels), so
   // that the hidden units of a step can be split over threads: each thread computes every gate
   // column of its units and then their element-wise pass, one parallel region per step
@@ -139,6 +143,13 @@ struct StepState {
     // RNN_ABLATIONS_PACKED_GEMM=0 takes ATen's GEMM instead (for A/B timing and the tests).
     const char* env = std::getenv("RNN_ABLATIONS_PACKED_GEMM");
     if (env && env[0] == '0') return;
+    // MKL's packed GEMM where the per-shape choice says (set_library_step_gemm)
+    if (w_hh.scalar_type() == at::kFloat && w_hh.is_contiguous() &&
+        library_step_applies(!backward && rolling_c, d.B, backward ? d.H : d.R * d.H,
+                             backward ? d.R * d.H : d.H)) {
+      library = library_pack_b(w_hh, !backward, d.B);
+      return;
+    }
     if (w_hh.scalar_type() == at::kFloat && packed_gemm_available()) {
       const int64_t width = packed_gemm_panel();
       const bool by_units = !backward && split_units && at::get_num_threads() > 1 &&
@@ -161,6 +172,10 @@ template <typename scalar_t, bool Acc>
 bool step_gemm(StepState& s, int64_t n, const scalar_t* A, int64_t lda, scalar_t* C, int64_t ldc,
                bool parallel) {
   if constexpr (std::is_same<scalar_t, float>::value) {
+    if (s.library.defined()) {
+      library_gemm(Acc, n, A, lda, s.library, C, ldc);
+      return true;
+    }
     if (s.packed.defined()) {
       gemm_packed(Acc, n, A, lda, s.packed, C, ldc, parallel);
       return true;

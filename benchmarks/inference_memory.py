@@ -1,0 +1,156 @@
+#!/usr/bin/env python
+"""Peak memory of a no-gradient forward (inference) on the CPU: every model against
+``torch.nn.LSTM`` of the same configuration, each call measured in a fresh process.
+
+    python benchmarks/inference_memory.py                       # the shapes below, lstm and ran
+    python benchmarks/inference_memory.py --models lstm --shapes 1000,1000,64,64,1,uni
+
+What one measurement is: a child process builds the model and the input (time-major, float32),
+runs one untimed forward on a small slice (so that lazy set-up such as the kernel's load is not
+counted), then reads its resident set size (``/proc/self/statm``), runs the forward under
+``torch.no_grad()`` and reads its peak resident set size (``getrusage``'s ``ru_maxrss``).  The
+peak minus the resident size before the call is the call's peak memory (its output included).
+The median over ``--repeats`` processes is reported.
+
+Prints a table and writes ``OUT/inference_memory_<cpu-name>.{json,md}`` (``--out``, default
+``benchmarks/results``), the CPU name from :func:`rnn_ablations.commands.machine.describe`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: (T, B, d_in, H, layers, "uni"|"bi")
+SHAPES = [(1000, 1000, 64, 64, 1, "uni"), (16, 100_000, 64, 64, 1, "uni"),
+          (200, 64, 512, 512, 2, "bi")]
+
+_CHILD = r"""
+import resource, sys, torch
+T, B, D, H, L, bi, model, threads = sys.argv[1:9]
+T, B, D, H, L, threads = int(T), int(B), int(D), int(H), int(L), int(threads)
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+cfg = dict(num_layers=L, bidirectional=bi == "bi")
+if model == "nn.LSTM":
+    m = torch.nn.LSTM(D, H, **cfg)
+else:
+    from rnn_ablations import AblatedRNN
+    m = AblatedRNN(model, D, H, **cfg)
+x = torch.randn(T, B, D)
+with torch.no_grad():
+    m(x[:2, :2])
+page = 4096
+with open("/proc/self/statm") as f:
+    before = int(f.read().split()[1]) * page
+with torch.no_grad():
+    y = m(x)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print("PEAK_BYTES", max(0, peak - before))
+"""
+
+
+def measure(shape, model: str, threads: int, repeats: int) -> dict:
+    """Median peak bytes of ``repeats`` child processes (see the module docstring)."""
+    T, B, D, H, L, bi = shape
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    values = []
+    for _ in range(repeats):
+        res = subprocess.run([sys.executable, "-c", _CHILD, str(T), str(B), str(D), str(H),
+                              str(L), bi, model, str(threads)], capture_output=True, text=True,
+                             env=env, cwd=str(ROOT))
+        found = re.search(r"PEAK_BYTES (\d+)", res.stdout)
+        if res.returncode != 0 or not found:
+            raise RuntimeError(f"inference_memory: the child for {model} {shape} failed:\n"
+                               f"{res.stdout}\n{res.stderr}")
+        values.append(int(found.group(1)))
+    return {"median_mb": round(statistics.median(values) / 2**20, 1),
+            "min_mb": round(min(values) / 2**20, 1), "max_mb": round(max(values) / 2**20, 1)}
+
+
+def _shape(text: str):
+    parts = text.split(",")
+    if len(parts) != 6 or parts[5] not in ("uni", "bi"):
+        raise argparse.ArgumentTypeError(f"--shapes {text!r}: give T,B,d_in,H,layers,uni|bi, "
+                                         "e.g. 1000,1000,64,64,1,uni")
+    try:
+        nums = [int(p) for p in parts[:5]]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes {text!r}: T, B, d_in, H and layers must be "
+                                         "integers") from None
+    if min(nums) < 1:
+        raise argparse.ArgumentTypeError(f"--shapes {text!r}: every size must be >= 1")
+    return (*nums, parts[5])
+
+
+def _cpu_name() -> str:
+    """``<vendor>_<isa>``, e.g. ``amd_epyc_avx2`` or ``intel_xeon_avx512_amx``."""
+    from rnn_ablations.commands.machine import cpu_info
+    cpu = cpu_info()
+    model = str(cpu.get("model", "cpu")).lower()
+    vendor = ("amd_epyc" if "epyc" in model else "intel_xeon" if "xeon" in model else
+              re.sub(r"[^a-z0-9]+", "_", model)[:24].strip("_") or "cpu")
+    flags = cpu.get("vector_flags", [])
+    isa = "avx512" if cpu.get("avx512f") else ("avx2" if cpu.get("avx2") else "portable")
+    return f"{vendor}_{isa}" + ("_amx" if "amx_tile" in flags else "")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["lstm", "ran"],
+                   help="variants of rnn_ablations (nn.LSTM is always measured)")
+    p.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES,
+                   help="T,B,d_in,H,layers,uni|bi (default: the three shapes of the module)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--name", default=None, help="file name stem (default: "
+                   "inference_memory_<cpu-name>)")
+    args = p.parse_args(argv)
+    if args.threads < 1 or args.repeats < 1:
+        p.error("--threads and --repeats must be >= 1")
+    from rnn_ablations.variants import VARIANTS
+    for m in args.models:
+        if m not in VARIANTS:
+            p.error(f"--models {m!r}: not a variant; choose from {', '.join(VARIANTS)}")
+    rows = []
+    for shape in args.shapes:
+        base = measure(shape, "nn.LSTM", args.threads, args.repeats)
+        rows.append({"shape": list(shape), "model": "nn.LSTM", **base, "ratio_vs_nn_lstm": 1.0})
+        print(f"{shape}  nn.LSTM  {base['median_mb']:.1f} MB", flush=True)
+        for m in args.models:
+            r = measure(shape, m, args.threads, args.repeats)
+            ratio = round(r["median_mb"] / max(base["median_mb"], 1e-9), 3)
+            rows.append({"shape": list(shape), "model": m, **r, "ratio_vs_nn_lstm": ratio})
+            print(f"{shape}  {m}  {r['median_mb']:.1f} MB  ({ratio:.2f}x nn.LSTM)", flush=True)
+    from rnn_ablations.commands.machine import describe
+    name = args.name or f"inference_memory_{_cpu_name()}"
+    meta = {"command": "python benchmarks/inference_memory.py " + " ".join(argv or sys.argv[1:]),
+            "machine": describe(), "threads": args.threads, "repeats": args.repeats,
+            "measure": "peak RSS of the no-grad forward minus RSS before it, one process per "
+                       "measurement, median of the repeats",
+            "shape_fields": ["T", "B", "d_in", "H", "layers", "directions"]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1)
+                                           + "\n")
+    lines = [f"# Inference peak memory (no_grad forward), {args.threads} thread(s), median of "
+             f"{args.repeats} processes", "",
+             "| T, B, d_in, H, layers, dirs | model | peak MB | × nn.LSTM |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {', '.join(map(str, r['shape']))} | {r['model']} | {r['median_mb']:.1f} "
+                     f"| {r['ratio_vs_nn_lstm']:.2f} |")
+    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out / name}.json / .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The CPU kernel's step GEMM on MKL's packed GEMM (``csrc/cpu/library_gemm.h``), chosen by
+``plan.POLICY.library_step_gemm``: the same numbers as the generic path (float32 tolerance),
+forward and gradients, both schedules, one and two directions, training and inference; the
+policy's thresholds reach the kernel; bad entries are refused."""
+import dataclasses
+
+import pytest
+import torch
+
+from rnn_ablations import AblatedRNN, options
+from rnn_ablations import plan as run_plan
+from rnn_ablations.kernels import backend
+
+pytestmark = pytest.mark.skipif(
+    backend._C is None or not getattr(backend._C, "library_gemm", lambda: False)(),
+    reason="the CPU kernel is not built, or this torch links no MKL packed GEMM")
+
+
+@pytest.fixture
+def library_everywhere(monkeypatch):
+    isa = backend._C.kernel_isa()
+    monkeypatch.setattr(run_plan, "POLICY", dataclasses.replace(
+        run_plan.POLICY, library_step_gemm=((isa, 0, 0),)))
+    yield
+    _reset()
+
+
+def _reset():
+    """The kernel back to the own GEMM, and the run layer told so."""
+    import rnn_ablations.dispatch as dispatch
+    backend._C.set_library_step_gemm(-1, -1)
+    dispatch._step_gemm_set[0] = None
+
+
+@pytest.mark.parametrize("variant", ["lstm", "srnn", "ran"])
+@pytest.mark.parametrize("schedule", ["plain", "pipelined"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_library_step_gemm_matches_generic(variant, schedule, bidirectional, library_everywhere):
+    torch.manual_seed(0)
+    model = AblatedRNN(variant, 9, 13, num_layers=2, bidirectional=bidirectional)
+    x = torch.randn(8, 5, 9, requires_grad=True)
+    lengths = torch.tensor([8, 3, 6, 8, 1])
+
+    def run(backend_name):
+        model.zero_grad()
+        x.grad = None
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        with options(backend=backend_name, cpu_schedule=schedule):
+            out, (h, c) = model(packed)
+            pad, _ = torch.nn.utils.rnn.pad_packed_sequence(out)
+            (pad.square().sum() + h.sum() + c.sum()).backward()
+            with torch.no_grad():
+                inf, _ = model(packed)
+        return ([pad.detach(), h.detach(), c.detach(), x.grad.clone(),
+                 torch.nn.utils.rnn.pad_packed_sequence(inf)[0]]
+                + [p.grad.clone() for p in model.parameters()])
+
+    got = run("kernel")
+    assert backend._C.library_step_gemm() == [0, 0]
+    ref = run("generic")
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_policy_reaches_the_kernel(monkeypatch):
+    isa = backend._C.kernel_isa()
+    monkeypatch.setattr(run_plan, "POLICY", dataclasses.replace(
+        run_plan.POLICY, library_step_gemm=((isa, 123, 456),)))
+    try:
+        with torch.no_grad(), options(backend="kernel"):
+            AblatedRNN("lstm", 3, 4)(torch.randn(2, 1, 3))
+        assert backend._C.library_step_gemm() == [123, 456]
+        assert run_plan.library_step_thresholds(run_plan.POLICY, "no such path") == (-1, -1)
+    finally:
+        _reset()
+
+
+def test_bad_entries_are_refused():
+    with pytest.raises(ValueError, match="library_step_gemm"):
+        dataclasses.replace(run_plan.POLICY, library_step_gemm=(("avx2", -5, 0),))
+    with pytest.raises(ValueError, match="library_step_gemm"):
+        dataclasses.replace(run_plan.POLICY, library_step_gemm=(("avx2", 0),))
+    with pytest.raises(RuntimeError, match="set_library_step_gemm"):
+        backend._C.set_library_step_gemm(-2, 0)
