@@ -123,7 +123,7 @@ def test_streamed_peak_memory_is_bounded():
     (above the 64 MiB streaming threshold); unstreamed the call peaks at about their sum (98 MiB
     on the development VM), streamed at about 59 MiB.  The bound is loose: RSS also counts the
     allocator's and the libraries' pages."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root))
     res = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
                          env=env, cwd=str(root), timeout=300)
