@@ -91,18 +91,6 @@ def _shape(text: str):
     return (*nums, parts[5])
 
 
-def _cpu_name() -> str:
-    """``<vendor>_<isa>``, e.g. ``amd_epyc_avx2`` or ``intel_xeon_avx512_amx``."""
-    from rnn_ablations.commands.machine import cpu_info
-    cpu = cpu_info()
-    model = str(cpu.get("model", "cpu")).lower()
-    vendor = ("amd_epyc" if "epyc" in model else "intel_xeon" if "xeon" in model else
-              re.sub(r"[^a-z0-9]+", "_", model)[:24].strip("_") or "cpu")
-    flags = cpu.get("vector_flags", [])
-    isa = "avx512" if cpu.get("avx512f") else ("avx2" if cpu.get("avx2") else "portable")
-    return f"{vendor}_{isa}" + ("_amx" if "amx_tile" in flags else "")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["lstm", "ran"],
@@ -131,8 +119,8 @@ def main(argv=None) -> int:
             ratio = round(r["median_mb"] / max(base["median_mb"], 1e-9), 3)
             rows.append({"shape": list(shape), "model": m, **r, "ratio_vs_nn_lstm": ratio})
             print(f"{shape}  {m}  {r['median_mb']:.1f} MB  ({ratio:.2f}x nn.LSTM)", flush=True)
-    from rnn_ablations.commands.machine import describe
-    name = args.name or f"inference_memory_{_cpu_name()}"
+    from rnn_ablations.commands.machine import cpu_file_name, describe
+    name = args.name or f"inference_memory_{cpu_file_name()}"
     meta = {"command": "python benchmarks/inference_memory.py " + " ".join(argv or sys.argv[1:]),
             "machine": describe(), "threads": args.threads, "repeats": args.repeats,
             "measure": "peak RSS of the no-grad forward minus RSS before it, one process per "

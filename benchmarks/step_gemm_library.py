@@ -138,8 +138,8 @@ def main(argv=None) -> int:
     entry = (isa, suggest(rows, "train"), suggest(rows, "inference"))
     print(f"supported Policy.library_step_gemm entry for {isa}: {entry}")
     machine = describe()
-    from benchmarks.inference_memory import _cpu_name
-    name = args.name or f"step_gemm_library_{_cpu_name()}"
+    from rnn_ablations.commands.machine import cpu_file_name
+    name = args.name or f"step_gemm_library_{cpu_file_name()}"
     meta = {"command": "python benchmarks/step_gemm_library.py " + " ".join(argv or sys.argv[1:]),
             "machine": machine, "isa": isa, "threads": args.threads, "repeats": args.repeats,
             "suggested_entry": list(entry)}

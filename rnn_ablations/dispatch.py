@@ -131,6 +131,8 @@ def _stream_chunk(x, params, h0, c0, rec_masks) -> int:
     (:func:`rnn_ablations.kernels.projection.streamed_forward`), else 0: a no-gradient call in
     eager mode, outside autocast, whose projections of all steps reach
     ``plan.POLICY.stream_min_bytes`` per direction."""
+    if torch.compiler.is_compiling():
+        return 0  # a traced graph (torch.compile / torch.export): no guard on the sizes
     w_ih = params[0][0]
     policy = _plan.POLICY
     if x.shape[0] * x.shape[1] * w_ih.shape[0] * x.element_size() < policy.stream_min_bytes:
@@ -138,7 +140,7 @@ def _stream_chunk(x, params, h0, c0, rec_masks) -> int:
     if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in
                                         [x, h0, c0, *[w for p in params for w in p]])):
         return 0
-    if (torch.compiler.is_compiling() or backend.autocast_dtype("cpu") is not None
+    if (backend.autocast_dtype("cpu") is not None
             or x.dtype not in (torch.float32, torch.float64) or type(x) is not torch.Tensor):
         return 0
     return stream_steps(x.shape[0], x.shape[1], w_ih.shape[0], x.element_size(),
@@ -197,8 +199,8 @@ def _cpu_bfloat16(x, params) -> bool:
     ``torch.autocast("cpu", torch.bfloat16)``) that the CPU kernels run
     (:func:`_run_cpu_bfloat16`): not with the generic backend, and where the kernel is built
     (otherwise the plan's fallback or error applies)."""
-    if not x.is_cpu:
-        return False
+    if not x.is_cpu or torch.compiler.is_compiling():
+        return False  # (a traced graph keeps the plan of its dtype: no context variable there)
     if x.dtype is not torch.bfloat16 and (
             x.dtype is not torch.float32 or (params[0][0].dtype is not torch.bfloat16
                                              and backend.autocast_dtype("cpu") is None)):

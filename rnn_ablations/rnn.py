@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .dispatch import run_layer_call
+from .kernels import backend
 from .export import run_stack
 from .functional import pointwise, projection_bias, reversal_index
 from .plan import stack_runner
@@ -22,24 +23,18 @@ __all__ = ["AblatedRNN"]
 
 
 def _autocast_on(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # pragma: no cover - torch < 2.4
-        return device_type == "cuda" and torch.is_autocast_enabled()
+    return backend.autocast_dtype(device_type) is not None
 
 
 def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
     """The dtype of the outputs under ``torch.autocast`` for a float32 input: ``lstm`` is on the
     autocast lists of CPU and CUDA (lower precision), so ``nn.LSTM`` returns the autocast dtype;
-    ``None`` outside autocast and for other input dtypes (autocast leaves float64 alone)."""
-    if x.dtype != torch.float32 or not _autocast_on(x.device.type):
+    ``None`` outside autocast, for other input dtypes (autocast leaves float64 alone) and on a
+    device autocast does not know (``"meta"``)."""
+    if x.dtype != torch.float32:
         return None
-    try:
-        dtype = torch.get_autocast_dtype(x.device.type)
-    except (AttributeError, TypeError):  # pragma: no cover - torch < 2.4
-        dtype = (torch.get_autocast_gpu_dtype() if x.device.type == "cuda"
-                 else torch.get_autocast_cpu_dtype())
-    return dtype if dtype != x.dtype else None
+    dtype = backend.autocast_dtype(x.device.type)
+    return dtype if dtype is not None and dtype != x.dtype else None
 
 
 HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 from typing import Dict, Optional
 
@@ -18,7 +19,7 @@ import torch
 
 from .. import kernel_isa, supported_kernel_isas
 
-__all__ = ["cpu_info", "gpu_info", "describe", "describe_gpu", "machine_info"]
+__all__ = ["cpu_info", "cpu_file_name", "gpu_info", "describe", "describe_gpu", "machine_info"]
 
 #: the CPU flags worth recording for this package's kernels (what a reader needs to place a timing)
 VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
@@ -67,6 +68,18 @@ def cpu_info() -> Dict:
             "avx512_flags": sorted(f for f in flags if f.startswith("avx512")),
             "vector_flags": [f for f in VECTOR_FLAGS if f in flags],
             "kernel_isa": kernel_isa(), "kernel_isas": supported_kernel_isas()}
+
+
+def cpu_file_name() -> str:
+    """The CPU as result files are named for it: ``<vendor>_<isa>``, e.g. ``amd_epyc_avx2`` or
+    ``intel_xeon_avx512_amx``."""
+    cpu = cpu_info()
+    model = str(cpu.get("model", "cpu")).lower()
+    vendor = ("amd_epyc" if "epyc" in model else "intel_xeon" if "xeon" in model else
+              re.sub(r"[^a-z0-9]+", "_", model)[:24].strip("_") or "cpu")
+    flags = cpu.get("vector_flags", [])
+    isa = "avx512" if cpu.get("avx512f") else ("avx2" if cpu.get("avx2") else "portable")
+    return f"{vendor}_{isa}" + ("_amx" if "amx_tile" in flags else "")
 
 
 def gpu_info(device: str = "cuda") -> Dict:

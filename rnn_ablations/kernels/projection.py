@@ -125,7 +125,8 @@ def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                      onednn: bool) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for all time steps at once, on oneDNN where ``onednn``
     (``Plan.onednn``), else ``F.linear``; in bfloat16 inside :func:`bf16_projection`."""
-    if (_BF16_PROJECTION.get() and x.dtype == torch.float32 and x.device.type == "cpu"):
+    if (x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling()
+            and _BF16_PROJECTION.get()):
         bf = torch.bfloat16
         return torch.nn.functional.linear(
             x.to(bf), weight.to(bf), bias.to(bf) if bias is not None else None).float()

@@ -188,7 +188,8 @@ def test_unknown_encoder_type_fails_early_with_the_valid_ones(workdir):
                 cwd=workdir, check=False)
     assert proc.returncode != 0
     err = proc.stderr
-    assert "ValueError: -encoder_type 'rann' is unknown; valid encoder types are:" in err
+    assert "ValueError: -encoder_type 'rann' is unknown (did you mean 'ran'?)" in err
+    assert "valid encoder types are:" in err
     assert "bran" in err.splitlines()[-1] and "brnn" in err.splitlines()[-1]
     assert "KeyError" not in err and "Building model" not in proc.stdout + err
 

@@ -24,7 +24,7 @@
 // tanh(+-Inf) = +-1, and sigmoid(x) = 0 exactly below kSigmoidZeroBelow (-Inf included), where
 // torch's float exp(-x) overflows: a gate shut by -Inf then times an infinite content gives
 // 0 * Inf = NaN, as in torch (a clamped exp would give 6e-39 * Inf = Inf).  Double precision uses
-// libm's exp and tanh, which already give these.  tests/test_nonfinite.py checks every path.
+// libm's exp and tanh, which already give these.  tests/kernels/test_nonfinite.py checks every path.
 constexpr float kSigmoidZeroBelow = -88.72283905f;  // -ln(FLT_MAX)
 
 #ifndef RNN_ABLATIONS_HD

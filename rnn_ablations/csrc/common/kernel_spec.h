@@ -33,7 +33,7 @@
 // sources in cuda/*.cuh, compiled at run time, include this file after cuda/device_types.cuh);
 // the decoders and their checks (TORCH_CHECK, std::string, std::vector) are host code, compiled
 // by the C++ compiler only.  The CUDA launcher (rnn_ablations/kernels/cuda/structs.py) fills the same
-// structs from Python; tests/test_nvrtc_kernels.py compares its decoder with this one and its
+// structs from Python; tests/kernels/test_nvrtc_kernels.py compares its decoder with this one and its
 // struct layouts with these.
 #pragma once
 

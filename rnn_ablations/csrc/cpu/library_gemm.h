@@ -18,7 +18,7 @@
 #include <vector>
 
 extern "C" {
-// MKL's CBLAS (LP64: MKL_INT is int; the enums are ints): mkl_cblas.h.
+// MKL's CBLAS (LP64: MKL_INT is int; the enums are ints), declared here as MKL's CBLAS header does.
 size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k) __attribute__((weak));
 void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
                       const float* src, int ld, float* dest) __attribute__((weak));

@@ -1,7 +1,7 @@
 // The CUDA kernels' by-value arguments that are structs of their own (the cell specs are
 // common/kernel_spec.h's): the scan's Dims and Strides, the persistent kernels' parameter blocks.
 // The launcher (rnn_ablations/kernels/cuda/structs.py) packs ctypes Structures of the same
-// layout; tests/test_nvrtc_kernels.py checks every size with NVRTC and every field's offset with
+// layout; tests/kernels/test_nvrtc_kernels.py checks every size with NVRTC and every field's offset with
 // the host C++ compiler (this file is plain data: it compiles as host C++ too, given int64_t and
 // uint16_t and kernel_spec.h's plain part).
 #pragma once

@@ -59,7 +59,7 @@
 // Compiled at run time by NVRTC, one program per dtype and direction
 // (rnn_ablations::persistent_forward_kernel<float, float>, ...).  The launcher packs
 // PersistentArgs / PersistentBackwardArgs as ctypes Structures of the same layout
-// (kernel_args.cuh; tests/test_nvrtc_kernels.py checks the layouts against these structs).
+// (kernel_args.cuh; tests/kernels/test_nvrtc_kernels.py checks the layouts against these structs).
 #pragma once
 
 #include "cell_maths.cuh"
