@@ -55,6 +55,7 @@ def _perf_works() -> bool:
     return run.returncode == 0
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 @requires_kernel
 @pytest.mark.skipif(not _perf_works(), reason="perf is not installed or may not sample here")
 def test_profile_cpu_end_to_end(tmp_path):
@@ -81,6 +82,7 @@ def test_profile_cpu_end_to_end(tmp_path):
     assert "| PTB small LM | inference | ran |" in (tmp_path / "profile_cpu.md").read_text()
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 @requires_kernel
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset (util-linux) is not installed")
 def test_gpu_machine_check_script_on_a_cpu_machine(tmp_path):
@@ -111,6 +113,7 @@ def test_gpu_machine_check_script_on_a_cpu_machine(tmp_path):
     assert meta["threads"] == 2 and meta["cpu"]["kernel_isa"] in ra.supported_kernel_isas()
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 @requires_kernel
 def test_ab_checkouts_end_to_end(capsys, tmp_path):
     """``benchmarks/ab_checkouts.py`` at a tiny setting, this checkout against itself: one

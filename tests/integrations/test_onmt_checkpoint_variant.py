@@ -91,6 +91,7 @@ def outcome(tmp_path_factory):
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.slow  # trains with onmt_train
 def test_checkpoints_with_and_without_variant_state_translate_and_train_on(outcome):
     assert outcome["saved_keys"] == []          # the -encoder_type names the variant
     lines = len((FIXTURES / "src-val.txt").read_text().splitlines())

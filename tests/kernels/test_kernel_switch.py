@@ -159,6 +159,7 @@ print(json.dumps({"import_s": time.perf_counter() - t, "loader_s": _kernel_loade
 """
 
 
+@pytest.mark.slow  # the kernel's first-use build
 def test_failed_first_use_build_is_remembered(tmp_path):
     """No compiler: the first import looks for one and warns; the next ones neither look nor
     print anything (the loader's part of the import well under a second), until the build

@@ -255,6 +255,7 @@ def test_resume_refuses_another_variant_config_or_seed(small_corpus, tmp_path):
         train_lm("ran", cfg, small_corpus, tmp_path / "r", seed=0, log=None)
 
 
+@pytest.mark.slow  # trains end to end
 def test_torchrun_two_processes_match_single_process(tmp_path):
     """2 processes (gloo, CPU), each with half of the batch rows, dropout on: the per-window
     training loss follows the single-process run."""

@@ -28,6 +28,7 @@ ARGS = ["lm", "train", "--variant", "ran", "--config", "tiny", "--epochs", "5000
         "--log-losses"]
 
 
+@pytest.mark.slow  # trains end to end
 def test_sigterm_to_a_training_process_checkpoints_and_resumes_to_the_same_end(tmp_path, capsys):
     run = tmp_path / "cut"
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")

@@ -210,6 +210,7 @@ def _reference(data: Path, variant: str, out: Path, epochs: int = 2):
     return r, load_checkpoint(out)["model"]
 
 
+@pytest.mark.slow  # trains end to end
 def test_reproduce_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
     """Two variants in two processes; the training processes are killed (SIGKILL) once one has
     checkpointed (the table then says failed); --resume (the two runs in threads of one process)
@@ -347,6 +348,7 @@ def test_cuda_graph_evaluator_matches_evaluate(corpus):
 
 
 # ------------------------------------------------------------------ time budget, --lr, --seeds
+@pytest.mark.slow  # trains end to end
 def test_time_budget_starts_no_run_it_cannot_fit_and_says_so(tmp_path):
     """One process at a time, three long runs, a 25 s budget: the first run is cut (its epochs
     shown), the other two are not started and are listed as not run; the command keeps the
@@ -369,6 +371,7 @@ def test_time_budget_starts_no_run_it_cannot_fit_and_says_so(tmp_path):
         assert "longer than its time budget" in md
 
 
+@pytest.mark.slow  # trains end to end
 def test_lr_and_seeds_give_one_row_per_run_and_a_summary_per_variant(tmp_path):
     """−GATES at three learning rates and the LSTM over two seeds, at tiny scale: every run is a
     row with its variant, seed and lr; the summary picks the S-RNN's lr by validation

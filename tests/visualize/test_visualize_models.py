@@ -69,6 +69,7 @@ def parser_archive(tmp_path_factory):
     return work / "ser" / "model.tar.gz"
 
 
+@pytest.mark.slow  # trains a model to draw
 def test_allennlp_parser_png_and_json(parser_archive, tmp_path, capsys):
     out, js = tmp_path / "parser.png", tmp_path / "parser.json"
     text = "The/DET parser/NOUN reads/VERB a/DET weighted/ADJ sum/NOUN ./PUNCT"
@@ -122,6 +123,7 @@ def onmt_checkpoint(tmp_path_factory):
     return work / "model_step_3.pt"
 
 
+@pytest.mark.slow  # trains a model to draw
 def test_onmt_png_and_numbers(onmt_checkpoint, tmp_path, capsys):
     out, js = tmp_path / "onmt.png", tmp_path / "onmt.json"
     code, stdout, err = _visualize(capsys, "--model", onmt_checkpoint, "--text",
