@@ -38,8 +38,8 @@
 #   merged table and the speed table into benchmarks/results/ from OUT.
 # Each command stays within BUDGET_SECONDS (its steps are given what is left, less BACK_S seconds,
 # default 10, kept for packing what comes back; a step that would start with under 60 s left is
-# skipped, said so).  Each step runs in a session of its own and is stopped at its budget: every
-# process of that session gets SIGTERM, SIGKILL 5 s later (a nested `timeout` makes a process
+# skipped, said so).  Each step runs under setsid(1), as the leader of a new process tree, and is stopped at its budget:
+# every process with that leader's SID gets SIGTERM, SIGKILL 5 s later (a nested `timeout` makes a process
 # group of its own, which a `timeout` around the step would not reach); PTB call 1 stops its
 # runs itself before that and still merges their rows, and the summary names the runs cut.  State lives in runs/gpu_loan (ignored, kept on
 # a warm machine): the marks of the steps done and the merged PTB table (started from
@@ -74,9 +74,9 @@ fi
 exec > >(tee -a "$state/logs/gpu_loan.log") 2>&1
 back_s=${BACK_S:-10}
 left() { echo $(( budget - back_s - ($(date +%s) - t_start) )); }
-# the processes of session $1 (Linux /proc: the fields after the command's name are state,
-# ppid, pgrp, session)
-session_pids() {
+# the processes whose SID (setsid id) is $1 (Linux /proc: the fields after the command's name are
+# state, ppid, pgrp, sid)
+sid_pids() {
     local sid=$1 f st
     for f in /proc/[0-9]*/stat; do
         st=$(cat "$f" 2>/dev/null) || continue
@@ -86,23 +86,23 @@ session_pids() {
         [ "${4:-}" = "$sid" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
     done
 }
-# run_within LIMIT CMD...: CMD in a session of its own; after LIMIT seconds every process of the
-# session gets SIGTERM, 5 s later SIGKILL; the exit status is CMD's, or 124 when it was stopped
+# run_within LIMIT CMD...: CMD under setsid(1); after LIMIT seconds every process with its SID
+# gets SIGTERM, 5 s later SIGKILL; the exit status is CMD's, or 124 when it was stopped
 run_within() {
     local limit=$1 end pid p
     shift
     end=$(( $(date +%s) + limit ))
     setsid "$@" &
-    pid=$!   # setsid(1) started from a script is no group leader: CMD is this pid, the session's
+    pid=$!   # setsid(1) started from a script is no group leader: CMD is this pid, the SID's
     while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
     if ! kill -0 "$pid" 2>/dev/null; then
         wait "$pid"
         return
     fi
-    for p in $(session_pids "$pid"); do kill -TERM "$p" 2>/dev/null; done
+    for p in $(sid_pids "$pid"); do kill -TERM "$p" 2>/dev/null; done
     end=$(( $(date +%s) + 5 ))
-    while [ -n "$(session_pids "$pid")" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 0.5; done
-    for p in $(session_pids "$pid"); do kill -KILL "$p" 2>/dev/null; done
+    while [ -n "$(sid_pids "$pid")" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 0.5; done
+    for p in $(sid_pids "$pid"); do kill -KILL "$p" 2>/dev/null; done
     wait "$pid" 2>/dev/null
     return 124
 }

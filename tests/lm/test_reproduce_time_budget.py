@@ -42,7 +42,7 @@ def test_a_run_whose_evaluation_does_not_fit_is_stopped_and_its_row_written(tmp_
     data = write_ptb(tmp_path / "ptb", 4000, 300)
     out = tmp_path / "run"
     t = time.time()
-    # a session of its own: when the command overruns, it and its runs are stopped here
+    # under a new SID (start_new_session): when the command overruns, it and its runs are stopped here
     p = subprocess.Popen(
         [sys.executable, "-m", "rnn_ablations.cli", "reproduce", "ptb", "--config", "tiny",
          "--data", str(data), "--variants", "srnn", "--device", "cpu", "--epochs", "50",
