@@ -85,6 +85,18 @@ def pytest_configure(config):
         "(run by .ci/run's second step: pytest -m slow tests)")
 
 
+@pytest.fixture
+def fresh_cuda_selfcheck():
+    """The CUDA kernels' first-use check with no result remembered and switched on, for the
+    block; reset and back to its setting after it."""
+    from rnn_ablations.kernels.cuda import selfcheck
+    selfcheck.reset()
+    selfcheck.set_enabled(True)
+    yield
+    selfcheck.reset()
+    selfcheck.set_enabled(None)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -16,13 +16,7 @@ from rnn_ablations.plan import Plan
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    selfcheck.reset()
-    selfcheck.set_enabled(True)
-    yield
-    selfcheck.reset()
-    selfcheck.set_enabled(None)
+pytestmark = pytest.mark.usefixtures("fresh_cuda_selfcheck")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

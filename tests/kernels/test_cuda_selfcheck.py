@@ -24,13 +24,7 @@ needs_cpu_kernel = pytest.mark.skipif(not backend.kernel_available(),
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    selfcheck.reset()
-    selfcheck.set_enabled(True)
-    yield
-    selfcheck.reset()
-    selfcheck.set_enabled(None)
+pytestmark = pytest.mark.usefixtures("fresh_cuda_selfcheck")
 
 
 class _Wrong:
