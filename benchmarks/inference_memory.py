@@ -7,9 +7,11 @@
 
 What one measurement is: a child process builds the model and the input (time-major, float32),
 runs one untimed forward on a small slice (so that lazy set-up such as the kernel's load is not
-counted), then reads its resident set size (``/proc/self/statm``), runs the forward under
-``torch.no_grad()`` and reads its peak resident set size (``getrusage``'s ``ru_maxrss``).  The
-peak minus the resident size before the call is the call's peak memory (its output included).
+counted), resets its high-water mark (``5`` into ``/proc/self/clear_refs``), reads its resident
+set size, runs the forward under ``torch.no_grad()`` and reads the high-water mark again
+(``VmHWM`` in ``/proc/self/status``; ``getrusage``'s ``ru_maxrss`` would also hold the parent's
+size from before ``exec``).  The peak minus the resident size before the call is the call's peak
+memory (its output included).
 The median over ``--repeats`` processes is reported.
 
 Prints a table and writes ``OUT/inference_memory_<cpu-name>.{json,md}`` (``--out``, default
@@ -34,7 +36,7 @@ SHAPES = [(1000, 1000, 64, 64, 1, "uni"), (16, 100_000, 64, 64, 1, "uni"),
           (200, 64, 512, 512, 2, "bi")]
 
 _CHILD = r"""
-import resource, sys, torch
+import sys, torch
 T, B, D, H, L, bi, model, threads = sys.argv[1:9]
 T, B, D, H, L, threads = int(T), int(B), int(D), int(H), int(L), int(threads)
 torch.set_num_threads(threads)
@@ -48,13 +50,15 @@ else:
 x = torch.randn(T, B, D)
 with torch.no_grad():
     m(x[:2, :2])
-page = 4096
-with open("/proc/self/statm") as f:
-    before = int(f.read().split()[1]) * page
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+with open("/proc/self/clear_refs", "w") as f:   # the high-water mark reset: the call's own peak
+    f.write("5")
+before = status("VmRSS:")
 with torch.no_grad():
     y = m(x)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print("PEAK_BYTES", max(0, peak - before))
+print("PEAK_BYTES", max(0, status("VmHWM:") - before))
 """
 
 
