@@ -137,6 +137,7 @@ def test_ab_checkouts_end_to_end(capsys, tmp_path):
     assert "no rnn_ablations package there" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs a benchmark end to end (compiles two graphs)
 @requires_kernel
 def test_compile_speed_measures_both_modes():
     """``benchmarks/compile_speed.py`` on a tiny shape: a train and an inference row, each with
