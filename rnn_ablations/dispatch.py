@@ -324,7 +324,7 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
     elif plan.path == "cuda":
         # the CUDA kernels' first-use check: a family that fails it is replaced by the
         # generic path (kernels/cuda/selfcheck.py)
-        plan = cuda_selfcheck.admit(plan, variant, highway, x)
+        plan = cuda_selfcheck.admit(plan, variant, highway, x, backend.cuda_kernel)
     return RUNNERS[plan.runner](plan, variant, highway, x, params, h0, c0, batch_sizes,
                                 rec_masks, reverse)
 

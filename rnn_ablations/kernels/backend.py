@@ -24,6 +24,7 @@ from .. import settings
 from ..settings import process_options
 from . import cuda as _cuda_kernels
 from . import cuda_graphs, loader, ops, ops_cuda
+from .autocast import autocast_dtype, autocast_like  # noqa: F401  (read here by the run layer)
 
 __all__ = ["kernel_available", "cuda_kernel_available", "kernel_isa", "supported_kernel_isas",
            "kernels", "Kernels", "onednn_usable", "cpu_kernel", "cpu_kernel_error",
@@ -255,32 +256,3 @@ def supported_kernel_isas() -> list:
 
 #: ``_C_cuda`` behind CUDA-graph replay (:func:`graphed_cuda_kernel`)
 _graphed_cuda = None
-
-
-def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None`` (also for
-    a device without autocast, such as ``"meta"``)."""
-    try:
-        on = torch.is_autocast_enabled(device_type)
-    except TypeError:  # pragma: no cover - torch < 2.4
-        on = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
-    except RuntimeError:  # a device type autocast does not know ("meta")
-        return None
-    if not on:
-        return None
-    try:
-        return torch.get_autocast_dtype(device_type)
-    except (AttributeError, TypeError):  # pragma: no cover - torch < 2.4
-        return (torch.get_autocast_gpu_dtype() if device_type == "cuda"
-                else torch.get_autocast_cpu_dtype())
-
-
-def autocast_like(proj: torch.Tensor, *tensors: Optional[torch.Tensor]):
-    """Under ``torch.autocast("cuda")`` the input projection comes out in the autocast dtype
-    (F.linear is on its lower-precision list); the recurrence then runs in that dtype too, as
-    cuDNN's LSTM does under autocast: ``tensors`` (recurrent weight, states, mask; ``None``
-    passes through) are cast to it, differentiably, so their gradients flow back to the float32
-    parameters.  Outside CUDA autocast they are returned as they are."""
-    if proj.device.type != "cuda" or autocast_dtype("cuda") is None:
-        return tensors
-    return tuple(None if t is None else t.to(proj.dtype) for t in tensors)

@@ -36,6 +36,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ... import _env
+from ..autocast import autocast_dtype
 
 __all__ = ["admit", "check_family", "families", "status", "set_enabled", "reset", "TOLERANCE"]
 
@@ -50,7 +51,7 @@ _lock = threading.Lock()
 #: (device, family) -> None (passed) or why it failed
 _results: Dict[Tuple[str, str], Optional[str]] = {}
 _enabled: Optional[bool] = None  # None: RNN_ABLATIONS_CUDA_CHECK decides
-#: (plan, variant, highway, dtype, device, module) -> the plan admit returned (the later calls of
+#: (plan, variant, highway, dtype, device) -> the plan admit returned (the later calls of
 #: a checked call's shape look it up)
 _admitted: Dict[tuple, object] = {}
 
@@ -121,8 +122,7 @@ def _call_dtype(x: torch.Tensor) -> torch.dtype:
     not float64, inputs of F.linear)."""
     if x.dtype != torch.float32:  # autocast casts float32 only
         return x.dtype
-    from .. import backend
-    cast = backend.autocast_dtype(x.device.type)
+    cast = autocast_dtype(x.device.type)
     return cast if cast is not None else x.dtype
 
 
@@ -139,17 +139,18 @@ def families(plan, variant, highway: bool, dtype: torch.dtype) -> List[Family]:
     return [Family("step", dtype, highway=bool(highway))]
 
 
-def _raw_module():
-    from .. import backend
-    ext = backend.cuda_kernel()
+def _entry_points(ext):
+    """The raw entry points of a kernel object (a wrapper such as the graphed kernel exposes
+    them as ``raw``)."""
     return getattr(ext, "raw", ext)
 
 
-def admit(plan, variant, highway: bool, x: torch.Tensor, module=None):
+def admit(plan, variant, highway: bool, x: torch.Tensor, kernels: Callable[[], object]):
     """``plan`` when every family it runs passed its check on ``x``'s device (checking those
     not checked yet), else the generic plan of the call (:func:`rnn_ablations.dispatch.
-    run_layer_call` runs it).  ``module``: the kernels' entry points (default: the CUDA
-    kernels in use)."""
+    run_layer_call` runs it).  ``kernels``: returns the kernels' entry points (the run layer
+    passes :func:`rnn_ablations.kernels.backend.cuda_kernel`); called only when a family is
+    checked."""
     if not enabled() or torch.compiler.is_compiling():
         return plan
     dtype = _call_dtype(x)
@@ -168,7 +169,7 @@ def admit(plan, variant, highway: bool, x: torch.Tensor, module=None):
         if key not in _results:
             with _lock:
                 if key not in _results:
-                    why = check_family(fam, variant, x.device, module or _raw_module())
+                    why = check_family(fam, variant, x.device, _entry_points(kernels()))
                     _results[key] = why
                     if why is not None:
                         warnings.warn(
@@ -188,8 +189,7 @@ def admit(plan, variant, highway: bool, x: torch.Tensor, module=None):
                                   recurrence=None, graphs=False, persistent=(0, 0, False),
                                   reason=f"the CUDA kernels {failed.name} failed their check",
                                   warning=None)
-    if module is None:
-        _admitted[memo] = got
+    _admitted[memo] = got
     return got if got is plan else _refused(got, plan, device)
 
 
