@@ -9,6 +9,8 @@ import importlib.util
 import sys
 from typing import Dict, List, Optional, Tuple
 
+from .integrations import ALLENNLP_INSTALL_HINT, ONMT_INSTALL_HINT, extra_hint
+
 # (module, attribute) pairs; each attribute is a function add_subparser(subparsers) -> None
 SUBCOMMAND_MODULES = [
     "rnn_ablations.commands.configs",
@@ -21,23 +23,22 @@ SUBCOMMAND_MODULES = [
 ]
 
 
-_ONMT_HINT = ('pip install "rnn-ablations[onmt]" && pip install --no-deps OpenNMT-py==3.5.1 '
-              "(OpenNMT-py's own pins cannot be met with torch 2.x; README, Install)")
-_ALLENNLP_HINT = ('pip install "rnn-ablations[allennlp]" && pip install --no-deps allennlp==2.10.1 '
-                  "allennlp-models==2.10.1 (README, Install)")
+_ONMT_HINT = (ONMT_INSTALL_HINT + "; OpenNMT-py's own pins cannot be met with torch 2.x "
+              "(README, From a config name to a run)")
+_ALLENNLP_HINT = ALLENNLP_INSTALL_HINT + " (README, From a config name to a run)"
 #: what each optional extra provides: top-level module -> how to install it
 _EXTRAS: Dict[str, str] = {
-    "tqdm": 'pip install "rnn-ablations[lm]"',
-    "matplotlib": 'pip install "rnn-ablations[lm]"  (or [viz])',
+    "tqdm": extra_hint("lm"),
+    "matplotlib": extra_hint("lm") + "  (or [viz])",
     "onmt": _ONMT_HINT,
     "allennlp": _ALLENNLP_HINT,
     "allennlp_models": _ALLENNLP_HINT,
 }
 #: sub-command -> (modules it needs before it starts, the extra that provides them)
 _NEEDS: Dict[str, Tuple[Tuple[str, ...], str]] = {
-    "ablate": (("tqdm", "matplotlib"), 'pip install "rnn-ablations[lm]"'),
-    "lm": (("tqdm",), 'pip install "rnn-ablations[lm]"'),
-    "visualize": (("matplotlib",), 'pip install "rnn-ablations[viz]"'),
+    "ablate": (("tqdm", "matplotlib"), extra_hint("lm")),
+    "lm": (("tqdm",), extra_hint("lm")),
+    "visualize": (("matplotlib",), extra_hint("viz")),
     "onmt-train": (("onmt",), _ONMT_HINT),
     "onmt-translate": (("onmt",), _ONMT_HINT),
     "onmt-build-vocab": (("onmt",), _ONMT_HINT),

@@ -226,11 +226,11 @@ def test_configs_command(capsys):
 
 
 @pytest.mark.parametrize("command,argv,module,extra", [
-    ("ablate", ["ablate", "--out", "unused"], "tqdm", 'pip install "rnn-ablations[lm]"'),
-    ("ablate", ["ablate", "--out", "unused"], "matplotlib", 'pip install "rnn-ablations[lm]"'),
+    ("ablate", ["ablate", "--out", "unused"], "tqdm", 'pip install "$PKG[lm]"'),
+    ("ablate", ["ablate", "--out", "unused"], "matplotlib", 'pip install "$PKG[lm]"'),
     ("visualize", ["visualize", "--model", "m", "--text", "a b", "--out", "f.png"], "matplotlib",
-     'pip install "rnn-ablations[viz]"'),
-    ("onmt-train", ["onmt-train", "-config", "x.yaml"], "onmt", 'pip install "rnn-ablations[onmt]"'),
+     'pip install "$PKG[viz]"'),
+    ("onmt-train", ["onmt-train", "-config", "x.yaml"], "onmt", 'pip install "$PKG[onmt]"'),
 ])
 def test_command_names_its_missing_extra(monkeypatch, capsys, tmp_path, command, argv, module, extra):
     import importlib.util

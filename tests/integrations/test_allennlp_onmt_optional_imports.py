@@ -87,7 +87,7 @@ def _run_hidden(framework):
 
 def _names_pip_command(message, extra, package):
     assert message is not None, "no ImportError was raised"
-    assert f'pip install "rnn-ablations[{extra}]"' in message, message
+    assert f'pip install "$PKG[{extra}]"' in message, message
     assert f"pip install --no-deps {package}" in message, message
     assert "scripts/setup.sh" not in message, message
 
