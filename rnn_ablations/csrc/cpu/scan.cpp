@@ -56,11 +56,12 @@ using namespace rnn_ablations;
 using namespace rnn_ablations::scan;
 
 #include "../common/elementwise.h"  // scan_forward_element, scan_backward_element
+#include "fast_exp.h"                // exp_reduce, exp_reduced: the float exp's polynomial
 
 // The portable rows' lane policy (scan_rows_impl.h): GCC vector extensions of N lanes of S in
 // 16 bytes (4 floats, 2 doubles), which the compiler lowers to the build's baseline vector
-// instructions (SSE2 on x86-64, NEON on aarch64).  float: a branch-free exp (Cephes
-// polynomial, relative error about 2e-7, the AVX2 rows' polynomial); double: libm's exp per
+// instructions (SSE2 on x86-64, NEON on aarch64).  float: the branch-free exp of
+// cpu/fast_exp.h on the lanes; double: libm's exp per
 // lane (gradcheck and float64 users).
 // (The vector types are spelled out per scalar: GCC drops vector_size on a dependent type.)
 typedef float Float4 __attribute__((vector_size(16)));
@@ -90,20 +91,12 @@ struct PortableLanes {
 
   static inline Raw exp(Raw x) {
     if constexpr (std::is_same<S, float>::value) {
-      x = x < -87.0f ? Raw{} - 87.0f : x;
-      x = x > 88.0f ? Raw{} + 88.0f : x;
+      x = x < kExpMin ? Raw{} + kExpMin : x;
+      x = x > kExpMax ? Raw{} + kExpMax : x;
       // k = floor(x log2(e) + 0.5), as a truncation of a positive number (x log2(e) + 0.5
       // lies in [-125, 128)): a conversion SSE2 has, where a floor needs SSE4.1
-      const Int ki = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, Int) - 128;
-      const Raw k = __builtin_convertvector(ki, Raw);
-      const Raw r = x - k * 0.693359375f + k * 2.12194440e-4f;
-      Raw p = Raw{} + 1.9875691500e-4f;
-      p = p * r + 1.3981999507e-3f;
-      p = p * r + 8.3334519073e-3f;
-      p = p * r + 4.1665795894e-2f;
-      p = p * r + 1.6666665459e-1f;
-      p = p * r + 5.0000001201e-1f;
-      p = p * (r * r) + r + 1.0f;
+      const Int ki = __builtin_convertvector(x * kExpLog2e + 128.5f, Int) - 128;
+      const Raw p = exp_reduced(exp_reduce(x, __builtin_convertvector(ki, Raw)));
       return p * (Raw)((ki + 127) << 23);  // 2^k: the exponent bits of a float
     } else {
       for (int64_t l = 0; l < N; ++l) x[l] = std::exp(x[l]);

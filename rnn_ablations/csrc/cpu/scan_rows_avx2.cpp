@@ -7,8 +7,8 @@
 // The row loops are scan_rows_impl.h's, on 8 float lanes (Avx2Lanes): V8, a value of 8 float
 // lanes with +, - and *, runs the per-element templates of common/elementwise.h
 // (scan_forward_element, scan_backward_element: the maths the portable rows and the CUDA scan
-// run too); the last H mod 8 units use masked loads and stores.  exp is the same Cephes polynomial as the portable
-// scan_exp (relative error about 2e-7), sigmoid(x) = 1 / (1 + exp(-x)), tanh(x) =
+// run too); the last H mod 8 units use masked loads and stores.  exp is cpu/fast_exp.h's, as
+// in the portable rows (relative error about 2e-7), sigmoid(x) = 1 / (1 + exp(-x)), tanh(x) =
 // sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}), so both paths agree to float32 rounding.
 #include "scan_rows.h"
 
@@ -33,25 +33,31 @@ namespace scan {
 namespace {
 
 #include "../common/elementwise.h"  // scan_forward_element, scan_backward_element (on V8)
+#include "fast_exp.h"                // exp_reduce, exp_reduced: the float exp's polynomial
 
+// 8 float lanes as a value: construction from a float (so that T(1) - r broadcasts) and the
+// arithmetic the element-wise templates use; GCC fuses a * b + c into an FMA.
+struct V8 {
+  __m256 v;
+  V8() = default;
+  V8(__m256 x) : v(x) {}
+  V8(float x) : v(_mm256_set1_ps(x)) {}
+};
+inline V8 operator+(V8 a, V8 b) { return _mm256_add_ps(a.v, b.v); }
+inline V8 operator-(V8 a, V8 b) { return _mm256_sub_ps(a.v, b.v); }
+inline V8 operator*(V8 a, V8 b) { return _mm256_mul_ps(a.v, b.v); }
+
+// exp on 8 lanes: cpu/fast_exp.h's polynomial on V8 (GCC fuses its a * b + c into FMAs)
 inline __m256 exp8(__m256 x) {
   // max_ps / min_ps return their second operand when either is NaN: x goes second, so that a
   // NaN stays NaN (common/elementwise.h: non-finite numbers)
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  x = _mm256_min_ps(_mm256_set1_ps(kExpMax), _mm256_max_ps(_mm256_set1_ps(kExpMin), x));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fmadd_ps(k, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const V8 p = exp_reduced(exp_reduce(V8(x), V8(k)));
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_mul_ps(p.v, _mm256_castsi256_ps(e));
 }
 
 inline __m256 sigmoid8(__m256 x) {
@@ -69,18 +75,6 @@ inline __m256 tanh8(__m256 x) {
   const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
   return _mm256_or_ps(t, _mm256_and_ps(sign, x));
 }
-
-// 8 float lanes as a value: construction from a float (so that T(1) - r broadcasts) and the
-// arithmetic the element-wise templates use; GCC fuses a * b + c into an FMA.
-struct V8 {
-  __m256 v;
-  V8() = default;
-  V8(__m256 x) : v(x) {}
-  V8(float x) : v(_mm256_set1_ps(x)) {}
-};
-inline V8 operator+(V8 a, V8 b) { return _mm256_add_ps(a.v, b.v); }
-inline V8 operator-(V8 a, V8 b) { return _mm256_sub_ps(a.v, b.v); }
-inline V8 operator*(V8 a, V8 b) { return _mm256_mul_ps(a.v, b.v); }
 
 // The activations of these rows (the Act of the element-wise templates).
 struct Avx2Act {

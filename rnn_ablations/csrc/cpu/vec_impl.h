@@ -12,21 +12,14 @@
 #include "../common/elementwise.h"  // the per-element maths shared with the CUDA kernel
 
 // ---------------------------------------------------------------------------------------------
-// Transcendentals.  float: a branch-free Cephes-style exp that GCC vectorises (relative error
-// about 2e-7); double: libm (used by gradcheck and float64 users).
+// Transcendentals.  float: the branch-free exp of cpu/fast_exp.h, in scalar code GCC vectorises;
+// double: libm (used by gradcheck and float64 users).
+#include "fast_exp.h"
 inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  float fx = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  float r2 = r * r;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r2 + r + 1.0f;
-  int32_t e = static_cast<int32_t>(fx) + 127;
+  x = std::min(std::max(x, kExpMin), kExpMax);
+  const float k = std::floor(x * kExpLog2e + 0.5f);
+  const float p = exp_reduced(exp_reduce(x, k));
+  int32_t e = static_cast<int32_t>(k) + 127;
   e <<= 23;
   float scale;
   std::memcpy(&scale, &e, sizeof(scale));
