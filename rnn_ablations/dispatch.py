@@ -10,7 +10,8 @@ h_{t-1}), ``h0`` / ``c0`` (directions, B, H), ``batch_sizes`` (a CPU int64 tenso
 rows sorted by decreasing length, ``batch_sizes[t]`` active at step t), ``rec_masks`` one
 recurrent-dropout mask (or ``None``) per direction, ``reverse`` the function that reverses a
 time-major tensor within each row's length (direction 1 of a cell that reads h_{t-1} runs on the
-reversed input, and its output is reversed back).  It returns ``(output (T, B, D·H), [h_n per
+reversed input, and its output is reversed back; a :class:`rnn_ablations.functional.Reversal`,
+as the module passes, also lets a large no-gradient call stream the reversal).  It returns ``(output (T, B, D·H), [h_n per
 direction], [c_n per direction])``.
 
 :func:`run_layer` (one direction of a step cell) and :func:`run_scan_layer` (a cell that reads no
@@ -24,7 +25,7 @@ import torch
 
 from .kernels import autograd, backend, cuda_recurrence, scan
 from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/kernels/test_cuda.py)
-from .functional import projection_bias
+from .functional import Reversal, projection_bias
 from . import plan as _plan
 from .plan import Plan, decide
 from .kernels.projection import (bf16_gemm_applies, bf16_projection, input_projection,
@@ -154,24 +155,27 @@ def _streaming(runner):
 
     def run(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
         chunk = _stream_chunk(x, params, h0, c0, rec_masks)
-        if not chunk or len(params) > 2:
+        if (not chunk or len(params) > 2
+                or (len(params) == 2 and not isinstance(reverse, Reversal))):
+            # (a reverse function of a caller's own cannot reverse a few steps at a time: the
+            # module passes a functional.Reversal)
             return runner(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
                           reverse)
-        xs = _direction_inputs(x, reverse, len(params))
+        n, H = len(params), params[0][1].shape[1]
+        out = x.new_empty(x.shape[0], x.shape[1], n * H)
         # the directions together (one per thread) where the plan runs them so
-        groups = [list(range(len(params)))] if plan.concurrent else [[d] for d in
-                                                                      range(len(params))]
-        results = [None] * len(params)
+        groups = [list(range(n))] if plan.concurrent else [[d] for d in range(n)]
+        h_n, c_n = [None] * n, [None] * n
         for g in groups:
             done = streamed_forward(
-                backend.cpu_kernel(), variant.kernel_spec, highway, [xs[d] for d in g],
+                backend.cpu_kernel(), variant.kernel_spec, highway, x, reverse, g,
                 [params[d][0] for d in g],
                 [projection_bias(params[d][2], params[d][0].shape[0]) for d in g],
                 [params[d][1] for d in g], [h0[d] for d in g], [c0[d] for d in g],
-                batch_sizes, [rec_masks[d] for d in g], plan.onednn, chunk)
-            for d, r in zip(g, done):
-                results[d] = r
-        return _assemble(results, reverse)
+                batch_sizes, [rec_masks[d] for d in g], plan.onednn, out, chunk)
+            for d, (h, c) in zip(g, done):
+                h_n[d], c_n[d] = h, c
+        return out, h_n, c_n
     run.__doc__ = (runner.__doc__ or "") + " Streams the projections of a large no-gradient call."
     return run
 
@@ -182,6 +186,11 @@ _step_gemm_set = [None]  # the (policy, isa) whose library thresholds the kernel
 def _sync_step_gemm(isa) -> None:
     """Give the CPU kernel the step-GEMM library thresholds of ``plan.POLICY`` for the vector
     path ``isa`` (:func:`rnn_ablations.plan.library_step_thresholds`), when they changed."""
+    if torch.compiler.is_compiling():
+        # no call into the extension while a graph is traced (fullgraph would fail on it): a
+        # compiled graph's calls run with the thresholds of the last eager call (at first the
+        # kernel's own, never, as the default POLICY lists no path)
+        return
     key, cpu = _step_gemm_set[0], backend.cpu_kernel()
     if (key is not None and key[0] is _plan.POLICY and key[1] == isa
             and key[2] is cpu) or cpu is None:

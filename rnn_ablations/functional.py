@@ -27,7 +27,7 @@ import torch
 
 from .variants import Variant, output_flags
 
-__all__ = ["StepResult", "pointwise", "cell_step", "generic_layer", "reversal_index",
+__all__ = ["StepResult", "pointwise", "cell_step", "generic_layer", "reversal_index", "Reversal",
            "projection_bias"]
 
 
@@ -53,6 +53,39 @@ def reversal_index(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
     and the index is its own inverse."""
     steps = torch.arange(seq_len).unsqueeze(1)
     return torch.where(steps < lengths.unsqueeze(0), lengths.unsqueeze(0) - 1 - steps, steps)
+
+
+class Reversal:
+    """Reverses time-major tensors (T, B, ...) within each row's length, as the second direction
+    of a bidirectional layer reads its input: ``index`` (T, B) from :func:`reversal_index`, or
+    ``None`` when every row has all T steps (then a flip).  Calling it reverses a whole tensor;
+    :meth:`steps` and :meth:`place` do it a few steps at a time (the streamed no-gradient forward,
+    ``kernels/projection.py``), so that no reversed copy of a whole tensor is held."""
+
+    def __init__(self, index: Optional[torch.Tensor]):
+        self.index = index
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        if self.index is None:
+            return t.flip(0)
+        return t.gather(0, self.index.unsqueeze(-1).expand_as(t))
+
+    def steps(self, t: torch.Tensor, t0: int, t1: int) -> torch.Tensor:
+        """Steps ``t0:t1`` of the reversed ``t`` (T, B, X)."""
+        if self.index is None:
+            T = t.shape[0]
+            return t[T - t1:T - t0].flip(0)
+        return t.gather(0, self.index[t0:t1].unsqueeze(-1).expand(t1 - t0, *t.shape[1:]))
+
+    def place(self, dst: torch.Tensor, src: torch.Tensor, t0: int) -> None:
+        """Write ``src``, steps ``t0:t0 + len(src)`` of a reversed tensor, into ``dst`` (T, B, X;
+        a view is fine) at their places in the original order (the index is its own inverse)."""
+        t1 = t0 + src.shape[0]
+        if self.index is None:
+            T = dst.shape[0]
+            dst[T - t1:T - t0].copy_(src.flip(0))
+        else:
+            dst.scatter_(0, self.index[t0:t1].unsqueeze(-1).expand_as(src), src)
 
 
 def cell_step(content: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,

@@ -123,7 +123,9 @@ class Policy:
     inference_min_macs)``: the float32 step GEMM (B x R*H x H) through MKL's packed GEMM, which
     picks its code per CPU, from this many multiply-adds per step in training / in a
     no-gradient forward, -1 never (the kernel's own packed GEMM); a path not listed never
-    (:func:`library_step_thresholds`; measured by ``benchmarks/step_gemm_library.py``)."""
+    (:func:`library_step_thresholds`; measured by ``benchmarks/step_gemm_library.py``).  The
+    kernel takes it at each eager layer call; a ``torch.compile`` graph's calls run with what the
+    last eager call gave it."""
 
     min_steps: int = 4
     max_step_macs: int = 24_000_000

@@ -14,7 +14,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .dispatch import run_layer_call
 from .kernels import backend
 from .export import run_stack
-from .functional import pointwise, projection_bias, reversal_index
+from .functional import Reversal, pointwise, projection_bias, reversal_index
 from .plan import stack_runner
 from .validation import check_positive_int, check_prob
 from .variants import VARIANTS, Variant, get_variant
@@ -704,10 +704,7 @@ class AblatedRNN(nn.Module):
             batch_sizes = (steps < sorted_len.unsqueeze(0)).sum(1)
             rev_index = reversal_index(sorted_len, t_eff).to(x.device)
 
-        def reverse(t: torch.Tensor) -> torch.Tensor:
-            if rev_index is None:
-                return t.flip(0)
-            return t.gather(0, rev_index.unsqueeze(-1).expand_as(t))
+        reverse = Reversal(rev_index)
 
         layer_input = x
         h_finals, c_finals = [], []

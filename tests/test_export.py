@@ -267,6 +267,30 @@ def test_onnx_export_as_the_first_layer_call_of_a_process(variant, tmp_path):
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
+_FIRST_COMPILE = r"""
+import sys
+import torch
+from rnn_ablations import AblatedRNN
+
+torch.manual_seed(0)
+rnn = AblatedRNN(sys.argv[1], 5, 4, num_layers=2, bidirectional=True)
+x = torch.randn(6, 3, 5)
+compiled = torch.compile(rnn, fullgraph=True, backend="aot_eager")
+got = compiled(x)  # the first layer call of the process, traced
+want = rnn(x)
+torch.testing.assert_close(got[0], want[0])
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("variant", ["lstm", "ran"])
+def test_compile_fullgraph_as_the_first_layer_call_of_a_process(variant):
+    """torch.compile(fullgraph=True) before any eager call: what the run layer gives the CPU
+    kernel once per process (the step-GEMM thresholds) is not a call traced into the graph."""
+    done = run_python(_FIRST_COMPILE, variant)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
 def test_masked_generic_layer_gives_the_sliced_numbers():
     """Traced, the generic path does not read batch_sizes' values (every step runs on all rows,
     inactive ones selected away); compiled with ragged lengths it gives the eager numbers, which

@@ -149,43 +149,51 @@ def stream_steps(steps: int, batch: int, width: int, itemsize: int, min_bytes: i
     return chunk if chunk < steps else 0
 
 
-def streamed_forward(kernel, spec: int, highway: bool, xs, w_ihs, pbiases, w_hhs, h0s, c0s,
-                     batch_sizes: torch.Tensor, masks, onednn: bool, chunk: int):
-    """A no-gradient forward of one layer's directions on the CPU step kernel (``kernel``:
-    ``backend.cpu_kernel()``), with the input projections computed ``chunk`` steps at a time instead of
-    all at once: per chunk of steps, each direction's projection (``xs[d]`` (T, B, D) its input
-    in its time order, ``w_ihs[d]``, ``pbiases[d]``), then the kernel from the states the
-    previous chunk ended in.  The projections of all steps (T·B·(R+X)·H per direction) are
-    never held: peak memory is the outputs plus one chunk.  One direction runs
-    ``plain_forward``, two run ``plain_directions_forward`` (one per thread).  Returns
-    ``[(out (T, B, H), h_n, c_n)]`` per direction, equal to the unstreamed forward's (each row's
-    final state is the state of its last active step: a chunk where a row is inactive passes
-    its state through)."""
-    n = len(xs)
-    T, B = xs[0].shape[0], xs[0].shape[1]
+def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal, directions,
+                     w_ihs, pbiases, w_hhs, h0s, c0s, batch_sizes: torch.Tensor, masks,
+                     onednn: bool, out: torch.Tensor, chunk: int):
+    """A no-gradient forward of one layer's ``directions`` on the CPU step kernel (``kernel``:
+    ``backend.cpu_kernel()``), with the input projections computed ``chunk`` steps at a time
+    instead of all at once.  ``x`` (T, B, D) is the layer's input; direction 0 reads it as it is,
+    direction 1 reversed within each row's length (``reversal``, a
+    :class:`rnn_ablations.functional.Reversal`).  Per chunk of steps: each direction's input
+    steps (for direction 1 gathered from ``x``: no reversed copy of the whole input), its
+    projection (``w_ihs[k]``, ``pbiases[k]``), then the kernel from the states the previous chunk
+    ended in; direction ``d``'s output goes to ``out[..., d·H:(d+1)·H]`` (``out`` (T, B, D·H), the
+    layer's output), direction 1's back in the original order.  The projections of all steps
+    (T·B·(R+X)·H per direction), a reversed input and per-direction outputs are never held: peak
+    memory is the input, the output and one chunk.  One direction runs ``plain_forward``, two
+    run ``plain_directions_forward`` (one per thread).  Returns ``[(h_n, c_n)]`` per direction,
+    equal to the unstreamed forward's (each row's final state is the state of its last active
+    step: a chunk where a row is inactive passes its state through)."""
+    T = x.shape[0]
     H = w_hhs[0].shape[1]
-    outs = [xs[0].new_empty(T, B, H) for _ in range(n)]
+    dsts = [out[..., d * H:(d + 1) * H] for d in directions]
     hs = [h.contiguous() for h in h0s]
     cs = [c.contiguous() for c in c0s]
-    masks = [m.contiguous() if m is not None else xs[0].new_empty(0) for m in masks]
+    masks = [m.contiguous() if m is not None else x.new_empty(0) for m in masks]
     w_hhs = [w.contiguous() for w in w_hhs]
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         bs = batch_sizes[t0:t1]
-        if int(bs[0]) == 0:  # no row has a step left: the rest of the output is padding
-            for out in outs:
-                out[t0:].zero_()
+        if int(bs[0]) == 0:  # no row has a step left: the rest is padding in either order
+            for dst in dsts:
+                dst[t0:].zero_()
             break
-        projs = [input_projection(x[t0:t1], w, b, onednn).contiguous()
-                 for x, w, b in zip(xs, w_ihs, pbiases)]
-        if n == 1:
+        projs = [input_projection(x[t0:t1] if d == 0 else reversal.steps(x, t0, t1), w, b,
+                                  onednn).contiguous()
+                 for d, w, b in zip(directions, w_ihs, pbiases)]
+        if len(directions) == 1:
             results = [kernel.plain_forward(spec, highway, projs[0], w_hhs[0], hs[0], cs[0], bs,
                                             masks[0], False, True)]
         else:
             results = kernel.plain_directions_forward(spec, highway, projs, w_hhs, hs, cs, bs,
                                                       masks, False, True)
-        for d, r in enumerate(results):
-            outs[d][t0:t1].copy_(r[0])
-            hs[d], cs[d] = r[1], r[2]
+        for k, (d, r) in enumerate(zip(directions, results)):
+            if d == 0:
+                dsts[k][t0:t1].copy_(r[0])
+            else:
+                reversal.place(dsts[k], r[0], t0)
+            hs[k], cs[k] = r[1], r[2]
         del projs, results
-    return [(outs[d], hs[d], cs[d]) for d in range(n)]
+    return list(zip(hs, cs))
