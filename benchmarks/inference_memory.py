@@ -127,14 +127,16 @@ def main(argv=None) -> int:
     name = args.name or f"inference_memory_{cpu_file_name()}"
     meta = {"command": "python benchmarks/inference_memory.py " + " ".join(argv or sys.argv[1:]),
             "machine": describe(), "threads": args.threads, "repeats": args.repeats,
-            "measure": "peak RSS of the no-grad forward minus RSS before it, one process per "
-                       "measurement, median of the repeats",
+            "measure": "peak RSS of the no-grad forward (VmHWM after a reset) minus RSS before "
+                       "it, one process per measurement, median of the repeats",
             "shape_fields": ["T", "B", "d_in", "H", "layers", "directions"]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1)
                                            + "\n")
     lines = [f"# Inference peak memory (no_grad forward), {args.threads} thread(s), median of "
-             f"{args.repeats} processes", "",
+             f"{args.repeats} processes", "", f"Machine: {meta['machine']}. Command: "
+             f"`{meta['command']}`. Peak: the high-water mark of the process during the call "
+             "minus its resident size before it.", "",
              "| T, B, d_in, H, layers, dirs | model | peak MB | × nn.LSTM |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {', '.join(map(str, r['shape']))} | {r['model']} | {r['median_mb']:.1f} "
