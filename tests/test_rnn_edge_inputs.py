@@ -113,3 +113,29 @@ def test_input_dtype_mismatch_says_what_to_do(dtype):
         m(torch.randn(3, 2, 4).to(dtype))
     out, _ = m.to(dtype)(torch.randn(3, 2, 4).to(dtype)) if dtype != torch.float16 else (None, None)
     assert out is None or out.dtype == dtype
+
+
+@pytest.mark.parametrize("lengths", [None, [7, 7, 5, 2, 1]])
+def test_reversal_a_few_steps_at_a_time_equals_the_whole_reversal(lengths):
+    """functional.Reversal, as the second direction reads its input: `steps` gives steps t0:t1
+    of the reversed tensor, `place` writes them back to their original places (into a view, as
+    the streamed forward writes a direction's half of the layer's output)."""
+    from rnn_ablations.functional import Reversal, reversal_index
+    T, B, X = 7, 5, 3
+    t = torch.randn(T, B, X)
+    rev = Reversal(None if lengths is None else reversal_index(torch.tensor(lengths), T))
+    whole = rev(t)
+    if lengths is not None:  # padded steps stay where they are, each row reversed in its length
+        for b, n in enumerate(lengths):
+            torch.testing.assert_close(whole[:n, b], t[:n, b].flip(0), rtol=0, atol=0)
+            torch.testing.assert_close(whole[n:, b], t[n:, b], rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(whole, t.flip(0), rtol=0, atol=0)
+    out = torch.zeros(T, B, 2 * X)
+    for t0 in range(0, T, 3):
+        t1 = min(T, t0 + 3)
+        part = rev.steps(t, t0, t1)
+        torch.testing.assert_close(part, whole[t0:t1], rtol=0, atol=0)
+        rev.place(out[..., X:], part, t0)
+    torch.testing.assert_close(out[..., X:], t, rtol=0, atol=0)
+    assert out[..., :X].abs().sum() == 0
