@@ -54,7 +54,7 @@ test -f "$("$W/venv/bin/rnn-ablations" configs path bidaf_srnn)"
 set +e
 msg=$("$W/venv/bin/rnn-ablations" ablate --out "$W/runs" 2>&1); rc=$?
 set -e
-if [ "$rc" != 2 ] || ! grep -q 'pip install "rnn-ablations\[lm\]"' <<<"$msg"; then
+if [ "$rc" != 2 ] || ! grep -qF 'pip install "$PKG[lm]"' <<<"$msg"; then
   echo "check_wheel: ablate without [lm] should name the extra (rc=$rc): $msg"; exit 1
 fi
 echo "check_wheel: core checks done in ${SECONDS}s"
