@@ -7,11 +7,10 @@
 
 What one measurement is: a child process builds the model and the input (time-major, float32),
 runs one untimed forward on a small slice (so that lazy set-up such as the kernel's load is not
-counted), resets its high-water mark (``5`` into ``/proc/self/clear_refs``), reads its resident
-set size, runs the forward under ``torch.no_grad()`` and reads the high-water mark again
-(``VmHWM`` in ``/proc/self/status``; ``getrusage``'s ``ru_maxrss`` would also hold the parent's
-size from before ``exec``).  The peak minus the resident size before the call is the call's peak
-memory (its output included).
+counted), then runs the forward under ``torch.no_grad()`` through
+:func:`rnn_ablations.commands.machine.call_peak_memory`: the process's peak resident size during
+the call (Linux's ``VmHWM``, reset just before it) minus its resident size before it, the
+call's peak memory (its output included).
 The median over ``--repeats`` processes is reported.
 
 Prints a table and writes ``OUT/inference_memory_<cpu-name>.{json,md}`` (``--out``, default
@@ -37,6 +36,8 @@ SHAPES = [(1000, 1000, 64, 64, 1, "uni"), (16, 100_000, 64, 64, 1, "uni"),
 
 _CHILD = r"""
 import sys, torch
+from rnn_ablations import AblatedRNN
+from rnn_ablations.commands.machine import call_peak_memory
 T, B, D, H, L, bi, model, threads = sys.argv[1:9]
 T, B, D, H, L, threads = int(T), int(B), int(D), int(H), int(L), int(threads)
 torch.set_num_threads(threads)
@@ -45,20 +46,12 @@ cfg = dict(num_layers=L, bidirectional=bi == "bi")
 if model == "nn.LSTM":
     m = torch.nn.LSTM(D, H, **cfg)
 else:
-    from rnn_ablations import AblatedRNN
     m = AblatedRNN(model, D, H, **cfg)
 x = torch.randn(T, B, D)
 with torch.no_grad():
     m(x[:2, :2])
-def status(key):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
-with open("/proc/self/clear_refs", "w") as f:   # the high-water mark reset: the call's own peak
-    f.write("5")
-before = status("VmRSS:")
 with torch.no_grad():
-    y = m(x)
-print("PEAK_BYTES", max(0, status("VmHWM:") - before))
+    print("PEAK_BYTES", call_peak_memory(lambda: m(x)))
 """
 
 

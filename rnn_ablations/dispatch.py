@@ -11,8 +11,8 @@ rows sorted by decreasing length, ``batch_sizes[t]`` active at step t), ``rec_ma
 recurrent-dropout mask (or ``None``) per direction, ``reverse`` the function that reverses a
 time-major tensor within each row's length (direction 1 of a cell that reads h_{t-1} runs on the
 reversed input, and its output is reversed back; a :class:`rnn_ablations.functional.Reversal`,
-as the module passes, also lets a large no-gradient call stream the reversal).  It returns ``(output (T, B, D·H), [h_n per
-direction], [c_n per direction])``.
+as the module passes, also lets a large no-gradient call stream the reversal).  It returns
+``(output (T, B, D·H), [h_n per direction], [c_n per direction])``.
 
 :func:`run_layer` (one direction of a step cell) and :func:`run_scan_layer` (a cell that reads no
 h_{t-1}) are the same call for those who hold the pieces of one.

@@ -19,7 +19,8 @@ import torch
 
 from .. import kernel_isa, supported_kernel_isas
 
-__all__ = ["cpu_info", "cpu_file_name", "gpu_info", "describe", "describe_gpu", "machine_info"]
+__all__ = ["cpu_info", "cpu_file_name", "gpu_info", "describe", "describe_gpu", "machine_info",
+           "reset_peak_memory", "peak_memory", "call_peak_memory"]
 
 #: the CPU flags worth recording for this package's kernels (what a reader needs to place a timing)
 VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
@@ -125,3 +126,38 @@ def machine_info(device: str = "cpu") -> Dict:
         line = describe_gpu(out["gpu"], host=line)
     out["machine"] = line
     return out
+
+
+# ------------------------------------------------------------------------------- peak memory
+# The peak resident size of this process as Linux keeps it: ``VmHWM`` in /proc/self/status,
+# reset by writing "5" to /proc/self/clear_refs.  (``getrusage``'s ``ru_maxrss`` cannot be reset
+# and, in a child, also holds the size its parent had before ``exec``: a test's child would read
+# pytest's size.)
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {key} line")
+
+
+def reset_peak_memory() -> int:
+    """Reset the process's peak resident size to its current size; returns that size (bytes).
+    Linux only (``FileNotFoundError`` where /proc/self/clear_refs does not exist)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_bytes("VmRSS:")
+
+
+def peak_memory() -> int:
+    """The process's peak resident size (bytes) since it started (``exec``: unlike
+    ``ru_maxrss``, nothing of the parent's) or since the last :func:`reset_peak_memory`."""
+    return _status_bytes("VmHWM:")
+
+
+def call_peak_memory(fn) -> int:
+    """Run ``fn()`` and return how far the process's resident size rose above where it stood
+    before the call, at the call's peak (bytes): its own peak memory, what it returns included."""
+    before = reset_peak_memory()
+    fn()
+    return max(0, peak_memory() - before)

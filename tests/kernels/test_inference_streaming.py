@@ -102,35 +102,19 @@ def test_training_forward_is_not_streamed(tiny_chunks, monkeypatch):
 
 
 _CHILD = r"""
-import dataclasses, resource, sys, torch
+import dataclasses, torch
 from rnn_ablations import AblatedRNN, options
 from rnn_ablations import plan as run_plan
+from rnn_ablations.commands.machine import call_peak_memory
 torch.set_num_threads(1)
 T, B, D, H = 400, 400, 32, 32
 m = AblatedRNN("lstm", D, H)
 x = torch.randn(T, B, D)
-
-
-def status(key):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
-
-
-def call_peak():
-    # the high-water mark reset just before the call ("5" > clear_refs, Linux 4.0+), so what
-    # the process did before (imports, the first call) cannot count
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = status("VmRSS:")
-    m(x)
-    return status("VmHWM:") - before
-
-
 with torch.no_grad(), options(backend="kernel", cpu_schedule="plain"):
     m(x[:2, :2])
-    streamed = call_peak()
+    streamed = call_peak_memory(lambda: m(x))
     run_plan.POLICY = dataclasses.replace(run_plan.POLICY, stream_min_bytes=1 << 62)
-    whole = call_peak()
+    whole = call_peak_memory(lambda: m(x))
 print("PEAK", streamed, whole)
 """
 
@@ -138,11 +122,10 @@ print("PEAK", streamed, whole)
 def test_streamed_peak_memory_is_bounded():
     """T=400, B=400, H=32 (lstm): the output is 20 MiB, the projections of all steps 80 MiB
     (above the 64 MiB streaming threshold); unstreamed the call peaks at about their sum (98 MiB
-    on the development VM), streamed at about 59 MiB.  The peak is the call's own (the process's
-    high-water mark reset before it); the bound is loose: RSS also counts the allocator's and the
+    on the Xeon VM), streamed at about 59 MiB.  The peak is the call's own
+    (``commands.machine.call_peak_memory``: Linux's high-water mark, reset before it); the bound
+    is loose: RSS also counts the allocator's and the
     libraries' pages."""
-    if not os.path.exists("/proc/self/clear_refs"):
-        pytest.skip("the peak of one call is read from /proc (Linux)")
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root))
     res = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,

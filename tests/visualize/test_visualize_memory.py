@@ -46,23 +46,18 @@ def test_norms_equal_the_whole_tensor_reduction(variant):
 PEAK = textwrap.dedent('''
     import sys, torch
     from rnn_ablations import AblatedRNN
+    from rnn_ablations.commands.machine import call_peak_memory
     from rnn_ablations.visualize import weight_map
     torch.set_num_threads(1)
     T, H = int(sys.argv[1]), int(sys.argv[2])
     rnn = AblatedRNN("ran", 8, H)
     x = torch.randn(T, 8)
     weight_map(rnn, x[:4], ["w"] * 4)                       # warm up the code paths
-    def status(key):                                        # bytes
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
-    # the high-water mark reset before the call ("5" > clear_refs): getrusage's ru_maxrss would
-    # also hold the parent's (pytest's) size from before exec
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = status("VmRSS:")
-    wm = weight_map(rnn, x, [f"w{k}" for k in range(T)])
-    assert len(wm.directions["forward"].norms) == T
-    print((status("VmHWM:") - before) / 2.0 ** 20)          # MiB the call added at its peak
+    words = [f"w{k}" for k in range(T)]
+    maps = []
+    grown = call_peak_memory(lambda: maps.append(weight_map(rnn, x, words)))
+    assert len(maps[0].directions["forward"].norms) == T
+    print(grown / 2.0 ** 20)                                # MiB the call added at its peak
 ''')
 
 
