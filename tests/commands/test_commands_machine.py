@@ -86,3 +86,19 @@ def test_gpu_info_names_the_gpu():
     info = machine.machine_info("cuda")
     assert info["gpu"]["gpu"] == torch.cuda.get_device_name()
     assert info["machine"].startswith(info["gpu"]["gpu"]) and "; host " in info["machine"]
+
+
+def test_call_peak_memory_sees_a_call_that_frees_what_it_took():
+    """The call's own peak, though it frees its 64 MiB before returning, and not what the
+    process held before (the high-water mark is reset first)."""
+    import torch
+    from rnn_ablations.commands.machine import call_peak_memory, peak_memory
+    held = torch.ones(16 * 2**20)  # 64 MiB the process holds before the call
+
+    def burst():
+        t = torch.ones(16 * 2**20)  # 64 MiB, touched, then freed
+        return float(t[-1])
+    got = call_peak_memory(burst)
+    assert 60 * 2**20 < got < 100 * 2**20, got / 2**20
+    assert peak_memory() >= got
+    del held
