@@ -121,7 +121,7 @@ print("PEAK", streamed, whole)
 
 def test_streamed_peak_memory_is_bounded():
     """T=400, B=400, H=32 (lstm): the output is 20 MiB, the projections of all steps 80 MiB
-    (above the 64 MiB streaming threshold); unstreamed the call peaks at about their sum (98 MiB
+    (above the 64 MiB streaming threshold); unstreamed the call peaks at about their sum (97 MiB
     on the Xeon VM), streamed at about 59 MiB.  The peak is the call's own
     (``commands.machine.call_peak_memory``: Linux's high-water mark, reset before it); the bound
     is loose: RSS also counts the allocator's and the
