@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import rnn_ablations as ra
-from rnn_ablations.kernels import backend
+from rnn_ablations.kernels import registry
 from rnn_ablations.commands.machine import describe
 
 SHAPES = [("ran", 650, 20, 35), ("lstm", 650, 20, 35), ("ran", 256, 32, 64), ("lstm", 256, 32, 64),
@@ -125,10 +125,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.calls < 4 or a.threads < 1:
         raise SystemExit("--calls must be >= 4 and --threads >= 1")
-    if backend.cpu_kernel() is None:
+    if registry.cpu_kernel() is None:
         raise SystemExit("the installed package has no CPU kernel: run `bash scripts/setup.sh`")
     torch.set_num_threads(a.threads)
-    other, mine = _load(a.other), backend.cpu_kernel().raw
+    other, mine = _load(a.other), registry.cpu_kernel().raw
     dtype = getattr(torch, a.dtype)
     if a.isa is not None:
         for module in (other, mine):

@@ -45,7 +45,7 @@ def _pair_ms(fa, fb, n: int = 21):
 
 
 def main(argv=None) -> int:
-    from rnn_ablations.kernels import backend
+    from rnn_ablations.kernels import registry
     from rnn_ablations.commands.machine import describe
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         print("gemm_libraries: this torch has no oneDNN linear (torch.ops.mkldnn._linear_pointwise)")
         return 2
-    if backend.cpu_kernel() is None:
+    if registry.cpu_kernel() is None:
         print("gemm_libraries: the CPU kernel is not built (run `bash scripts/setup.sh`)")
         return 2
     torch.set_num_threads(args.threads)
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                 "weight_grad": (lambda: torch.mm(g.t(), x), lambda: lin(gt, xt)),
                 # what a layer would pay: our weight_grad (MKL, the product the kernels call)
                 # against oneDNN including the two transposed copies it needs
-                "weight_grad_in_layer": (lambda: backend.cpu_kernel().weight_grad(g, x),
+                "weight_grad_in_layer": (lambda: registry.cpu_kernel().weight_grad(g, x),
                                          lambda: lin(g.t().contiguous(), x.t().contiguous())),
             }
             r = {"H": H, "d_in": din, "rows": n}

@@ -134,7 +134,7 @@ if want cpu_kernel; then
     ( t0=$(date +%s)
       RNN_ABLATIONS_NO_CPU_KERNEL=0 timeout --kill-after=10 "$cpu_kernel_limit" "$py" -c "
 import sys
-from rnn_ablations.kernels import backend as b
+from rnn_ablations.kernels import registry as b
 print('CPU kernel:', b._KERNEL_SOURCE or b._KERNEL_ERROR)
 sys.exit(0 if b._C is not None else 1)" > "$out/gpu_cpu_kernel.log" 2>&1
       echo "rc $? after $(( $(date +%s) - t0 )) s (limit ${cpu_kernel_limit} s)" >> "$out/gpu_cpu_kernel.log" ) &

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import rnn_ablations as ra  # noqa: E402
 from rnn_ablations import get_variant  # noqa: E402
-from rnn_ablations.kernels import backend  # noqa: E402
+from rnn_ablations.kernels import registry  # noqa: E402
 from rnn_ablations.kernels.cuda import driver, host, selfcheck  # noqa: E402
 from rnn_ablations.plan import Plan  # noqa: E402
 
@@ -36,8 +36,8 @@ FAMILIES = ("step", "scan", "persistent")
 
 def _layers_on_gpu():
     """Layer calls on the GPU: -> {family: programs loaded}."""
-    if backend.cuda_kernel() is None:
-        sys.exit(f"the CUDA kernels are not in use: {backend.cuda_kernel_error()}")
+    if registry.cuda_kernel() is None:
+        sys.exit(f"the CUDA kernels are not in use: {registry.cuda_kernel_error()}")
     torch.manual_seed(0)
     runs = [("lstm", "steps"), ("lstm", "persistent"), ("lstm_minus_srnn_minus_hidden", "steps")]
     for variant, recurrence in runs:

@@ -79,7 +79,7 @@ else:
     elif Ops.seen or programs:
         print("CUDA_KERNELS 1")
     else:
-        from rnn_ablations.kernels import backend
+        from rnn_ablations.kernels import registry
         why = getattr(backend, "_CUDA_KERNEL_ERROR", None) or "no reason given by the package"
         print(f"CUDA_KERNELS 0 the layer ran the generic PyTorch path ({why})")
 EOF

@@ -8,7 +8,7 @@ length 64, hidden 256 and 650, batch_first, median of interleaved repeats).
                                                     # the experiments' own shapes (PTB LMs, BiDAF, ...)
 
 Every row carries its dtype; on CUDA, --cuda-graphs on|off picks graph replay of the kernel's
-step loop (rnn_ablations.kernels.cuda_graphs).  `bash benchmarks/gpu_check.sh OUT` runs the CUDA rows.
+step loop (rnn_ablations.kernels.cuda.graphs).  `bash benchmarks/gpu_check.sh OUT` runs the CUDA rows.
 """
 import sys
 from pathlib import Path

@@ -107,10 +107,10 @@ def _train_step(model, opt, x, lengths):
 
 def _graph_stats() -> Optional[Dict[str, int]]:
     try:
-        from rnn_ablations.kernels.cuda_graphs import graph_stats
+        from rnn_ablations.kernels.cuda.graphs import graph_stats
     except ImportError:
         try:
-            from rnn_ablations.kernels.cuda.cuda_graphs import graph_stats
+            from rnn_ablations.kernels.cuda.graphs import graph_stats
         except ImportError:
             return None
     return graph_stats()

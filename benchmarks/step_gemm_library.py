@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     from rnn_ablations import plan as run_plan
     from rnn_ablations.commands.machine import describe
     from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
-    from rnn_ablations.kernels import backend
+    from rnn_ablations.kernels import registry
     from rnn_ablations.variants import get_variant
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", default=["lstm", "ran"])
@@ -78,10 +78,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--threads and --repeats must be >= 1, --warmup >= 0")
-    if backend._C is None:
+    if registry._C is None:
         print("step_gemm_library: the CPU kernel is not built (bash scripts/setup.sh)")
         return 2
-    if not getattr(backend._C, "library_gemm", lambda: False)():
+    if not getattr(registry._C, "library_gemm", lambda: False)():
         print("step_gemm_library: this torch has no MKL packed GEMM (cblas_sgemm_pack); the "
               "step GEMM runs on the kernel's own")
         return 2
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
                     f"{sorted(known)}")
         shapes = [s for s in shapes if s[0] in args.shape_names]
     torch.set_num_threads(args.threads)
-    isa = backend._C.kernel_isa()
+    isa = registry._C.kernel_isa()
     base = run_plan.POLICY
     policies = {"own": dataclasses.replace(base, library_step_gemm=((isa, -1, -1),)),
                 "mkl": dataclasses.replace(base, library_step_gemm=((isa, 0, 0),))}

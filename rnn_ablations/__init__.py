@@ -8,10 +8,10 @@ from .variants import ALIASES, VARIANTS, Variant, get_variant, recurrent_param_c
 from .settings import Options, get_options, options, reset_options, set_options
 from .rnn import AblatedRNN
 from .analysis import WeightedSum, weighted_sum
-from .kernels.backend import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
-from .aliases import set_backend, set_kernel_isa, set_pipeline, use_backend, use_kernel_isa, use_pipeline
-from .kernels.cuda_graphs import set_cuda_graphs, use_cuda_graphs
-from .kernels.cuda_recurrence import get_cuda_recurrence, set_cuda_recurrence, use_cuda_recurrence
+from .kernels.registry import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
+from .aliases import (get_cuda_graphs, get_cuda_recurrence, set_backend, set_cuda_graphs,
+                      set_cuda_recurrence, set_kernel_isa, set_pipeline, use_backend,
+                      use_cuda_graphs, use_cuda_recurrence, use_kernel_isa, use_pipeline)
 
 __version__ = "0.1.0"
 
@@ -20,7 +20,7 @@ __all__ = [
     "weighted_sum", "WeightedSum", "options", "set_options", "get_options", "reset_options",
     "Options", "kernel_available", "cuda_kernel_available", "set_backend",
     "use_backend",
-    "set_pipeline", "use_pipeline", "set_cuda_graphs", "use_cuda_graphs",
+    "set_pipeline", "use_pipeline", "set_cuda_graphs", "use_cuda_graphs", "get_cuda_graphs",
     "set_cuda_recurrence", "get_cuda_recurrence", "use_cuda_recurrence",
     "kernel_isa", "supported_kernel_isas", "set_kernel_isa",
     "use_kernel_isa",

@@ -5,9 +5,7 @@ against them; new code names the setting, e.g. ``rnn_ablations.options(backend="
 ``set_X(value)`` sets the process-wide default, ``use_X(value)`` is a ``with`` block for this
 thread (``use_kernel_isa``: for the process, the setting being process-wide), ``get_X()`` the
 value in effect for this thread.  ``set_pipeline`` / ``set_concurrent_directions`` speak their
-own words: ``"auto"``, ``"always"``, ``"never"`` (``docs/options.md``).  The CUDA settings' short
-forms live beside their mechanisms (:mod:`rnn_ablations.kernels.cuda_graphs`,
-:mod:`rnn_ablations.kernels.cuda_recurrence`).
+own words: ``"auto"``, ``"always"``, ``"never"`` (``docs/options.md``).
 """
 from __future__ import annotations
 
@@ -15,7 +13,9 @@ from .settings import get_options, options, set_options
 
 __all__ = ["set_backend", "get_backend", "use_backend", "set_kernel_isa", "use_kernel_isa",
            "set_pipeline", "get_pipeline", "use_pipeline", "set_concurrent_directions",
-           "get_concurrent_directions", "use_concurrent_directions"]
+           "get_concurrent_directions", "use_concurrent_directions", "set_cuda_graphs",
+           "get_cuda_graphs", "use_cuda_graphs", "set_cuda_recurrence", "get_cuda_recurrence",
+           "use_cuda_recurrence"]
 
 
 def set_backend(name: str) -> None:
@@ -96,3 +96,41 @@ def use_concurrent_directions(mode: str):
     the ``with`` block."""
     return options(concurrent_directions=_word(_DIRECTION_WORDS, "concurrent_directions", mode,
                                                "concurrent-directions"))
+
+
+def set_cuda_graphs(enabled: bool) -> None:
+    """``set_options(cuda_graphs=enabled)``: graph replay of the CUDA kernel on (``True``) or off
+    (``False``: every call launches its steps one by one) for the process; turning it off frees
+    the recorded graphs (:mod:`rnn_ablations.kernels.cuda.graphs`)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_cuda_graphs takes True or False, got {enabled!r}")
+    set_options(cuda_graphs=enabled)
+
+
+def get_cuda_graphs() -> bool:
+    """The ``cuda_graphs`` setting in effect for this thread."""
+    return get_options().cuda_graphs
+
+
+def use_cuda_graphs(enabled: bool):
+    """``options(cuda_graphs=enabled)``: graph replay on or off for this thread inside the
+    ``with`` block."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"use_cuda_graphs takes True or False, got {enabled!r}")
+    return options(cuda_graphs=enabled)
+
+
+def set_cuda_recurrence(mode: str) -> None:
+    """``set_options(cuda_recurrence=mode)``: ``"auto"`` (the step kernel), ``"persistent"`` or
+    ``"steps"`` for the process (:mod:`rnn_ablations.kernels.cuda.recurrence`)."""
+    set_options(cuda_recurrence=mode)
+
+
+def get_cuda_recurrence() -> str:
+    """The ``cuda_recurrence`` setting in effect for this thread."""
+    return get_options().cuda_recurrence
+
+
+def use_cuda_recurrence(mode: str):
+    """``options(cuda_recurrence=mode)``: the mode for this thread inside the ``with`` block."""
+    return options(cuda_recurrence=mode)

@@ -23,8 +23,8 @@ from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
-from .kernels import autograd, backend, cuda_recurrence, scan
-from .kernels.backend import cuda_kernel_available, kernel_available  # noqa: F401  (read by tests/kernels/test_cuda.py)
+from .kernels import autograd, registry, scan
+from .kernels.cuda import recurrence as cuda_recurrence
 from .functional import Reversal, projection_bias
 from . import plan as _plan
 from .plan import Plan, decide
@@ -60,7 +60,7 @@ def _run_generic(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_mas
     for d, (xd, (w_ih, w_hh, bias)) in enumerate(zip(_direction_inputs(x, reverse, len(params)),
                                                      params)):
         proj, _ = _projection(plan, xd, w_ih, bias)
-        w_hh, hd, cd, mask = backend.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
+        w_hh, hd, cd, mask = registry.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
         results.append(autograd._generic_from_projection(variant, highway, proj, w_hh, hd,
                                                                 cd, batch_sizes, mask))
     return _assemble(results, reverse)
@@ -76,7 +76,7 @@ def _plain_runner(kernel: Callable[[Plan], object]):
         for d, (xd, (w_ih, w_hh, bias)) in enumerate(
                 zip(_direction_inputs(x, reverse, len(params)), params)):
             proj, pbias = _projection(plan, xd, w_ih, bias)
-            w_hh, hd, cd, mask = backend.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
+            w_hh, hd, cd, mask = registry.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
             ext = kernel(plan)
             results.append(autograd.plain_layer(ext, variant, highway, proj, w_hh, hd, cd,
                                                        xd, w_ih, pbias, batch_sizes, mask))
@@ -85,13 +85,13 @@ def _plain_runner(kernel: Callable[[Plan], object]):
 
 
 def _cpu_kernel(plan):
-    return backend.cpu_kernel()
+    return registry.cpu_kernel()
 
 
 def _run_cpu_pipelined(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
                        reverse):
     """The pipelined CPU kernel (the projection inside), one direction after the other."""
-    results = [autograd.pipelined_layer(backend.cpu_kernel(), variant, highway, xd, w_ih, bias,
+    results = [autograd.pipelined_layer(registry.cpu_kernel(), variant, highway, xd, w_ih, bias,
                                         w_hh, h0[d], c0[d], batch_sizes, rec_masks[d], plan.chunk)
                for d, (xd, (w_ih, w_hh, bias)) in enumerate(
                    zip(_direction_inputs(x, reverse, len(params)), params))]
@@ -111,7 +111,7 @@ def _run_cpu_plain_pair(plan, variant, highway, x, params, h0, c0, batch_sizes, 
         proj, pbias = _projection(plan, xd, w_ih, bias)
         flat += [proj.contiguous(), w_hh.contiguous(), h0[d].contiguous(), c0[d].contiguous(), xd,
                  w_ih, pbias, _contiguous(rec_masks[d])]
-    return _assemble(autograd.plain_pair(backend.cpu_kernel(), variant, highway, batch_sizes,
+    return _assemble(autograd.plain_pair(registry.cpu_kernel(), variant, highway, batch_sizes,
                                          flat), reverse)
 
 
@@ -123,7 +123,7 @@ def _run_cpu_pipelined_pair(plan, variant, highway, x, params, h0, c0, batch_siz
                                                      params)):
         flat += [xd.contiguous(), w_ih.contiguous(), _contiguous(bias), w_hh.contiguous(),
                  h0[d].contiguous(), c0[d].contiguous(), _contiguous(rec_masks[d])]
-    return _assemble(autograd.pipelined_pair(backend.cpu_kernel(), variant, highway,
+    return _assemble(autograd.pipelined_pair(registry.cpu_kernel(), variant, highway,
                                              batch_sizes, plan.chunk, flat), reverse)
 
 
@@ -141,7 +141,7 @@ def _stream_chunk(x, params, h0, c0, rec_masks) -> int:
     if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in
                                         [x, h0, c0, *[w for p in params for w in p]])):
         return 0
-    if (backend.autocast_dtype("cpu") is not None
+    if (registry.autocast_dtype("cpu") is not None
             or x.dtype not in (torch.float32, torch.float64) or type(x) is not torch.Tensor):
         return 0
     return stream_steps(x.shape[0], x.shape[1], w_ih.shape[0], x.element_size(),
@@ -168,7 +168,7 @@ def _streaming(runner):
         h_n, c_n = [None] * n, [None] * n
         for g in groups:
             done = streamed_forward(
-                backend.cpu_kernel(), variant.kernel_spec, highway, x, reverse, g,
+                registry.cpu_kernel(), variant.kernel_spec, highway, x, reverse, g,
                 [params[d][0] for d in g],
                 [projection_bias(params[d][2], params[d][0].shape[0]) for d in g],
                 [params[d][1] for d in g], [h0[d] for d in g], [c0[d] for d in g],
@@ -191,7 +191,7 @@ def _sync_step_gemm(isa) -> None:
         # compiled graph's calls run with the thresholds of the last eager call (at first the
         # kernel's own, never, as the default POLICY lists no path)
         return
-    key, cpu = _step_gemm_set[0], backend.cpu_kernel()
+    key, cpu = _step_gemm_set[0], registry.cpu_kernel()
     if (key is not None and key[0] is _plan.POLICY and key[1] == isa
             and key[2] is cpu) or cpu is None:
         return
@@ -212,16 +212,16 @@ def _cpu_bfloat16(x, params) -> bool:
         return False  # (a traced graph keeps the plan of its dtype: no context variable there)
     if x.dtype is not torch.bfloat16 and (
             x.dtype is not torch.float32 or (params[0][0].dtype is not torch.bfloat16
-                                             and backend.autocast_dtype("cpu") is None)):
+                                             and registry.autocast_dtype("cpu") is None)):
         return False  # the common float32 / float64 call, without looking further
     dtypes = {x.dtype} | {t.dtype for p in params for t in p if t is not None}
-    auto = backend.autocast_dtype("cpu")
+    auto = registry.autocast_dtype("cpu")
     in_bf16 = (torch.bfloat16 in dtypes and dtypes <= {torch.bfloat16, torch.float32}) or (
         auto == torch.bfloat16 and dtypes == {torch.float32})
     if not in_bf16:
         return False
     from .plan import call_settings
-    return call_settings().backend != "generic" and backend.kernels().cpu
+    return call_settings().backend != "generic" and registry.kernels().cpu
 
 
 def _run_cpu_bfloat16(variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
@@ -259,7 +259,7 @@ def _scan_projection(plan, x, params, h0, c0):
     bias = _scan_bias(params)
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]
     proj = input_projection(x, weight, bias, onednn=plan.onednn)
-    h0, c0 = backend.autocast_like(proj, h0, c0)  # the scan in the autocast dtype
+    h0, c0 = registry.autocast_like(proj, h0, c0)  # the scan in the autocast dtype
     return proj, h0, c0
 
 
@@ -276,7 +276,7 @@ def _run_generic_scan(plan, variant, highway, x, params, h0, c0, batch_sizes, re
 
 
 def _scan_kernel(plan: Plan):
-    return backend.cpu_kernel() if plan.path == "cpu" else backend.cuda_kernel()
+    return registry.cpu_kernel() if plan.path == "cpu" else registry.cuda_kernel()
 
 
 def _run_scan(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
@@ -333,15 +333,9 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
     elif plan.path == "cuda":
         # the CUDA kernels' first-use check: a family that fails it is replaced by the
         # generic path (kernels/cuda/selfcheck.py)
-        plan = cuda_selfcheck.admit(plan, variant, highway, x, backend.cuda_kernel)
+        plan = cuda_selfcheck.admit(plan, variant, highway, x, registry.cuda_kernel)
     return RUNNERS[plan.runner](plan, variant, highway, x, params, h0, c0, batch_sizes,
                                 rec_masks, reverse)
-
-
-def __getattr__(name: str):
-    if name == "_C_cuda":  # the CUDA kernel, as tests/kernels/test_cuda.py reads it
-        return backend.cuda_kernel()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- the pieces of one

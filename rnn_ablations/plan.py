@@ -1,9 +1,9 @@
 """The run plan: the one function that turns the settings into a decision per layer call
 (:func:`plan_layer`).
 
-The settings (:class:`Options`, :func:`options`, :func:`set_options`, :func:`get_options`,
-:func:`reset_options` and the environment variables) live in :mod:`rnn_ablations.settings`, which
-imports nothing of the package; their names are re-exported here.
+The settings (:class:`~rnn_ablations.settings.Options`, :func:`~rnn_ablations.settings.options`
+and the environment variables) live in :mod:`rnn_ablations.settings`, which imports nothing of the
+package.
 
 The decision
 ------------
@@ -32,7 +32,7 @@ The decisions, in order:
    :mod:`rnn_ablations.kernels.projection`).
 4. **CUDA recurrence** (``Plan.recurrence``): ``"steps"`` (the step kernel) or ``"persistent"``
    (asked for explicitly: ``auto`` keeps the step kernel, see
-   :mod:`rnn_ablations.kernels.cuda_recurrence`); whether the persistent kernel fits this layer
+   :mod:`rnn_ablations.kernels.cuda.recurrence`); whether the persistent kernel fits this layer
    is asked of the compiled kernel by :func:`decide` (:func:`check_persistent`), except in a
    traced graph, where the operator refuses a shape it does not apply to when the graph runs.
 5. **CUDA graphs** (``Plan.graphs``): the setting, on the CUDA kernel only, and not while
@@ -49,20 +49,14 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-__all__ = ["Options", "options", "set_options", "get_options", "reset_options",
-           "process_options", "ENVIRONMENT", "from_environment", "BACKENDS", "KERNEL_ISAS",
-           "CPU_SCHEDULES", "CONCURRENT_DIRECTIONS", "CUDA_RECURRENCES",
-           "LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan", "decide",
+__all__ = ["LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan", "decide",
            "check_persistent", "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES",
            "library_step_thresholds"]
 
 
-from .kernels import backend
-from .kernels.backend import Kernels
-from .settings import (BACKENDS, CONCURRENT_DIRECTIONS, CPU_SCHEDULES,  # noqa: F401
-                       CUDA_RECURRENCES, ENVIRONMENT, KERNEL_ISAS, PROCESS_WIDE, Options,
-                       _keep_hash, _kept_hash, from_environment, get_options, options,
-                       process_options, reset_options, set_options)
+from .kernels import registry
+from .kernels.registry import Kernels
+from .settings import Options, _keep_hash, _kept_hash, get_options
 
 
 # --------------------------------------------------------------------------- the decision
@@ -321,9 +315,9 @@ def _plan_layer(settings: Options, call: LayerCall, kernels: Kernels, policy: Po
     recurrence = "persistent" if settings.cuda_recurrence == "persistent" else "steps"
     if recurrence == "persistent" and not kernels.persistent:
         raise RuntimeError(
-            "cuda_recurrence='persistent': this build of rnn_ablations._C_cuda has no persistent "
-            "kernel (rebuild it: `python setup.py build_ext --inplace` with a CUDA torch and "
-            "nvcc), or use rnn_ablations.options(cuda_recurrence='steps')")
+            "cuda_recurrence='persistent': the CUDA kernels in use have no persistent kernel "
+            "(they are compiled at run time by NVRTC; `rnn-ablations kernels` says what is "
+            "available), or use rnn_ablations.options(cuda_recurrence='steps')")
     return Plan("cuda", reason, recurrence=recurrence,
                 graphs=settings.cuda_graphs and not call.compiling,
                 persistent=(settings.persistent_blocks, settings.persistent_batch_tile,
@@ -375,7 +369,7 @@ def num_threads() -> int:
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     """The autocast dtype when ``torch.autocast(device_type)`` is on, else ``None``."""
-    return backend.autocast_dtype(device_type)
+    return registry.autocast_dtype(device_type)
 
 
 #: How a whole stack of layers runs (:func:`stack_runner`): each layer planned and run on its own
@@ -493,8 +487,8 @@ def _plan_of(fields) -> Plan:
     and what this process has compiled.  Under ``torch.compile`` / ``torch.export`` it is made
     once, when the graph is traced, and the graph holds the operators it chose.  The fallback
     warning is given here, where a traced graph does not look (it takes a lock)."""
-    plan = cached_plan(call_settings(), LayerCall(*fields), backend.kernels(), POLICY)
-    backend.warn_once(plan)
+    plan = cached_plan(call_settings(), LayerCall(*fields), registry.kernels(), POLICY)
+    registry.warn_once(plan)
     return plan
 
 
@@ -533,5 +527,5 @@ def decide(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
         # the projection's shape, dtype and device, without its memory
         proj = torch.empty((), device=x.device, dtype=dtype).expand(
             x.shape[0], x.shape[1], w_ih.shape[0])
-        check_persistent(plan, backend.cuda_kernel(), spec, highway, proj, w_hh.to(dtype))
+        check_persistent(plan, registry.cuda_kernel(), spec, highway, proj, w_hh.to(dtype))
     return plan

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .dispatch import run_layer_call
-from .kernels import backend
+from .kernels import registry
 from .export import run_stack
 from .functional import Reversal, pointwise, projection_bias, reversal_index
 from .plan import stack_runner
@@ -23,7 +23,7 @@ __all__ = ["AblatedRNN"]
 
 
 def _autocast_on(device_type: str) -> bool:
-    return backend.autocast_dtype(device_type) is not None
+    return registry.autocast_dtype(device_type) is not None
 
 
 def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
@@ -33,7 +33,7 @@ def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
     device autocast does not know (``"meta"``)."""
     if x.dtype != torch.float32:
         return None
-    dtype = backend.autocast_dtype(x.device.type)
+    dtype = registry.autocast_dtype(x.device.type)
     return dtype if dtype is not None and dtype != x.dtype else None
 
 

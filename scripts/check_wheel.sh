@@ -34,9 +34,9 @@ export RNN_ABLATIONS_CACHE="$W/cache"
 "$W/venv/bin/python" - <<'PY'
 import torch
 import rnn_ablations as ra
-from rnn_ablations.kernels import backend
-assert ra.kernel_available(), backend._KERNEL_ERROR
-assert backend._KERNEL_SOURCE == "compiled", backend._KERNEL_SOURCE
+from rnn_ablations.kernels import registry
+assert ra.kernel_available(), registry._KERNEL_ERROR
+assert registry._KERNEL_SOURCE == "compiled", registry._KERNEL_SOURCE
 m = ra.AblatedRNN("ran", 8, 16, bidirectional=True)
 x = torch.randn(5, 3, 8)
 with ra.use_backend("kernel"):
@@ -47,7 +47,7 @@ torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 print("check_wheel: kernel compiled on first use and used; ISA", ra.kernel_isa(),
       "of", ra.supported_kernel_isas())
 PY
-"$W/venv/bin/python" -c "import rnn_ablations as ra; from rnn_ablations.kernels import backend; assert backend._KERNEL_SOURCE == 'cache', backend._KERNEL_SOURCE"
+"$W/venv/bin/python" -c "import rnn_ablations as ra; from rnn_ablations.kernels import backend; assert registry._KERNEL_SOURCE == 'cache', registry._KERNEL_SOURCE"
 built=$("$W/venv/bin/rnn-ablations" kernels build)   # the explicit build step: the cache holds it now
 grep -q "already in the cache" <<<"$built" || { echo "check_wheel: rnn-ablations kernels build: $built"; exit 1; }
 test -f "$("$W/venv/bin/rnn-ablations" configs path bidaf_srnn)"

@@ -32,8 +32,8 @@ $PIP install -q $C -r requirements/onmt.txt
 $PIP install -q --no-build-isolation --no-deps -e .
 .venv/bin/python -c "
 import rnn_ablations
-from rnn_ablations.kernels import backend
-assert backend._KERNEL_SOURCE == 'installed', (backend._KERNEL_SOURCE, backend._KERNEL_ERROR)
+from rnn_ablations.kernels import registry
+assert registry._KERNEL_SOURCE == 'installed', (registry._KERNEL_SOURCE, registry._KERNEL_ERROR)
 print('setup: rnn_ablations', rnn_ablations.__version__, 'with its CPU kernel, vector path',
       rnn_ablations.kernel_isa())"
 echo "$want" > "$stamp"

@@ -75,10 +75,11 @@ def test_threshold_sizes_give_the_plan_of_the_sizes():
     """The sizes a traced plan sees (plan.threshold_sizes) lead to the same plan as the exact
     sizes, across the policy's thresholds, for every schedule setting."""
     from rnn_ablations import plan
-    from rnn_ablations.kernels import backend
-    from rnn_ablations.plan import LayerCall, Options, plan_layer
+    from rnn_ablations.kernels import registry
+    from rnn_ablations.plan import LayerCall, plan_layer
+from rnn_ablations.settings import Options
 
-    kernels = backend.kernels()
+    kernels = registry.kernels()
     policy = plan.POLICY
     for T in (0, 1, policy.min_steps - 1, policy.min_steps, 3 * policy.min_steps):
         for B in (0, 1, 7, 64, 4096):

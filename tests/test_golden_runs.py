@@ -21,7 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import rnn_ablations as ra
 from conftest import requires_kernel
-from rnn_ablations.plan import Kernels, LayerCall, Options, plan_layer
+from rnn_ablations.plan import Kernels, LayerCall, plan_layer
+from rnn_ablations.settings import Options
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden_runs.json"
 WRITE = os.environ.get("RNN_ABLATIONS_WRITE_GOLDEN", "") == "1"

@@ -10,8 +10,8 @@ import rnn_ablations as ra
 
 from conftest import requires_kernel, run_python
 from rnn_ablations import aliases, dispatch
-from rnn_ablations.kernels import cuda_graphs, cuda_recurrence
-from rnn_ablations.plan import Options
+from rnn_ablations.kernels.cuda import graphs as cuda_graphs, recurrence as cuda_recurrence
+from rnn_ablations.settings import Options
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +52,7 @@ def test_set_options_is_process_wide_and_blocks_override_it():
         assert ra.get_options().pipeline_chunk == 5
     assert ra.get_options().cpu_schedule == "plain"
     ra.reset_options()
-    assert ra.get_options() == ra.plan.from_environment()
+    assert ra.get_options() == ra.settings.from_environment()
 
 
 def test_a_block_does_not_leak_into_other_threads():
@@ -75,7 +75,7 @@ def test_a_block_does_not_leak_into_other_threads():
     for t in threads:
         t.join(timeout=120)
     assert seen == {"a": "generic", "b": "kernel" if ra.kernel_available() else "auto"}
-    assert ra.get_options().backend == ra.plan.process_options().backend
+    assert ra.get_options().backend == ra.settings.process_options().backend
 
     outside = {}
     with ra.options(backend="generic", cpu_schedule="plain"):
@@ -83,7 +83,7 @@ def test_a_block_does_not_leak_into_other_threads():
         t.start()
         t.join(timeout=60)
         assert ra.get_options().backend == "generic"
-    assert outside["o"] == ra.plan.process_options()
+    assert outside["o"] == ra.settings.process_options()
 
 
 @requires_kernel
@@ -179,9 +179,9 @@ def test_kernel_isa_is_process_wide():
 
 def test_cuda_graphs_max_is_process_wide():
     with ra.options(cuda_graphs_max=3):
-        assert ra.plan.process_options().cuda_graphs_max == 3
-        assert cuda_graphs.MAX_GRAPHS == 3
-    assert cuda_graphs.MAX_GRAPHS == ra.plan.process_options().cuda_graphs_max
+        assert ra.settings.process_options().cuda_graphs_max == 3
+        assert ra.get_options().cuda_graphs_max == 3
+    assert ra.get_options().cuda_graphs_max == ra.settings.process_options().cuda_graphs_max
 
 
 def test_kernel_backend_without_a_kernel_is_refused():
@@ -210,7 +210,7 @@ def test_short_forms_are_the_settings():
             assert ra.get_options().concurrent_directions == value
             assert aliases.get_concurrent_directions() == word
     with ra.use_cuda_graphs(False):
-        assert ra.get_options().cuda_graphs is False and not cuda_graphs.get_cuda_graphs()
+        assert ra.get_options().cuda_graphs is False and not ra.get_cuda_graphs()
     with ra.use_cuda_recurrence("persistent"):
         assert ra.get_options().cuda_recurrence == "persistent" == ra.get_cuda_recurrence()
         assert cuda_recurrence.PERSISTENT_BACKWARD is ra.get_options().persistent_backward

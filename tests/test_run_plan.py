@@ -9,7 +9,8 @@ import torch
 import rnn_ablations as ra
 from conftest import run_python
 from rnn_ablations import dispatch, plan as P
-from rnn_ablations.plan import Kernels, LayerCall, Options, Plan, Policy, plan_layer
+from rnn_ablations.plan import Kernels, LayerCall, Plan, Policy, plan_layer
+from rnn_ablations.settings import Options
 
 #: a process with every kernel
 ALL = Kernels(cpu=True, cuda=True, cpu_scan=True, cuda_scan=True, persistent=True,

@@ -15,7 +15,7 @@ import torch
 import rnn_ablations as ra
 from conftest import run_python
 from rnn_ablations import settings
-from rnn_ablations.kernels import backend
+from rnn_ablations.kernels import registry
 from rnn_ablations.plan import Kernels
 
 SETTINGS_FILE = Path(settings.__file__)

@@ -31,19 +31,19 @@ def build(out=None) -> int:
     if _env.kernel_disabled():
         raise ValueError(f"{_env.kernel_switch_set()} is set, which turns the compiled kernel off; "
                          "unset it to build the kernel")
-    from ..kernels import backend  # loading it is the build (the first-use path)
+    from ..kernels import registry  # noqa: F401  loading it is the build (the first-use path)
 
-    cpu = backend.cpu_kernel()
+    cpu = registry.cpu_kernel()
     if cpu is None:
-        why = " ".join(str(backend.cpu_kernel_error()).split())
+        why = " ".join(str(registry.cpu_kernel_error()).split())
         print(f"rnn-ablations kernels build: error: {why}", file=sys.stderr)
         return 1
     import torch
 
-    source = backend.cpu_kernel_source()
+    source = registry.cpu_kernel_source()
     where = _SOURCES.get(source, source)
     print(f"CPU kernel for torch {torch.__version__}: {cpu.raw.__file__} ({where}; vector "
-          f"path {backend.kernel_isa()})", file=out)
+          f"path {registry.kernel_isa()})", file=out)
     return 0
 
 

@@ -28,11 +28,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..kernels.cuda_graphs import clear_graphs, get_cuda_graphs, graph_stats, set_cuda_graphs
-from ..kernels import cuda_recurrence
-from ..kernels.cuda_recurrence import get_cuda_recurrence, use_cuda_recurrence
-from ..aliases import get_backend, use_concurrent_directions, use_kernel_isa
-from ..kernels.backend import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
+from ..aliases import (get_backend, get_cuda_graphs, get_cuda_recurrence, set_cuda_graphs,
+                       use_concurrent_directions, use_cuda_recurrence, use_kernel_isa)
+from ..kernels.cuda.graphs import clear_graphs, graph_stats
+from ..settings import get_options
+from ..kernels.registry import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
 from ..rnn import AblatedRNN
 from ..variants import VARIANTS, get_variant
 from .machine import cpu_info, describe, gpu_info
@@ -66,7 +66,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16", "autocast-bfloat16", "aut
 DIRECTIONS = ("auto", "sequential", "both")
 SEQUENTIAL_SUFFIX = " [sequential directions]"
 
-#: --cuda-recurrence choices (``rnn_ablations.kernels.cuda_recurrence``): the CUDA forward of every
+#: --cuda-recurrence choices (``rnn_ablations.kernels.cuda.recurrence``): the CUDA forward of every
 #: variant on the step kernel (``steps``), on the persistent kernel (``persistent``), as the
 #: policy picks (``auto``), or ``both``: each variant timed on the step kernel and again as
 #: ``"<variant> [persistent]"``, in the same interleaved rounds.  Every row carries its
@@ -289,7 +289,7 @@ def _measure_shape(shape, repeats, variants, warmup, device, clock, dtype_name,
                                   "sequential" if policy[k] == "never" else "auto"),
                    "recurrence": ("-" if k in ("nn.LSTM", GRAPHED_LSTM) or device == "cpu" else
                                   "persistent forward and backward" if rec[k] == "persistent"
-                                  and cuda_recurrence.PERSISTENT_BACKWARD else rec[k]),
+                                  and get_options().persistent_backward else rec[k]),
                    "kernel_isa": ("-" if k == "nn.LSTM" or device != "cpu" else
                                   isa_of.get(k) or kernel_isa())}
             if graphed is not None:

@@ -10,7 +10,7 @@
 
 #include <torch/extension.h>
 
-#include "common/layer_tensors.h"
+#include "cpu/layer_tensors.h"
 #include "cpu/entry_points.h"
 #include "common/kernel_spec.h"
 #include "cpu/library_gemm.h"

@@ -1,5 +1,5 @@
 """The autograd Functions around the compiled step kernels: the plain kernel (from the input
-projections; ``backend.cpu_kernel()`` on CPU, the CUDA step or persistent kernel on CUDA) and the
+projections; ``registry.cpu_kernel()`` on CPU, the CUDA step or persistent kernel on CUDA) and the
 pipelined CPU kernel (from the layer input), each with its hand-written backward, and the
 differentiable recomputation used under ``create_graph=True`` (the hand-written backward is not
 differentiable).

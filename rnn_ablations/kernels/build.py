@@ -14,8 +14,8 @@ the vector code is compiled per instruction set (``csrc/cpu/vec_portable.cpp``, 
 (``csrc/cpu/vec_kernels.cpp``), so one build runs on every x86-64 CPU.
 
 The sources (``csrc/``): ``common/`` what the CPU and CUDA kernels share (the kernel spec, the
-element-wise maths, the layer tensors' checks), ``cpu/`` the CPU kernel, ``cuda/`` the CUDA
-kernels, and ``bindings.cpp`` the CPU module's Python bindings.  The files include each other by
+element-wise maths: free of torch headers, they compile under g++ and NVRTC alike), ``cpu/`` the
+CPU kernel (with its tensors' checks, ``layer_tensors.h``), ``cuda/`` the CUDA kernels, and ``bindings.cpp`` the CPU module's Python bindings.  The files include each other by
 relative path, so no include directory is configured.
 """
 from __future__ import annotations

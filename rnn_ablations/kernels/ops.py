@@ -55,7 +55,7 @@ operator                 arguments → results
 =======================  ==========================================================================
 
 :class:`CpuKernel` puts the operators behind ``_C``'s own calling convention, so the code that
-calls the kernel (``backend.cpu_kernel()``) is the same whether an entry is an operator or not.
+calls the kernel (``registry.cpu_kernel()``) is the same whether an entry is an operator or not.
 """
 from __future__ import annotations
 
@@ -383,7 +383,7 @@ def _plain_eager(first: Tensor) -> bool:
 class _Direct:
     """The operators' implementations called without the dispatcher (same functions, same
     results), for the plain eager calls of :class:`CpuKernel` (and of
-    :class:`rnn_ablations.kernels.ops_cuda.CudaKernel`, with its own table)."""
+    :class:`rnn_ablations.kernels.cuda.ops.CudaKernel`, with its own table)."""
 
     def __init__(self, implementations):
         self._implementations = implementations

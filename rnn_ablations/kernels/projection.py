@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from . import backend
+from . import registry
 
 __all__ = ["input_projection", "stream_steps", "streamed_forward", "bf16_gemm_applies",
            "bf16_projection", "cpu_has_bf16_gemm"]
@@ -80,7 +80,7 @@ class _OneDnnLinear(torch.autograd.Function):
         if need[0]:
             dx = _dnnl_linear(g2d, w.t(), None).view(x.shape)  # oneDNN reads the transposed layout
         if need[1]:
-            kernel = backend.cpu_kernel()
+            kernel = registry.cpu_kernel()
             dw = kernel.weight_grad(g2d, x2d) if kernel is not None else g2d.t().mm(x2d)
         if ctx.has_bias and need[2]:
             db = g2d.sum(0)
@@ -153,7 +153,7 @@ def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal
                      w_ihs, pbiases, w_hhs, h0s, c0s, batch_sizes: torch.Tensor, masks,
                      onednn: bool, out: torch.Tensor, chunk: int):
     """A no-gradient forward of one layer's ``directions`` on the CPU step kernel (``kernel``:
-    ``backend.cpu_kernel()``), with the input projections computed ``chunk`` steps at a time
+    ``registry.cpu_kernel()``), with the input projections computed ``chunk`` steps at a time
     instead of all at once.  ``x`` (T, B, D) is the layer's input; direction 0 reads it as it is,
     direction 1 reversed within each row's length (``reversal``, a
     :class:`rnn_ablations.functional.Reversal`).  Per chunk of steps: each direction's input

@@ -3,7 +3,7 @@ run plan what this process has (:class:`Kernels`).
 
 The compiled CPU kernel ``rnn_ablations._C`` runs CPU tensors of dtype float32/float64; the CUDA
 kernels (compiled at first use by NVRTC, :mod:`rnn_ablations.kernels.cuda`; their step loops replayed as CUDA graphs, see
-:mod:`rnn_ablations.kernels.cuda_graphs`) run CUDA float32/float64/bfloat16/float16 (also under
+:mod:`rnn_ablations.kernels.cuda.graphs`) run CUDA float32/float64/bfloat16/float16 (also under
 ``torch.autocast("cuda")``).  Everything else (half precision on the CPU, other devices, an
 install without the extension, ``RNN_ABLATIONS_NO_KERNEL=1``) takes the generic path, which
 computes the same function.  Which path a call takes is decided by
@@ -23,7 +23,8 @@ import torch
 from .. import settings
 from ..settings import process_options
 from . import cuda as _cuda_kernels
-from . import cuda_graphs, loader, ops, ops_cuda
+from . import loader, ops
+from .cuda import graphs as cuda_graphs, ops as ops_cuda
 from .autocast import autocast_dtype, autocast_like  # noqa: F401  (read here by the run layer)
 
 __all__ = ["kernel_available", "cuda_kernel_available", "kernel_isa", "supported_kernel_isas",
@@ -52,7 +53,7 @@ _warn_lock = threading.Lock()
 
 def apply_kernel_isa(name: str) -> None:
     """Switch the CPU kernel's vector path (the ``kernel_isa`` setting; called by
-    :func:`rnn_ablations.plan.set_options`).  ``ValueError`` for a path this CPU/build cannot run,
+    :func:`rnn_ablations.set_options`).  ``ValueError`` for a path this CPU/build cannot run,
     ``RuntimeError`` for a named path without a kernel."""
     if _C is None:
         if name == "auto":
@@ -140,7 +141,7 @@ def graphed_cuda_kernel():
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-    """What this process has compiled (``backend.kernels()`` fills it in; tests make their own).
+    """What this process has compiled (``registry.kernels()`` fills it in; tests make their own).
 
     cpu / cuda: the step kernels; cpu_scan / cuda_scan: the scan kernels (the bias inside, so
     that the projection, the scan and the backward are one node); persistent:

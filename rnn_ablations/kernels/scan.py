@@ -16,7 +16,7 @@ inside the scan and sum its gradient there, read a ``batch_first`` input (and wr
 in batch-major order without transposed copies, and inference (no gradient wanted) saves nothing
 for a backward.  Under autocast the projection is an autograd op and the scan a node of its own
 (:class:`_ScanLayer`).  Everything else (other dtypes or devices, no compiled kernel or one built
-with another scan interface than ``backend.SCAN_ABI``, the ``generic`` backend) runs the
+with another scan interface than ``registry.SCAN_ABI``, the ``generic`` backend) runs the
 reference :func:`rnn_ablations.functional.generic_layer`, which computes the same function.
 
 Padding follows the other variants' layer calls (:mod:`rnn_ablations.functional`): rows sorted by
@@ -30,7 +30,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from . import backend as _backend
+from . import registry as _registry
 from .interface import ScanKernel
 from .projection import _dnnl_linear
 from ..functional import generic_layer, reversal_index
@@ -55,8 +55,8 @@ def scan_applies(variant: Variant) -> bool:
 
 def scan_kernel_available(device: str = "cpu") -> bool:
     """True when the compiled scan kernel for ``device`` ("cpu" or "cuda") is loaded (the modules
-    the loader accepted, :func:`rnn_ablations.kernels.backend.kernels`)."""
-    got = _backend.kernels()
+    the loader accepted, :func:`rnn_ablations.kernels.registry.kernels`)."""
+    got = _registry.kernels()
     return got.cpu_scan if device == "cpu" else got.cuda_scan
 
 
@@ -233,7 +233,7 @@ class _FusedScanLayer(torch.autograd.Function):
                                 x.shape[1], ctx.batch_major)
         if any(need[9:]):
             x2d, _ = _rows(x)
-            kernel = _backend.cpu_kernel() if x2d.device.type == "cpu" else None
+            kernel = _registry.cpu_kernel() if x2d.device.type == "cpu" else None
             if kernel is not None:
                 dw = kernel.weight_grad(g2d, x2d)
             else:

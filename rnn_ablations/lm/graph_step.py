@@ -44,7 +44,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..kernels.cuda_graphs import get_cuda_graphs, set_cuda_graphs
+from ..aliases import get_cuda_graphs, set_cuda_graphs
 from .data import batchify
 from .evaluation import evaluate
 
@@ -76,7 +76,7 @@ def _window_buffers(model, T: int, B: int):
 
 def _capture_whole(owner) -> None:
     """Run ``owner._capture_locked()`` (which records the whole step or evaluation window as one
-    CUDA graph) with the kernel's own per-layer graphs (:mod:`rnn_ablations.kernels.cuda_graphs`) off:
+    CUDA graph) with the kernel's own per-layer graphs (:mod:`rnn_ablations.kernels.cuda.graphs`) off:
     inside one graph they would only add copies into their static buffers, and a layer graph
     recorded during the warm-up must not be replayed around this capture.  When the capture is
     given up (``owner.graph`` stays ``None``) the eager steps that follow get them back."""

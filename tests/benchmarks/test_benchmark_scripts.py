@@ -158,19 +158,19 @@ def test_ab_kernel_modules_end_to_end(kernel, capsys, tmp_path):
     """``benchmarks/ab_kernel_modules.py`` with a copy of this build as the other module: every
     row is timed on both and gives the same numbers; --out writes the rows; an --isa the CPU
     lacks and a path that is not a module are refused."""
-    from rnn_ablations.kernels import backend
+    from rnn_ablations.kernels import registry
 
-    other = tmp_path / Path(backend.cpu_kernel().raw.__file__).name
-    shutil.copy(backend.cpu_kernel().raw.__file__, other)
+    other = tmp_path / Path(registry.cpu_kernel().raw.__file__).name
+    shutil.copy(registry.cpu_kernel().raw.__file__, other)
     ab = _load("ab_kernel_modules")  # a fresh copy of the script: its shapes can be cut
     ab.SHAPES, ab.SCAN_SHAPES = ab.SHAPES[-1:], ab.SCAN_SHAPES[:1]
-    before = backend.cpu_kernel().raw.kernel_isa()
+    before = registry.cpu_kernel().raw.kernel_isa()
     try:  # the script sets this process's vector path (its own process ends after it)
         assert ab.main(["--other", str(other), "--kernel", kernel, "--calls", "4", "--isa",
                         "portable", "--out", str(tmp_path / "ab"), "--other-label",
                         "a copy"]) == 0
     finally:
-        backend.cpu_kernel().raw.set_kernel_isa(before)
+        registry.cpu_kernel().raw.set_kernel_isa(before)
     saved = json.loads((tmp_path / "ab.json").read_text())
     assert len(saved["rows"]) == (1 if kernel == "step" else 2)
     for row in saved["rows"]:

@@ -25,9 +25,9 @@ MAIN = "import sys; from rnn_ablations.cli import main; sys.exit(main(['kernels'
 
 
 def test_build_names_the_module_it_has(tmp_path):
-    from rnn_ablations.kernels import backend
-    if backend._C is None:
-        pytest.skip(f"no CPU kernel here: {backend._KERNEL_ERROR}")
+    from rnn_ablations.kernels import registry
+    if registry._C is None:
+        pytest.skip(f"no CPU kernel here: {registry._KERNEL_ERROR}")
     proc = _run(MAIN, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "CPU kernel for torch" in proc.stdout and ".so" in proc.stdout, proc.stdout

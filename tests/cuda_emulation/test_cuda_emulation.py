@@ -268,8 +268,8 @@ def test_persistent_launch_too_large_is_refused(emulated_cuda):
 
 # ------------------------------------------------------------------------------ scan
 def _cpu_scan():
-    from rnn_ablations.kernels import backend
-    cpu = backend.cpu_kernel()
+    from rnn_ablations.kernels import registry
+    cpu = registry.cpu_kernel()
     if cpu is None or not cpu.scan:
         pytest.skip("the compiled CPU kernel's scan (the reference) is not built")
     return cpu.raw
@@ -353,21 +353,22 @@ def test_scan_kernel_equals_generic(emulated_cuda):
 
 # ------------------------------------------------------------------------------ the backend
 def test_backend_runs_the_cuda_step_scan_and_persistent_kernels(emulated_cuda, monkeypatch):
-    """backend.kernels() built from the real host module (the emulated driver installed) finds
+    """registry.kernels() built from the real host module (the emulated driver installed) finds
     the CUDA step, scan and persistent entry points in use, and each runs."""
-    from rnn_ablations.kernels import backend, ops_cuda
+    from rnn_ablations.kernels import registry
+    from rnn_ablations.kernels.cuda import ops as ops_cuda
     monkeypatch.setattr(backend, "_C_cuda", ops_cuda.CudaKernel(host))  # as backend loads it
     monkeypatch.setattr(backend, "_kernels_cache", {})
-    k = backend.kernels()
+    k = registry.kernels()
     assert k.cuda and k.cuda_scan and k.persistent, k
-    assert host.scan_abi == backend.SCAN_ABI
+    assert host.scan_abi == registry.SCAN_ABI
     x = _layer("lstm", False, torch.float32, T=2, B=2, H=4, padded=False, mask=False)
-    out = backend.cuda_kernel().plain_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"], x["h0"],
+    out = registry.cuda_kernel().plain_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"], x["h0"],
                                         x["c0"], x["bs"], x["mask"], False)[0]
-    pers = backend.cuda_kernel().persistent_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"],
+    pers = registry.cuda_kernel().persistent_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"],
                                               x["h0"], x["c0"], x["bs"], x["mask"], False, 0,
                                               0)[0]
     _close(pers, out, torch.float32, "persistent vs step")
     s = _scan_case(1, False, 1, torch.float32, False, False)
-    assert backend.cuda_kernel().scan_forward(s["spec"], False, s["proj"], s["h0"], s["c0"], s["bs"],
+    assert registry.cuda_kernel().scan_forward(s["spec"], False, s["proj"], s["h0"], s["c0"], s["bs"],
                                         False)[0].isfinite().all()

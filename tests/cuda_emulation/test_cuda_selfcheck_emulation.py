@@ -9,7 +9,8 @@ import torch
 
 import rnn_ablations as ra
 from rnn_ablations import dispatch, get_variant
-from rnn_ablations.kernels import backend, ops_cuda
+from rnn_ablations.kernels import registry
+from rnn_ablations.kernels.cuda import ops as ops_cuda
 from rnn_ablations.kernels.cuda import driver, host, selfcheck
 from rnn_ablations.plan import Plan
 

@@ -71,7 +71,7 @@ class CountingKernel:
 
 @pytest.fixture
 def counting(monkeypatch):
-    kernel = CountingKernel(ra.kernels.backend._C)
+    kernel = CountingKernel(ra.kernels.registry._C)
     monkeypatch.setattr(ra.kernels.backend, "_C", kernel)
     return kernel
 

@@ -11,11 +11,11 @@ import torch
 
 from rnn_ablations import AblatedRNN, options
 from rnn_ablations import plan as run_plan
-from rnn_ablations.kernels import backend
+from rnn_ablations.kernels import registry
 from rnn_ablations.kernels.projection import bf16_gemm_applies
 from rnn_ablations.variants import VARIANTS
 
-pytestmark = pytest.mark.skipif(backend._C is None, reason="the CPU kernel is not built")
+pytestmark = pytest.mark.skipif(registry._C is None, reason="the CPU kernel is not built")
 
 BF16_TOL = dict(rtol=3e-2, atol=3e-2)
 

@@ -2,11 +2,11 @@
 and against nn.LSTM / nn.RNN (cuDNN); gradcheck on the GPU.
 
 Half precision (bfloat16, float16, torch.autocast) and CUDA-graph replay of the kernel's step
-loop (rnn_ablations/kernels/cuda_graphs.py) are tested here too: the half kernel against the float64
+loop (rnn_ablations/kernels/cuda/graphs.py) are tested here too: the half kernel against the float64
 generic path, graphs on against graphs off, a caller's own capture of a training step.
 The CUDA kernels are NVRTC's (rnn_ablations/kernels/cuda: compiled at first use, no build
 step), so on a GPU nothing here skips for a missing kernel.  The persistent kernels
-(csrc/cuda/persistent_kernel.cuh, run by rnn_ablations/kernels/cuda_recurrence.py where
+(csrc/cuda/persistent_kernel.cuh, run by rnn_ablations/kernels/cuda/recurrence.py where
 the cuda_recurrence setting asks for them, off by default) are tested at the end
 (`-k persistent`): every step-kernel variant against the float64 generic path in float32/
 bfloat16/float16, forced grids and batch tiles, the saved tensors and the backward against the
@@ -28,23 +28,24 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import rnn_ablations as ra
 from rnn_ablations import AblatedRNN, VARIANTS, get_variant, use_backend, weighted_sum
 from rnn_ablations import dispatch
-from rnn_ablations.kernels import backend, cuda_graphs
+from rnn_ablations.kernels import registry
+from rnn_ablations.kernels.cuda import graphs as cuda_graphs
 from rnn_ablations.dispatch import cuda_kernel_available, run_layer
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
 def test_graph_switch_validates_and_restores():
-    old = cuda_graphs.get_cuda_graphs()
+    old = ra.get_cuda_graphs()
     with pytest.raises(TypeError, match="True or False"):
-        cuda_graphs.set_cuda_graphs("yes")
-    with cuda_graphs.use_cuda_graphs(not old):
-        assert cuda_graphs.get_cuda_graphs() is (not old)
-    assert cuda_graphs.get_cuda_graphs() is old
+        ra.set_cuda_graphs("yes")
+    with ra.use_cuda_graphs(not old):
+        assert ra.get_cuda_graphs() is (not old)
+    assert ra.get_cuda_graphs() is old
 
 
 def test_graph_env_flag():
-    from rnn_ablations.plan import from_environment
+    from rnn_ablations.settings import from_environment
     for value, want in (("0", False), ("off", False), ("1", True), ("on", True), ("", True)):
         assert from_environment({"RNN_ABLATIONS_CUDA_GRAPHS": value}).cuda_graphs is want
     with pytest.raises(ValueError, match="RNN_ABLATIONS_CUDA_GRAPHS must be 0 or 1"):
@@ -53,7 +54,7 @@ def test_graph_env_flag():
 
 class _FakeGraphs:
     """Stand-ins for torch.cuda's graph and stream objects, so that the bookkeeping of
-    rnn_ablations.kernels.cuda_graphs (keys, static buffers, copy-in, replay, copy-out, failures) runs
+    rnn_ablations.kernels.cuda.graphs (keys, static buffers, copy-in, replay, copy-out, failures) runs
     on the CPU: a fake "kernel" registers, while a fake graph captures, a closure that recomputes
     its outputs in place from its inputs; replay runs the closures."""
 
@@ -123,7 +124,7 @@ def test_graph_bookkeeping_with_fake_graphs(monkeypatch):
     gk = cuda_graphs.GraphedKernel(ext)
     bs = torch.tensor([3, 3, 2])
     empty = torch.empty(0)
-    with cuda_graphs.use_cuda_graphs(True):
+    with ra.use_cuda_graphs(True):
         for keep_hin in (True, False):
             for _ in range(4):
                 args = [torch.randn(3, 3, 4), torch.randn(4, 4), torch.randn(3, 4), torch.randn(3, 4)]
@@ -164,7 +165,7 @@ def test_graph_bookkeeping_with_fake_graphs(monkeypatch):
 
 
 def test_kernel_backend_names_the_cuda_half_dtypes():
-    if not (dispatch.kernel_available() or cuda_kernel_available()):
+    if not (registry.kernel_available() or cuda_kernel_available()):
         pytest.skip("no compiled kernel")
     x, w = torch.zeros(3, 2, 4, dtype=torch.bfloat16), torch.zeros(8, 4, dtype=torch.bfloat16)
     with use_backend("kernel"), pytest.raises(RuntimeError, match="bfloat16/float16"):
@@ -183,7 +184,7 @@ def test_cuda_kernels_are_in_use():
     """On a GPU the package's CUDA kernels run (NVRTC, no build step): no reason to refuse."""
     from rnn_ablations.kernels.cuda import unavailable_reason
     assert unavailable_reason() is None, unavailable_reason()
-    assert cuda_kernel_available(), backend._CUDA_KERNEL_ERROR
+    assert cuda_kernel_available(), registry._CUDA_KERNEL_ERROR
 
 
 @requires_cuda
@@ -489,11 +490,11 @@ def test_graph_replay_equals_eager(fresh_graphs, dtype, grad, variant, highway):
     xs = [torch.randn(4, 7, 8, device="cuda").to(dtype) for _ in range(4)]
     lengths = torch.tensor([7, 3, 5, 7])
     torch.manual_seed(3)
-    with cuda_graphs.use_cuda_graphs(False):
+    with ra.use_cuda_graphs(False):
         want = _repeat_calls(m, xs, lengths, grad)
     cuda_graphs.clear_graphs()
     torch.manual_seed(3)  # the same recurrent-dropout masks
-    with cuda_graphs.use_cuda_graphs(True):
+    with ra.use_cuda_graphs(True):
         got = _repeat_calls(m, xs, lengths, grad)
         stats = cuda_graphs.graph_stats()
     assert stats["captures"] > 0 and stats["replays"] >= stats["captures"], stats
@@ -510,7 +511,7 @@ def test_graph_replay_equals_eager(fresh_graphs, dtype, grad, variant, highway):
 @needs_cuda_kernel
 def test_graph_cache_is_bounded(fresh_graphs, monkeypatch):
     m = AblatedRNN("ran", 4, 8).cuda()
-    with cuda_graphs.use_cuda_graphs(True), ra.options(cuda_graphs_max=2):
+    with ra.use_cuda_graphs(True), ra.options(cuda_graphs_max=2):
         for T in (3, 4, 5, 6):
             for _ in range(3):
                 with torch.no_grad():
@@ -525,7 +526,7 @@ def test_graph_cache_is_bounded(fresh_graphs, monkeypatch):
             assert captured == (1 if call == cuda_graphs.CAPTURE_AFTER_THRASH - 1 else 0)
     # shapes seen once are not recorded
     cuda_graphs.clear_graphs()
-    with cuda_graphs.use_cuda_graphs(True), torch.no_grad():
+    with ra.use_cuda_graphs(True), torch.no_grad():
         for T in range(3, 9):
             m(torch.randn(T, 2, 4, device="cuda"))
     assert cuda_graphs.graph_stats()["captures"] == 0
@@ -563,7 +564,7 @@ def test_caller_captures_a_training_step(fresh_graphs, dtype):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, h = step()
-    if cuda_graphs.get_cuda_graphs():  # the kernel's own graphs saw the caller's capture
+    if ra.get_cuda_graphs():  # the kernel's own graphs saw the caller's capture
         assert cuda_graphs.graph_stats()["nested"] > 0  # (off: RNN_ABLATIONS_CUDA_GRAPHS=0)
     for seed in (1, 2):
         torch.manual_seed(seed)
@@ -574,7 +575,7 @@ def test_caller_captures_a_training_step(fresh_graphs, dtype):
         torch.cuda.synchronize()
         x_ref = new_x.clone().requires_grad_()
         ref.zero_grad(set_to_none=True)
-        with cuda_graphs.use_cuda_graphs(False):
+        with ra.use_cuda_graphs(False):
             r_out, (r_h, r_c) = ref(x_ref, (static_h, static_h))
             (r_out.float().square().sum() + r_h.float().sum() + r_c.float().sum()).backward()
         tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -588,26 +589,26 @@ def test_caller_captures_a_training_step(fresh_graphs, dtype):
 # --------------------------------------------------------------------------- persistent kernel
 # the run plan asks for it (cuda_recurrence="persistent"; off by default) and checks that it fits
 # (plan.check_persistent), cuda_recurrence.step_kernel looks it up; csrc/cuda/persistent_kernel.cuh.  The policy tests run on the CPU; the kernel tests need a GPU.
-from rnn_ablations.kernels import cuda_recurrence  # noqa: E402
-from rnn_ablations.kernels.cuda_recurrence import use_cuda_recurrence  # noqa: E402
+from rnn_ablations.kernels.cuda import recurrence as cuda_recurrence  # noqa: E402
+from rnn_ablations import use_cuda_recurrence  # noqa: E402
 
 
 def test_cuda_recurrence_switch_validates_and_restores():
-    old = cuda_recurrence.get_cuda_recurrence()
+    old = ra.get_cuda_recurrence()
     for bad in ("fast", "", None, "Persistent"):
         with pytest.raises(ValueError, match="auto, steps, persistent"):
-            cuda_recurrence.set_cuda_recurrence(bad)
-    assert cuda_recurrence.get_cuda_recurrence() == old
+            ra.set_cuda_recurrence(bad)
+    assert ra.get_cuda_recurrence() == old
     with use_cuda_recurrence("persistent"):
-        assert cuda_recurrence.get_cuda_recurrence() == "persistent"
+        assert ra.get_cuda_recurrence() == "persistent"
         with use_cuda_recurrence("steps"):
-            assert cuda_recurrence.get_cuda_recurrence() == "steps"
-        assert cuda_recurrence.get_cuda_recurrence() == "persistent"
-    assert cuda_recurrence.get_cuda_recurrence() == old
+            assert ra.get_cuda_recurrence() == "steps"
+        assert ra.get_cuda_recurrence() == "persistent"
+    assert ra.get_cuda_recurrence() == old
 
 
 def test_cuda_recurrence_env():
-    from rnn_ablations.plan import from_environment
+    from rnn_ablations.settings import from_environment
     assert from_environment({}).cuda_recurrence == "auto"  # untested code is never the default
     for value, want in (("persistent", "persistent"), (" Steps ", "steps"), ("", "auto")):
         assert from_environment({"RNN_ABLATIONS_CUDA_RECURRENCE": value}).cuda_recurrence == want
@@ -654,7 +655,7 @@ def test_cuda_recurrence_selection(monkeypatch):
     """auto and steps keep the step kernel (graphed as the plan says, never inside a compiled
     graph); persistent asks the kernel's plan (in the run plan), runs the persistent forward and
     the step kernel's backward, or says why it cannot and what to do."""
-    from rnn_ablations.kernels import backend
+    from rnn_ablations.kernels import registry
     from rnn_ablations.plan import Kernels, LayerCall, check_persistent, plan_layer
     v = get_variant("ran")
     fake = _FakePersistentExt()
@@ -724,7 +725,7 @@ def test_graph_keys_separate_kernels(monkeypatch):
     exts = {"steps": _FakeGraphs.Ext(), "persistent": Other()}
     kernels = {tag: cuda_graphs.GraphedKernel(e, tag=tag) for tag, e in exts.items()}
     bs, empty = torch.tensor([2, 2]), torch.empty(0)
-    with cuda_graphs.use_cuda_graphs(True):
+    with ra.use_cuda_graphs(True):
         for _ in range(3):
             for tag, gk in kernels.items():
                 args = [torch.randn(2, 2, 4), torch.randn(4, 4), torch.randn(2, 4),
@@ -769,7 +770,7 @@ def _persistent_ran(fn, backward=False):
 @requires_cuda
 @needs_cuda_kernel
 def test_persistent_kernel_is_available():
-    assert hasattr(dispatch._C_cuda, "persistent_forward"), \
+    assert hasattr(registry.cuda_kernel(), "persistent_forward"), \
         "rnn_ablations._C_cuda has no persistent kernel entry point"
 
 
@@ -827,7 +828,7 @@ def test_persistent_forced_grid_and_tiles(backward, config, variant, highway, us
 def test_persistent_backward_equals_step_backward(variant, highway):
     """The raw entry points, float32, from the same saved tensors and incoming gradients (padded
     rows, steps without any row, mask, grad_hn, grad_cn): the step kernel's results."""
-    ext = dispatch._C_cuda
+    ext = registry.cuda_kernel()
     v, t = _layer_tensors(variant, highway, torch.float32)
     pbias = torch.cat([t["bias"], t["bias"].new_zeros(t["w_ih"].shape[0] - t["bias"].shape[0])])
     proj = torch.nn.functional.linear(t["x"], t["w_ih"], pbias).contiguous()
@@ -854,7 +855,7 @@ def test_persistent_saves_what_the_step_kernel_saves(variant, highway):
     """The raw entry points, float32: out, h_n, c_n, cs, hin and the gate activations of the
     active rows as the step kernel's forward returns them (its backward reads them); inference
     (keep_hin=False) returns no gates."""
-    ext = dispatch._C_cuda
+    ext = registry.cuda_kernel()
     v, t = _layer_tensors(variant, highway, torch.float32)
     proj = torch.nn.functional.linear(t["x"], t["w_ih"], torch.cat(
         [t["bias"], t["bias"].new_zeros(t["w_ih"].shape[0] - t["bias"].shape[0])])).contiguous()
@@ -925,7 +926,7 @@ def test_persistent_long_sequence_spans_launches(variant):
     x = torch.randn(1030, 3, 4, device="cuda")
     lengths = torch.tensor([1030, 1024, 3])
     with use_backend("kernel"):
-        with use_cuda_recurrence("steps"), cuda_graphs.use_cuda_graphs(False):
+        with use_cuda_recurrence("steps"), ra.use_cuda_graphs(False):
             want = _run_and_grads(m, x.clone().requires_grad_(), lengths=lengths)
         m.zero_grad()
         with _persistent(backward=True):
@@ -1005,7 +1006,7 @@ def test_persistent_applies_to_the_benchmark_shapes(dtype, variant, hidden):
                        device="cuda", dtype=dtype)
     w_hh = torch.empty(v.num_recurrent(False) * hidden, hidden, device="cuda", dtype=dtype)
     for backward in (False, True):
-        ok, why, blocks, units, tile, smem = dispatch._C_cuda.persistent_plan(
+        ok, why, blocks, units, tile, smem = registry.cuda_kernel().persistent_plan(
             v.kernel_spec, False, proj, w_hh, 0, 0, backward)
         assert ok, why
         assert blocks * units >= hidden > (blocks - 1) * units
@@ -1041,7 +1042,7 @@ def test_speed_rows_of_the_persistent_kernel():
 
 
 # --------------------------------------------------------------------------- operators
-# rnn_ablations/kernels/ops_cuda.py: the CUDA kernels as the CUDA implementations of the operators
+# rnn_ablations/kernels/cuda/ops.py: the CUDA kernels as the CUDA implementations of the operators
 # (tests/kernels/test_ops_cuda.py checks the registration and the fake kernels without a GPU).
 
 class _RecordOps(TorchDispatchMode):

@@ -14,10 +14,10 @@ import torch
 
 from rnn_ablations import AblatedRNN, options
 from rnn_ablations import plan as run_plan
-from rnn_ablations.kernels import backend
+from rnn_ablations.kernels import registry
 from rnn_ablations.kernels.projection import stream_steps
 
-pytestmark = pytest.mark.skipif(backend._C is None, reason="the CPU kernel is not built")
+pytestmark = pytest.mark.skipif(registry._C is None, reason="the CPU kernel is not built")
 
 STEP_VARIANTS = ["lstm", "srnn", "lstm_minus_srnn", "ran", "identity_ran"]
 

@@ -30,7 +30,7 @@ import json, sys
 sys.modules["rnn_ablations._C"] = None
 import torch
 import rnn_ablations as ra
-from rnn_ablations.kernels import backend
+from rnn_ablations.kernels import registry
 
 torch.manual_seed(0)
 worst = 0.0
@@ -46,8 +46,8 @@ for variant in ra.VARIANTS:
         results.append((out.detach(), xi.grad))
     for a, b in zip(*results):
         worst = max(worst, (a - b).abs().max().item())
-print(json.dumps({"source": backend._KERNEL_SOURCE, "error": backend._KERNEL_ERROR,
-                  "file": getattr(backend._C, "__file__", None), "worst": worst}))
+print(json.dumps({"source": registry._KERNEL_SOURCE, "error": registry._KERNEL_ERROR,
+                  "file": getattr(registry._C, "__file__", None), "worst": worst}))
 """
 
 
@@ -278,8 +278,8 @@ def test_installed_module_compiled_from_other_sources_is_refused(monkeypatch):
 def test_this_checkout_s_module_records_its_sources():
     """The module built by scripts/setup.sh records the digest of the sources it came from, and
     the loader took it (so the digest of the files now is the same)."""
-    from rnn_ablations.kernels import build as _build, backend
+    from rnn_ablations.kernels import build as _build, registry
 
-    if backend._KERNEL_SOURCE != "installed":
-        pytest.skip(f"the kernel in use did not come from the install ({backend._KERNEL_SOURCE!r})")
-    assert backend._C.raw.sources_digest == _build.sources_digest()
+    if registry._KERNEL_SOURCE != "installed":
+        pytest.skip(f"the kernel in use did not come from the install ({registry._KERNEL_SOURCE!r})")
+    assert registry._C.raw.sources_digest == _build.sources_digest()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rnn_ablations.kernels import cuda_graphs, cuda_recurrence, interface, ops, ops_cuda
+from rnn_ablations.kernels import interface, ops
+from rnn_ablations.kernels.cuda import graphs as cuda_graphs, ops as ops_cuda, recurrence as cuda_recurrence
 from rnn_ablations.kernels.interface import (PROTOCOLS, PersistentEntries, PipelinedKernel,
                                              ScanKernel, StepKernel, WeightGrad)
 
@@ -73,12 +74,12 @@ def test_capabilities_are_declared(name):
 
 
 def test_the_loaded_kernels_are_instances():
-    from rnn_ablations.kernels import backend
-    cpu = backend.cpu_kernel()
+    from rnn_ablations.kernels import registry
+    cpu = registry.cpu_kernel()
     if cpu is not None:
         assert isinstance(cpu, (StepKernel, ScanKernel, PipelinedKernel, WeightGrad))
-        assert isinstance(cpu, interface.Capabilities) and cpu.scan == backend.kernels().cpu_scan
-    cuda = backend.cuda_kernel()
+        assert isinstance(cpu, interface.Capabilities) and cpu.scan == registry.kernels().cpu_scan
+    cuda = registry.cuda_kernel()
     if cuda is not None:
         assert isinstance(cuda, (StepKernel, ScanKernel, interface.Capabilities))
 
@@ -87,10 +88,10 @@ def test_no_private_backend_global_is_read_outside_backend():
     """The run layer reaches the kernels through backend's accessor functions
     (``cpu_kernel()``, ``cuda_kernel()``, ``graphed_cuda_kernel()``, ``cuda_kernel_error()``)."""
     package = Path(interface.__file__).resolve().parents[1]
-    pattern = re.compile(r"backend\.(_C|_C_cuda|_graphed_cuda|_CUDA_KERNEL_ERROR|_KERNEL_ERROR)\b")
+    pattern = re.compile(r"registry\.(_C|_C_cuda|_graphed_cuda|_CUDA_KERNEL_ERROR|_KERNEL_ERROR)\b")
     found = []
     for path in package.rglob("*.py"):
-        if path.name == "backend.py" and path.parent.name == "kernels":
+        if path.name == "registry.py" and path.parent.name == "kernels":
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#")[0]

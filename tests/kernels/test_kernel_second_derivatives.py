@@ -63,7 +63,7 @@ def test_gradient_penalty_equals_generic_float32(kernel, variant):
 
 def test_onednn_linear_double_backward():
     """The oneDNN input projection (large float32 weights) under create_graph=True."""
-    from rnn_ablations.kernels.backend import onednn_usable
+    from rnn_ablations.kernels.registry import onednn_usable
     from rnn_ablations.kernels.projection import _OneDnnLinear
     if not onednn_usable():
         pytest.skip("this torch build has no oneDNN linear")

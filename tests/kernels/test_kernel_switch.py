@@ -49,8 +49,8 @@ def test_cache_root():
 
 
 def _kernel_file():
-    from rnn_ablations.kernels import backend
-    return getattr(backend._C, "raw", backend._C).__file__
+    from rnn_ablations.kernels import registry
+    return getattr(registry._C, "raw", registry._C).__file__
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +69,13 @@ def package_copy(tmp_path_factory):
 CHILD = """
 import json, sys, torch
 import rnn_ablations as ra
-from rnn_ablations.kernels import backend
+from rnn_ablations.kernels import registry
 m = ra.AblatedRNN("ran", 3, 4)
 x = torch.randn(5, 2, 3)
 out = m(x)[0]
 with ra.use_backend("generic"):
     ref = m(x)[0]
-print(json.dumps({"source": backend._KERNEL_SOURCE, "error": backend._KERNEL_ERROR,
+print(json.dumps({"source": registry._KERNEL_SOURCE, "error": registry._KERNEL_ERROR,
                   "loaded": "rnn_ablations._C" in sys.modules, "file": ra.__file__,
                   "available": ra.kernel_available(), "equal": bool(torch.allclose(out, ref, atol=1e-5))}))
 """

@@ -9,16 +9,16 @@ import torch
 
 from rnn_ablations import AblatedRNN, options
 from rnn_ablations import plan as run_plan
-from rnn_ablations.kernels import backend
+from rnn_ablations.kernels import registry
 
 pytestmark = pytest.mark.skipif(
-    backend._C is None or not getattr(backend._C, "library_gemm", lambda: False)(),
+    registry._C is None or not getattr(registry._C, "library_gemm", lambda: False)(),
     reason="the CPU kernel is not built, or this torch links no MKL packed GEMM")
 
 
 @pytest.fixture
 def library_everywhere(monkeypatch):
-    isa = backend._C.kernel_isa()
+    isa = registry._C.kernel_isa()
     monkeypatch.setattr(run_plan, "POLICY", dataclasses.replace(
         run_plan.POLICY, library_step_gemm=((isa, 0, 0),)))
     yield
@@ -28,7 +28,7 @@ def library_everywhere(monkeypatch):
 def _reset():
     """The kernel back to the own GEMM, and the run layer told so."""
     import rnn_ablations.dispatch as dispatch
-    backend._C.set_library_step_gemm(-1, -1)
+    registry._C.set_library_step_gemm(-1, -1)
     dispatch._step_gemm_set[0] = None
 
 
@@ -56,20 +56,20 @@ def test_library_step_gemm_matches_generic(variant, schedule, bidirectional, lib
                 + [p.grad.clone() for p in model.parameters()])
 
     got = run("kernel")
-    assert backend._C.library_step_gemm() == [0, 0]
+    assert registry._C.library_step_gemm() == [0, 0]
     ref = run("generic")
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_policy_reaches_the_kernel(monkeypatch):
-    isa = backend._C.kernel_isa()
+    isa = registry._C.kernel_isa()
     monkeypatch.setattr(run_plan, "POLICY", dataclasses.replace(
         run_plan.POLICY, library_step_gemm=((isa, 123, 456),)))
     try:
         with torch.no_grad(), options(backend="kernel"):
             AblatedRNN("lstm", 3, 4)(torch.randn(2, 1, 3))
-        assert backend._C.library_step_gemm() == [123, 456]
+        assert registry._C.library_step_gemm() == [123, 456]
         assert run_plan.library_step_thresholds(run_plan.POLICY, "no such path") == (-1, -1)
     finally:
         _reset()
@@ -81,4 +81,4 @@ def test_bad_entries_are_refused():
     with pytest.raises(ValueError, match="library_step_gemm"):
         dataclasses.replace(run_plan.POLICY, library_step_gemm=(("avx2", 0),))
     with pytest.raises(RuntimeError, match="set_library_step_gemm"):
-        backend._C.set_library_step_gemm(-2, 0)
+        registry._C.set_library_step_gemm(-2, 0)

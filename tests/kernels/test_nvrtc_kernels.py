@@ -109,7 +109,7 @@ def test_nvrtc_spec_decoder_agrees_with_kernel_spec_h():
     """The launcher's decoder (structs.py) reads every code as the CPU kernel's kernel_spec.h
     does (every combination of the spec's bits, so every variant of the table among them), and
     refuses what it refuses."""
-    from rnn_ablations.kernels.backend import _C
+    from rnn_ablations.kernels.registry import _C
     codes = {(0xA5 << 8) | bits for bits in range(128)}
     assert {v.kernel_spec for v in VARIANTS_TABLE.values()} <= codes
     checked = 0
@@ -211,13 +211,13 @@ def test_nvrtc_kernels_not_in_use_says_why_without_a_device(monkeypatch):
     error (there is no build)."""
     import torch
     from rnn_ablations import dispatch
-    from rnn_ablations.kernels import backend
+    from rnn_ablations.kernels import registry
     from rnn_ablations.kernels import cuda
     if torch.version.cuda is None:
         assert "this torch has no CUDA" in cuda.unavailable_reason()
-        assert not dispatch.cuda_kernel_available()
-        assert "this torch has no CUDA" in backend._CUDA_KERNEL_ERROR
-        assert "built" not in backend._CUDA_KERNEL_ERROR
+        assert not registry.cuda_kernel_available()
+        assert "this torch has no CUDA" in registry._CUDA_KERNEL_ERROR
+        assert "built" not in registry._CUDA_KERNEL_ERROR
         monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "no CUDA device is visible" in cuda.unavailable_reason()

@@ -155,9 +155,9 @@ def test_opcheck_onednn_linear():
     """The oneDNN input projection's operator (what a compiled graph calls), in the layouts the
     projection uses: a weight as it is and transposed (the input gradient), with and without
     bias."""
-    from rnn_ablations.kernels import backend
+    from rnn_ablations.kernels import registry
 
-    if not backend.onednn_usable():
+    if not registry.onednn_usable():
         pytest.skip("this torch build has no oneDNN linear")
     torch.manual_seed(0)
     x, w, b = torch.randn(7, 5), torch.randn(6, 5), torch.randn(6)

@@ -1,4 +1,4 @@
-"""The CUDA kernel's operators (rnn_ablations.kernels.ops_cuda) where no GPU is: their registration for the
+"""The CUDA kernel's operators (rnn_ablations.kernels.cuda.ops) where no GPU is: their registration for the
 CUDA dispatch key and their fake kernels, on fake CUDA tensors (``FakeTensorMode`` makes CUDA
 tensors without a device).  The CUDA implementations themselves run in tests/kernels/test_cuda.py
 (``-k operator``) on a GPU machine.
@@ -22,7 +22,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 import rnn_ablations as ra
 from rnn_ablations import VARIANTS
-from rnn_ablations.kernels import ops_cuda
+from rnn_ablations.kernels.cuda import ops as ops_cuda
 
 def refuse(*args, **kwargs):
     raise AssertionError("a fake call reached the kernel")

@@ -5,7 +5,7 @@
 //     and the input / weight gradients (backward) computed on the second core (pipeline.h);
 //   directions (layer_directions.cpp): the plain entry points of a bidirectional layer's directions
 //     at once, one direction per thread.
-// Tensor names: see common/layer_tensors.h.
+// Tensor names: see layer_tensors.h.
 #pragma once
 
 #include <ATen/ATen.h>

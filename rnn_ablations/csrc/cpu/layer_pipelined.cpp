@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "../common/layer_tensors.h"
+#include "layer_tensors.h"
 #include "entry_points.h"
 #include "pipeline.h"
 #include "step_state.h"

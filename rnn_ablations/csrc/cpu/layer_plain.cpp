@@ -10,7 +10,7 @@
 
 #include <vector>
 
-#include "../common/layer_tensors.h"
+#include "layer_tensors.h"
 #include "entry_points.h"
 #include "step_state.h"
 

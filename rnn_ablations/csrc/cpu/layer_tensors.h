@@ -1,10 +1,12 @@
-// The tensors of one layer call, shared by the CPU (cpu/layer_plain.cpp, cpu/layer_pipelined.cpp,
-// cpu/scan.cpp) and CUDA (cuda/step_kernel.cuh, cuda/persistent_kernel.cuh, cuda/scan_kernel.cuh)
-// kernels: their names, the input checks, the final states and h_{t-1}.  The variant arrives as a
-// kernel spec (kernel_spec.h).
+// The tensors of one layer call of the CPU kernel (layer_plain.cpp, layer_pipelined.cpp,
+// layer_directions.cpp, scan.cpp): their names, the input checks, the final states and h_{t-1}.
+// It includes ATen, so it is the CPU kernel's alone; the CUDA kernels (csrc/cuda, compiled by
+// NVRTC without torch headers) use the same names, and their host code
+// (rnn_ablations/kernels/cuda/common.py) makes the same checks.  The variant arrives as a kernel
+// spec (../common/kernel_spec.h).
 //
 // Names used by every kernel file (one layer, one direction; T steps, B rows, H units, R
-// recurrent and X input-only blocks of H rows, see kernel_spec.h):
+// recurrent and X input-only blocks of H rows, see ../common/kernel_spec.h):
 //   proj   (T, B, (R+X)*H)  input projections of all steps: the recurrent blocks ("xr", bias
 //                           included) then the input-only blocks ("xo": content c~ = W_cx x, the
 //                           highway projection hw); xo is also a (T, B, X*H) tensor of its own
@@ -22,7 +24,7 @@
 
 #include <utility>
 
-#include "kernel_spec.h"
+#include "../common/kernel_spec.h"
 
 namespace rnn_ablations {
 

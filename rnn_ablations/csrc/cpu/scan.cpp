@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "../common/kernel_spec.h"
-#include "../common/layer_tensors.h"
+#include "layer_tensors.h"
 #include "scan_rows.h"
 #include "vec_kernels.h"
 

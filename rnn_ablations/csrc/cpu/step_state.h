@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../common/layer_tensors.h"
+#include "layer_tensors.h"
 #include "library_gemm.h"
 #include "vec_kernels.h"
 

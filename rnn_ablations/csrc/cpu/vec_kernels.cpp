@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "../common/layer_tensors.h"
+#include "layer_tensors.h"
 #include "vec_kernels.h"
 #include "vec_ops.h"
 

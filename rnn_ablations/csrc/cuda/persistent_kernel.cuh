@@ -6,7 +6,7 @@
 // host.py: one cuBLAS GEMM and one element-wise kernel per step, 2+ launches per step); the
 // saved tensors (gates, cs, hin) are laid
 // out as that kernel saves them, so either backward consumes either forward's.  Off by default
-// (rnn_ablations/kernels/cuda_recurrence.py selects the forward only when asked:
+// (rnn_ablations/kernels/cuda/recurrence.py selects the forward only when asked:
 // set_cuda_recurrence("persistent"), and the backward only with PERSISTENT_BACKWARD).
 //
 // Work split.  Block q owns the hidden units j in [q*U, q*U + U) and holds, in shared memory in
@@ -40,7 +40,7 @@
 // the waiting thread fences again after it sees every arrival (an acquire) before its block goes
 // on; the data that other blocks wrote is then read through L2 (load_cg).  The counter is zeroed
 // by the host before each launch.  Cooperative launches can be captured in a CUDA graph (kernel
-// nodes with the cooperative attribute); if a capture fails, rnn_ablations/kernels/cuda_graphs.py runs
+// nodes with the cooperative attribute); if a capture fails, rnn_ablations/kernels/cuda/graphs.py runs
 // the call eagerly.
 //
 // Applicability (persistent_plan in rnn_ablations/kernels/cuda/host.py; otherwise the step kernel

@@ -15,8 +15,8 @@ on disk, and launched through the CUDA driver API on torch's current stream.
 * ``python -m rnn_ablations.kernels.cuda.precompile``: compile them all ahead, for every visible
   device's architecture, with the times.
 
-``rnn_ablations.kernels.backend`` calls :func:`load` once at import and wraps the entry points in the
-operators (``backend.cuda_kernel()``); importing this package never raises, so a walk over every
+``rnn_ablations.kernels.registry`` calls :func:`load` once at import and wraps the entry points in the
+operators (``registry.cuda_kernel()``); importing this package never raises, so a walk over every
 submodule (AllenNLP's ``--include-package``) works on any machine.
 """
 from __future__ import annotations

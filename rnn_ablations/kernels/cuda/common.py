@@ -1,5 +1,5 @@
 """What the CUDA kernels' host loops share (:mod:`.step`, :mod:`.scan`, :mod:`.persistent`): the
-input checks (those of the CPU kernel, ``csrc/common/layer_tensors.h``), the packing of a
+input checks (those of the CPU kernel, ``csrc/cpu/layer_tensors.h``), the packing of a
 launch's arguments in the kernel's parameter order (:func:`pack`, from ``programs.PARAMS``), the
 final states and the previous hidden states of a layer, and the device type and guard.
 
@@ -104,7 +104,7 @@ def pack(family: str, dtype: torch.dtype, **args) -> list:
 
 
 # ------------------------------------------------------------------------------ input checks
-# (common/layer_tensors.h, as the CPU kernel checks them)
+# (cpu/layer_tensors.h, as the CPU kernel checks them)
 
 def check_w_hh(w_hh: Tensor, who: str) -> int:
     if not (w_hh.dim() == 2 and w_hh.size(1) > 0 and w_hh.size(0) > 0 and w_hh.is_contiguous()

@@ -43,9 +43,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..settings import get_options, options, process_options, set_options
+from ...settings import get_options, options, process_options, set_options
 
-__all__ = ["set_cuda_graphs", "get_cuda_graphs", "use_cuda_graphs", "graph_stats",
+__all__ = ["graph_stats",
            "clear_graphs", "GraphedKernel", "CAPTURE_AFTER"]
 
 
@@ -63,34 +63,6 @@ _seen: Dict[Tuple, int] = {}
 _failed: Dict[Tuple, str] = {}
 _stats = collections.Counter()
 _side_streams: Dict[int, torch.cuda.Stream] = {}
-
-
-def set_cuda_graphs(enabled: bool) -> None:
-    """``set_options(cuda_graphs=enabled)``: graph replay of the CUDA kernel on (``True``) or off
-    (``False``: every call launches its steps one by one) for the process; turning it off frees
-    the recorded graphs."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_cuda_graphs takes True or False, got {enabled!r}")
-    set_options(cuda_graphs=enabled)
-
-
-def get_cuda_graphs() -> bool:
-    """The ``cuda_graphs`` setting in effect for this thread."""
-    return get_options().cuda_graphs
-
-
-def use_cuda_graphs(enabled: bool):
-    """``options(cuda_graphs=enabled)``: graph replay on or off for this thread inside the
-    ``with`` block."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"use_cuda_graphs takes True or False, got {enabled!r}")
-    return options(cuda_graphs=enabled)
-
-
-def __getattr__(name: str):
-    if name == "MAX_GRAPHS":  # read as the process-wide cuda_graphs_max setting
-        return process_options().cuda_graphs_max
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def graph_stats() -> Dict[str, int]:

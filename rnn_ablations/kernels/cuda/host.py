@@ -14,7 +14,7 @@ torch's math-mode flags) and one launch of the NVRTC-compiled element-wise kerne
 launch, then the GEMM for dL/dh_{t-1}), the weight gradient one GEMM after the loop.  No host
 synchronisation, no allocation outside torch's caching allocator and no host-to-device copy but
 an asynchronous one from pinned memory, so a call can be captured in a CUDA graph
-(:mod:`rnn_ablations.kernels.cuda_graphs` replays the whole loop so).  The scan and the
+(:mod:`rnn_ablations.kernels.cuda.graphs` replays the whole loop so).  The scan and the
 persistent kernels are one launch per call (per 1024 steps for the persistent ones).
 
 Dtypes: float64, float32, bfloat16 and float16; the saved tensors (gates, cs, hin) and the
@@ -35,5 +35,5 @@ __all__ = ["plain_forward", "plain_backward", "scan_forward", "scan_backward", "
 
 #: the scan entry points' calling convention, under the name the backend reads from every
 #: kernel module (rnn_ablations.kernels.ops.scan_built; the CPU kernel's module has it too):
-#: it must equal rnn_ablations.kernels.backend.SCAN_ABI
+#: it must equal rnn_ablations.kernels.registry.SCAN_ABI
 scan_abi = 3

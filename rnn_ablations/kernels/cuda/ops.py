@@ -26,7 +26,7 @@ as on the CPU.  ``persistent_forward`` returns ``gates`` only with ``train`` (it
 them, its inference never writes them).
 
 :class:`CudaKernel` puts the operators behind the CUDA module's own calling convention (what
-:mod:`rnn_ablations.kernels.cuda_recurrence` and :mod:`rnn_ablations.kernels.cuda_graphs` call), and, as
+:mod:`rnn_ablations.kernels.cuda.recurrence` and :mod:`rnn_ablations.kernels.cuda.graphs` call), and, as
 :class:`rnn_ablations.kernels.ops.CpuKernel` does, calls the implementation directly in plain eager mode.
 ``persistent_plan`` (a question about a shape, not a computation) stays the module's own.
 """
@@ -37,7 +37,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from . import ops
+from .. import ops
 
 __all__ = ["CudaKernel", "CUDA_OPERATORS", "register_cuda"]
 
@@ -142,7 +142,7 @@ def register_cuda(raw) -> bool:
 
 
 class CudaKernel:
-    """The CUDA module ``raw`` (what :mod:`rnn_ablations.kernels.cuda` loads; ``backend.cuda_kernel()``
+    """The CUDA module ``raw`` (what :mod:`rnn_ablations.kernels.cuda` loads; ``registry.cuda_kernel()``
     holds this wrapper) with its computing entry points routed through the operators
     (same names, same arguments); everything else (``persistent_plan``, …) is the module's own.
     A plain eager call runs the implementation directly (:func:`rnn_ablations.kernels.ops._plain_eager`);

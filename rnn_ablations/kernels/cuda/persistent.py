@@ -206,8 +206,8 @@ def persistent_backward(spec, highway, grad_out, grad_hn, grad_cn, gates, cs, hi
         p, k = make_plan(True, ks, H, bs[0] if steps > 0 else 0, proj.dtype, dev.index,
                          int(blocks), int(batch_tile))
         if not p.ok:
-            raise RuntimeError(f"{who} does not apply: {p.why} (rnn_ablations.kernels.cuda_recurrence."
-                               "PERSISTENT_BACKWARD = False runs the step kernel's backward)")
+            raise RuntimeError(f"{who} does not apply: {p.why} (rnn_ablations.options("
+                               "persistent_backward=False) runs the step kernel's backward)")
         if R * H > C.INT32_MAX or B * H > C.INT32_MAX:
             raise RuntimeError(f"{who}: shape too large")
         grad_out = grad_out.to(proj.dtype).contiguous()

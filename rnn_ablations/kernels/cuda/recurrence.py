@@ -1,7 +1,7 @@
 """Which CUDA recurrence runs a layer's forward: the step kernel or the persistent kernel.
 
 * ``"steps"``: the step kernel (``csrc/cuda/step_kernel.cuh``): per step one cuBLAS GEMM and one
-  fused element-wise kernel, the step loop replayed as a CUDA graph (:mod:`.cuda_graphs`).
+  fused element-wise kernel, the step loop replayed as a CUDA graph (:mod:`.graphs`).
 * ``"persistent"``: the persistent kernel (``csrc/cuda/persistent_kernel.cuh``): the whole forward
   in one cooperative launch, each thread block keeping its slice of W_hh in shared memory and the
   grid synchronising once per step.  Its saved tensors are the step kernel's, so the backward is the
@@ -21,47 +21,19 @@ The mode and the persistent kernel's grid (``persistent_blocks``, ``persistent_b
 :func:`rnn_ablations.options`; the run plan (:func:`rnn_ablations.plan.plan_layer`) turns them
 into ``Plan.recurrence`` / ``Plan.persistent`` (and checks there, with the compiled kernel's
 ``persistent_plan``, that the persistent kernel fits the layer); :func:`step_kernel` looks up the
-kernel object that runs it.  ``set_cuda_recurrence`` / ``use_cuda_recurrence`` / ``get_cuda_recurrence`` are short
-forms of :func:`rnn_ablations.set_options` / :func:`rnn_ablations.options` /
-:func:`rnn_ablations.get_options` for the mode.
+kernel object that runs it.  The short forms ``set_cuda_recurrence`` / ``use_cuda_recurrence`` /
+``get_cuda_recurrence`` are in :mod:`rnn_ablations.aliases`.
 """
 from __future__ import annotations
 
-from . import backend, cuda_graphs
-from ..settings import CUDA_RECURRENCES, get_options, options, set_options
+from .. import registry
+from . import graphs as cuda_graphs
+from ...settings import CUDA_RECURRENCES
 
-__all__ = ["set_cuda_recurrence", "get_cuda_recurrence", "use_cuda_recurrence",
-           "RECURRENCES", "persistent_stats", "PersistentKernel", "step_kernel"]
+__all__ = ["RECURRENCES", "persistent_stats", "PersistentKernel", "step_kernel"]
 
 RECURRENCES = CUDA_RECURRENCES
 _calls = {"persistent_forward": 0, "persistent_backward": 0}
-
-
-def set_cuda_recurrence(mode: str) -> None:
-    """``set_options(cuda_recurrence=mode)``: ``"auto"`` (the step kernel), ``"persistent"`` or
-    ``"steps"`` for the process; see the module docstring."""
-    set_options(cuda_recurrence=mode)
-
-
-def get_cuda_recurrence() -> str:
-    """The ``cuda_recurrence`` setting in effect for this thread."""
-    return get_options().cuda_recurrence
-
-
-def use_cuda_recurrence(mode: str):
-    """``options(cuda_recurrence=mode)``: the mode for this thread inside the ``with`` block."""
-    return options(cuda_recurrence=mode)
-
-
-_FORMER = {"PERSISTENT_BLOCKS": "persistent_blocks",
-           "PERSISTENT_BATCH_TILE": "persistent_batch_tile",
-           "PERSISTENT_BACKWARD": "persistent_backward"}
-
-
-def __getattr__(name: str):
-    if name in _FORMER:  # read as the persistent_* settings
-        return getattr(get_options(), _FORMER[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def persistent_stats() -> dict:
@@ -123,7 +95,7 @@ def step_kernel(plan):
     plan has made every choice (:func:`rnn_ablations.plan.decide`: whether the persistent kernel
     fits the layer, no graphs inside a compiled graph); this only looks the object up."""
     if plan.recurrence != "persistent":
-        return backend.graphed_cuda_kernel() if plan.graphs else backend.cuda_kernel()
+        return registry.graphed_cuda_kernel() if plan.graphs else registry.cuda_kernel()
     blocks, tile, bwd = plan.persistent
-    plain, graphed = _persistent_modules(backend.cuda_kernel(), bwd, blocks, tile)
+    plain, graphed = _persistent_modules(registry.cuda_kernel(), bwd, blocks, tile)
     return graphed if plan.graphs else plain
