@@ -77,7 +77,7 @@ def test_threshold_sizes_give_the_plan_of_the_sizes():
     from rnn_ablations import plan
     from rnn_ablations.kernels import registry
     from rnn_ablations.plan import LayerCall, plan_layer
-from rnn_ablations.settings import Options
+    from rnn_ablations.settings import Options
 
     kernels = registry.kernels()
     policy = plan.POLICY
