@@ -10,7 +10,6 @@ import rnn_ablations as ra
 
 from conftest import requires_kernel, run_python
 from rnn_ablations import aliases, dispatch
-from rnn_ablations.kernels.cuda import graphs as cuda_graphs, recurrence as cuda_recurrence
 from rnn_ablations.settings import Options
 
 
@@ -213,7 +212,6 @@ def test_short_forms_are_the_settings():
         assert ra.get_options().cuda_graphs is False and not ra.get_cuda_graphs()
     with ra.use_cuda_recurrence("persistent"):
         assert ra.get_options().cuda_recurrence == "persistent" == ra.get_cuda_recurrence()
-        assert cuda_recurrence.PERSISTENT_BACKWARD is ra.get_options().persistent_backward
     ra.set_pipeline("never")
     assert ra.get_options().cpu_schedule == "plain"
     aliases.set_concurrent_directions("always")

@@ -154,8 +154,8 @@ def test_the_fallback_warning_is_given_outside_a_traced_graph(monkeypatch):
     the plan is made, which a traced graph treats as a constant, so torch.compile(fullgraph=True)
     traces the generic path (the warning takes a lock, which dynamo refuses)."""
     none = Kernels(cpu_error="no compiler", cuda_error="no CUDA")
-    monkeypatch.setattr(backend, "kernels", lambda: none)
-    monkeypatch.setattr(backend, "_warned", set())
+    monkeypatch.setattr(registry, "kernels", lambda: none)
+    monkeypatch.setattr(registry, "_warned", set())
     torch.manual_seed(0)
     model = ra.AblatedRNN("ran", 3, 4)
     x = torch.randn(5, 2, 3)

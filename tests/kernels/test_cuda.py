@@ -434,15 +434,17 @@ def test_autocast_runs_the_kernel(monkeypatch, dtype, variant):
     def no_generic(*args, **kwargs):
         raise AssertionError("the generic Python loop ran under autocast")
 
+    from rnn_ablations import dispatch
     from rnn_ablations.kernels import scan
-    monkeypatch.setattr(scan, "_generic_directions", no_generic)
+    monkeypatch.setattr(scan, "generic_directions", no_generic)
+    monkeypatch.setattr(dispatch, "generic_directions", no_generic)
 
     m = AblatedRNN(variant, 12, 32, num_layers=2, recurrent_dropout=0.0).cuda()
     x = torch.randn(9, 4, 12, device="cuda")
     ref = _run_and_grads(m, x.clone().requires_grad_())
     m.zero_grad()
     from rnn_ablations.kernels import autograd as kernel_autograd
-    monkeypatch.setattr(kernel_autograd, "generic_layer", no_generic)
+    monkeypatch.setattr(kernel_autograd, "generic_from_projection", no_generic)
     xg = x.clone().requires_grad_()
     with torch.autocast("cuda", dtype=dtype):
         out, (h, c) = m(xg)
@@ -659,7 +661,7 @@ def test_cuda_recurrence_selection(monkeypatch):
     from rnn_ablations.plan import Kernels, LayerCall, check_persistent, plan_layer
     v = get_variant("ran")
     fake = _FakePersistentExt()
-    monkeypatch.setattr(backend, "_C_cuda", fake)
+    monkeypatch.setattr(registry, "_C_cuda", fake)
     kernels = Kernels(cpu=True, cuda=True, persistent=True)
     call = LayerCall(device="cuda", dtype=torch.float32, steps=3, batch=2, hidden=8,
                      rec_blocks=2, proj_weight=48)

@@ -274,24 +274,32 @@ def _mask(B: int, H: int, dtype, device) -> torch.Tensor:
 
 class _FullFloat32Gemms:
     """float32 GEMMs in full float32 while the check runs (TF32 off: ``torch.backends.cuda.
-    matmul.allow_tf32``, ``torch.set_float32_matmul_precision``), the user's settings restored
-    after it.  The settings are the process's: a GEMM another thread runs meanwhile is exact too
-    (slower, never less precise)."""
+    matmul.fp32_precision = "ieee"``, or on a torch without it ``allow_tf32`` and
+    ``torch.set_float32_matmul_precision``), the user's setting restored after it.  The setting
+    is the process's: a GEMM another thread runs meanwhile is exact too (slower, never less
+    precise)."""
 
     def __enter__(self):
-        self.precision = torch.get_float32_matmul_precision()
-        self.tf32 = torch.backends.cuda.matmul.allow_tf32
-        if self.precision != "highest":
+        m = torch.backends.cuda.matmul
+        self.new_api = hasattr(m, "fp32_precision")
+        if self.new_api:
+            self.saved = m.fp32_precision
+            if self.saved != "ieee":
+                m.fp32_precision = "ieee"
+        else:  # pragma: no cover - torch < 2.9
+            self.saved = (torch.get_float32_matmul_precision(), m.allow_tf32)
             torch.set_float32_matmul_precision("highest")
-        if self.tf32:
-            torch.backends.cuda.matmul.allow_tf32 = False
+            m.allow_tf32 = False
         return self
 
     def __exit__(self, *exc):
-        if torch.get_float32_matmul_precision() != self.precision:
-            torch.set_float32_matmul_precision(self.precision)
-        if torch.backends.cuda.matmul.allow_tf32 != self.tf32:
-            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        m = torch.backends.cuda.matmul
+        if self.new_api:
+            if m.fp32_precision != self.saved:
+                m.fp32_precision = self.saved
+        else:  # pragma: no cover - torch < 2.9
+            torch.set_float32_matmul_precision(self.saved[0])
+            m.allow_tf32 = self.saved[1]
         return False
 
 
