@@ -1,13 +1,15 @@
-"""The one execution of a layer call: :func:`run_layer_call` asks the run plan
-(:func:`rnn_ablations.plan.decide`) once and calls the runner it names from :data:`RUNNERS`,
-a table from runner name to function.  Nothing else here decides how a layer runs: each runner
-does one thing, with the parameters the plan gives it (schedule chunk, oneDNN projection, CUDA
+"""The one execution of a layer call: :func:`run_layer_call` describes the call, asks the run
+plan once (:func:`rnn_ablations.plan.decide`) and calls the runner the plan names from
+:data:`RUNNERS`, a table from runner name to function.  Nothing here decides how a layer runs:
+each runner does one thing, with the parameters the plan gives it (schedule and chunk, input
+projection library, bfloat16 path, streaming chunk, step-GEMM library thresholds, CUDA
 recurrence and graphs).
 
 A layer call (:func:`run_layer_call`): ``x`` (T, B, D_in) the layer input in time order,
 ``params[d] = (w_ih, w_hh, bias)`` per direction (``w_hh`` is ``None`` for a cell that reads no
-h_{t-1}), ``h0`` / ``c0`` (directions, B, H), ``batch_sizes`` (a CPU int64 tensor of length T:
-rows sorted by decreasing length, ``batch_sizes[t]`` active at step t), ``rec_masks`` one
+h_{t-1}; with ``proj_size`` a fourth entry, ``w_hr``), ``h0`` / ``c0`` (directions, B, H; ``h0``
+(directions, B, P) with ``proj_size``), ``batch_sizes`` (a CPU int64 tensor of length T: rows
+sorted by decreasing length, ``batch_sizes[t]`` active at step t), ``rec_masks`` one
 recurrent-dropout mask (or ``None``) per direction, ``reverse`` the function that reverses a
 time-major tensor within each row's length (direction 1 of a cell that reads h_{t-1} runs on the
 reversed input, and its output is reversed back; a :class:`rnn_ablations.functional.Reversal`,
@@ -19,21 +21,21 @@ h_{t-1}) are the same call for those who hold the pieces of one.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
 from .kernels import autograd, registry, scan
 from .kernels.cuda import recurrence as cuda_recurrence
-from .functional import Reversal, projection_bias
-from . import plan as _plan
+from .kernels.projection import input_projection, streamed_forward, streamed_scan_forward
+from .functional import (Reversal, generic_directions, generic_from_projection,
+                         projection_bias)
 from .plan import Plan, decide
-from .kernels.projection import (bf16_gemm_applies, bf16_projection, input_projection,
-                                 stream_steps, streamed_forward)
-from .kernels.cuda import selfcheck as cuda_selfcheck
 from .variants import Variant
 
-__all__ = ["RUNNERS", "run_layer_call", "run_layer", "run_scan_layer", "layer_plan"]
+__all__ = ["RUNNERS", "run_layer_call", "run_layer", "run_scan_layer", "layer_plan",
+           "observe"]
 
 
 # --------------------------------------------------------------------------- step cells
@@ -51,19 +53,38 @@ def _assemble(results, reverse):
 
 def _projection(plan: Plan, x, w_ih, bias):
     pbias = projection_bias(bias, w_ih.shape[0])
-    return input_projection(x, w_ih, pbias, onednn=plan.onednn), pbias
+    return input_projection(x, w_ih, pbias, onednn=plan.onednn, bf16_gemm=plan.bf16_gemm), pbias
 
 
 def _run_generic(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
-    """The generic path (torch ops, differentiated by autograd), one direction after the other."""
+    """The generic path (torch ops, differentiated by autograd), one direction after the other
+    (:func:`rnn_ablations.functional.generic_from_projection`; with ``proj_size`` its ``w_hr``,
+    the runner ``generic_projected``)."""
     results = []
-    for d, (xd, (w_ih, w_hh, bias)) in enumerate(zip(_direction_inputs(x, reverse, len(params)),
-                                                     params)):
+    for d, (xd, p) in enumerate(zip(_direction_inputs(x, reverse, len(params)), params)):
+        w_ih, w_hh, bias = p[:3]
         proj, _ = _projection(plan, xd, w_ih, bias)
-        w_hh, hd, cd, mask = registry.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
-        results.append(autograd._generic_from_projection(variant, highway, proj, w_hh, hd,
-                                                                cd, batch_sizes, mask))
+        w_hr = p[3] if len(p) > 3 else None
+        if w_hr is None:
+            w_hh, hd, cd, mask = registry.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
+        else:  # proj_size: the whole recurrence in the projection's dtype (autocast)
+            w_hh, hd, cd, mask, w_hr = (None if t is None else t.to(proj.dtype) for t in
+                                        (w_hh, h0[d], c0[d], rec_masks[d], w_hr))
+        results.append(generic_from_projection(variant, highway, proj, w_hh, hd, cd,
+                                               batch_sizes, mask, w_hr))
     return _assemble(results, reverse)
+
+
+def _step_kernel(plan: Plan):
+    """The CPU step kernel holding the plan's step-GEMM library thresholds (``Plan.step_gemm``:
+    the kernel keeps them between calls, so they are given where they differ)."""
+    cpu = registry.cpu_kernel()
+    if not torch.compiler.is_compiling():
+        # (no call into the extension while a graph is traced: fullgraph would fail on it)
+        have = getattr(cpu, "library_step_gemm", None)
+        if have is not None and tuple(have()) != plan.step_gemm:
+            cpu.set_library_step_gemm(*plan.step_gemm)
+    return cpu
 
 
 def _plain_runner(kernel: Callable[[Plan], object]):
@@ -72,27 +93,24 @@ def _plain_runner(kernel: Callable[[Plan], object]):
     direction after the other."""
 
     def run(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
+        ext = kernel(plan)
         results = []
         for d, (xd, (w_ih, w_hh, bias)) in enumerate(
                 zip(_direction_inputs(x, reverse, len(params)), params)):
             proj, pbias = _projection(plan, xd, w_ih, bias)
             w_hh, hd, cd, mask = registry.autocast_like(proj, w_hh, h0[d], c0[d], rec_masks[d])
-            ext = kernel(plan)
             results.append(autograd.plain_layer(ext, variant, highway, proj, w_hh, hd, cd,
-                                                       xd, w_ih, pbias, batch_sizes, mask))
+                                                xd, w_ih, pbias, batch_sizes, mask))
         return _assemble(results, reverse)
     return run
-
-
-def _cpu_kernel(plan):
-    return registry.cpu_kernel()
 
 
 def _run_cpu_pipelined(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
                        reverse):
     """The pipelined CPU kernel (the projection inside), one direction after the other."""
-    results = [autograd.pipelined_layer(registry.cpu_kernel(), variant, highway, xd, w_ih, bias,
-                                        w_hh, h0[d], c0[d], batch_sizes, rec_masks[d], plan.chunk)
+    ext = _step_kernel(plan)
+    results = [autograd.pipelined_layer(ext, variant, highway, xd, w_ih, bias, w_hh, h0[d], c0[d],
+                                        batch_sizes, rec_masks[d], plan.chunk)
                for d, (xd, (w_ih, w_hh, bias)) in enumerate(
                    zip(_direction_inputs(x, reverse, len(params)), params))]
     return _assemble(results, reverse)
@@ -111,7 +129,7 @@ def _run_cpu_plain_pair(plan, variant, highway, x, params, h0, c0, batch_sizes, 
         proj, pbias = _projection(plan, xd, w_ih, bias)
         flat += [proj.contiguous(), w_hh.contiguous(), h0[d].contiguous(), c0[d].contiguous(), xd,
                  w_ih, pbias, _contiguous(rec_masks[d])]
-    return _assemble(autograd.plain_pair(registry.cpu_kernel(), variant, highway, batch_sizes,
+    return _assemble(autograd.plain_pair(_step_kernel(plan), variant, highway, batch_sizes,
                                          flat), reverse)
 
 
@@ -123,122 +141,53 @@ def _run_cpu_pipelined_pair(plan, variant, highway, x, params, h0, c0, batch_siz
                                                      params)):
         flat += [xd.contiguous(), w_ih.contiguous(), _contiguous(bias), w_hh.contiguous(),
                  h0[d].contiguous(), c0[d].contiguous(), _contiguous(rec_masks[d])]
-    return _assemble(autograd.pipelined_pair(registry.cpu_kernel(), variant, highway,
+    return _assemble(autograd.pipelined_pair(_step_kernel(plan), variant, highway,
                                              batch_sizes, plan.chunk, flat), reverse)
 
 
-def _stream_chunk(x, params, h0, c0, rec_masks) -> int:
-    """Steps per chunk when a plain CPU call streams its input projections
-    (:func:`rnn_ablations.kernels.projection.streamed_forward`), else 0: a no-gradient call in
-    eager mode, outside autocast, whose projections of all steps reach
-    ``plan.POLICY.stream_min_bytes`` per direction."""
-    if torch.compiler.is_compiling():
-        return 0  # a traced graph (torch.compile / torch.export): no guard on the sizes
-    w_ih = params[0][0]
-    policy = _plan.POLICY
-    if x.shape[0] * x.shape[1] * w_ih.shape[0] * x.element_size() < policy.stream_min_bytes:
-        return 0  # the common case, decided by the size alone
-    if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in
-                                        [x, h0, c0, *[w for p in params for w in p]])):
-        return 0
-    if (registry.autocast_dtype("cpu") is not None
-            or x.dtype not in (torch.float32, torch.float64) or type(x) is not torch.Tensor):
-        return 0
-    return stream_steps(x.shape[0], x.shape[1], w_ih.shape[0], x.element_size(),
-                        policy.stream_min_bytes, policy.stream_chunk_bytes)
+def _run_cpu_streamed(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
+                      reverse):
+    """A no-gradient forward on the plain CPU step kernel with the input projections computed
+    ``plan.stream`` steps at a time (:func:`rnn_ablations.kernels.projection.streamed_forward`;
+    the directions together, one per thread, where ``plan.concurrent``); a bfloat16 call
+    (``plan.bf16_on_f32``) widened a chunk at a time, its output in bfloat16."""
+    n, H = len(params), params[0][1].shape[1]
+    out = x.new_empty(x.shape[0], x.shape[1], n * H)
+    groups = [list(range(n))] if plan.concurrent else [[d] for d in range(n)]
+    h_n, c_n = [None] * n, [None] * n
+    ext = _step_kernel(plan)
+    dtype = torch.float32 if plan.bf16_on_f32 else x.dtype
+    for g in groups:
+        done = streamed_forward(
+            ext, variant.kernel_spec, highway, x, reverse, g, [params[d][0] for d in g],
+            [projection_bias(params[d][2], params[d][0].shape[0]) for d in g],
+            [params[d][1] for d in g], [h0[d] for d in g], [c0[d] for d in g], batch_sizes,
+            [rec_masks[d] for d in g], plan.onednn, out, plan.stream, dtype=dtype,
+            bf16_gemm=plan.bf16_gemm)
+        for d, (h, c) in zip(g, done):
+            h_n[d], c_n[d] = h.to(x.dtype), c.to(x.dtype)
+    return out, h_n, c_n
 
 
-def _streaming(runner):
-    """A CPU step-kernel runner that streams the input projections of a large no-gradient call
-    on the plain kernel (:func:`_stream_chunk`) and otherwise runs ``runner`` (the pipelined
-    schedule's forward, too, holds per-step tensors of all steps)."""
+def _widened(runner):
+    """``runner`` on float32 copies of a bfloat16 call's input, parameters and states
+    (``plan.bf16_on_f32``; autocast off inside: the float32 kernels), its results narrowed to
+    bfloat16 (autograd differentiates the casts, so gradients reach bfloat16 parameters in
+    bfloat16); any other call as it is."""
 
     def run(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
-        chunk = _stream_chunk(x, params, h0, c0, rec_masks)
-        if (not chunk or len(params) > 2
-                or (len(params) == 2 and not isinstance(reverse, Reversal))):
-            # (a reverse function of a caller's own cannot reverse a few steps at a time: the
-            # module passes a functional.Reversal)
+        if not plan.bf16_on_f32:
             return runner(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
                           reverse)
-        n, H = len(params), params[0][1].shape[1]
-        out = x.new_empty(x.shape[0], x.shape[1], n * H)
-        # the directions together (one per thread) where the plan runs them so
-        groups = [list(range(n))] if plan.concurrent else [[d] for d in range(n)]
-        h_n, c_n = [None] * n, [None] * n
-        for g in groups:
-            done = streamed_forward(
-                registry.cpu_kernel(), variant.kernel_spec, highway, x, reverse, g,
-                [params[d][0] for d in g],
-                [projection_bias(params[d][2], params[d][0].shape[0]) for d in g],
-                [params[d][1] for d in g], [h0[d] for d in g], [c0[d] for d in g],
-                batch_sizes, [rec_masks[d] for d in g], plan.onednn, out, chunk)
-            for d, (h, c) in zip(g, done):
-                h_n[d], c_n[d] = h, c
-        return out, h_n, c_n
-    run.__doc__ = (runner.__doc__ or "") + " Streams the projections of a large no-gradient call."
+        f = (lambda t: None if t is None else t.float())
+        bf = torch.bfloat16
+        with torch.autocast("cpu", enabled=False):
+            out, hs, cs = runner(plan, variant, highway, x.float(),
+                                 [tuple(f(t) for t in p) for p in params], h0.float(),
+                                 c0.float(), batch_sizes, [f(m) for m in rec_masks], reverse)
+        return out.to(bf), [h.to(bf) for h in hs], [c.to(bf) for c in cs]
+    run.__doc__ = runner.__doc__
     return run
-
-
-_step_gemm_set = [None]  # the (policy, isa) whose library thresholds the kernel holds
-
-
-def _sync_step_gemm(isa) -> None:
-    """Give the CPU kernel the step-GEMM library thresholds of ``plan.POLICY`` for the vector
-    path ``isa`` (:func:`rnn_ablations.plan.library_step_thresholds`), when they changed."""
-    if torch.compiler.is_compiling():
-        # no call into the extension while a graph is traced (fullgraph would fail on it): a
-        # compiled graph's calls run with the thresholds of the last eager call (at first the
-        # kernel's own, never, as the default POLICY lists no path)
-        return
-    key, cpu = _step_gemm_set[0], registry.cpu_kernel()
-    if (key is not None and key[0] is _plan.POLICY and key[1] == isa
-            and key[2] is cpu) or cpu is None:
-        return
-    key = (_plan.POLICY, isa, cpu)
-    setter = getattr(cpu, "set_library_step_gemm", None)
-    if setter is not None:
-        setter(*_plan.library_step_thresholds(_plan.POLICY, isa))
-    _step_gemm_set[0] = key
-
-
-# --------------------------------------------------------------------------- bfloat16 on the CPU
-def _cpu_bfloat16(x, params) -> bool:
-    """A CPU layer call in bfloat16 (bfloat16 input or parameters, or float32 ones under
-    ``torch.autocast("cpu", torch.bfloat16)``) that the CPU kernels run
-    (:func:`_run_cpu_bfloat16`): not with the generic backend, and where the kernel is built
-    (otherwise the plan's fallback or error applies)."""
-    if not x.is_cpu or torch.compiler.is_compiling():
-        return False  # (a traced graph keeps the plan of its dtype: no context variable there)
-    if x.dtype is not torch.bfloat16 and (
-            x.dtype is not torch.float32 or (params[0][0].dtype is not torch.bfloat16
-                                             and registry.autocast_dtype("cpu") is None)):
-        return False  # the common float32 / float64 call, without looking further
-    dtypes = {x.dtype} | {t.dtype for p in params for t in p if t is not None}
-    auto = registry.autocast_dtype("cpu")
-    in_bf16 = (torch.bfloat16 in dtypes and dtypes <= {torch.bfloat16, torch.float32}) or (
-        auto == torch.bfloat16 and dtypes == {torch.float32})
-    if not in_bf16:
-        return False
-    from .plan import call_settings
-    return call_settings().backend != "generic" and registry.kernels().cpu
-
-
-def _run_cpu_bfloat16(variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
-    """The bfloat16 CPU path: the layer on the float32 kernels (the plan of the float32 call:
-    schedule, streaming, scan), with bfloat16 inputs and parameters widened (exactly) to
-    float32, states and the element-wise pass in float32, the input projection in bfloat16
-    through the GEMM library where ``plan.POLICY.bf16_gemm`` says
-    (:func:`rnn_ablations.kernels.projection.bf16_gemm_applies`), and the results in bfloat16.
-    Autograd differentiates the casts, so gradients reach bfloat16 parameters in bfloat16."""
-    f = (lambda t: None if t is None else t.float())
-    bf = torch.bfloat16
-    with torch.autocast("cpu", enabled=False), bf16_projection(
-            bf16_gemm_applies(_plan.POLICY.bf16_gemm)):
-        out, hs, cs = run_layer_call(
-            variant, highway, x.float(), [tuple(f(t) for t in p) for p in params], h0.float(),
-            c0.float(), batch_sizes, [f(m) for m in rec_masks], reverse)
-    return out.to(bf), [h.to(bf) for h in hs], [c.to(bf) for c in cs]
 
 
 # --------------------------------------------------------------------------- scan cells
@@ -258,7 +207,7 @@ def _scan_projection(plan, x, params, h0, c0):
     weights = [w for w, _, _ in params]
     bias = _scan_bias(params)
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]
-    proj = input_projection(x, weight, bias, onednn=plan.onednn)
+    proj = input_projection(x, weight, bias, onednn=plan.onednn, bf16_gemm=plan.bf16_gemm)
     h0, c0 = registry.autocast_like(proj, h0, c0)  # the scan in the autocast dtype
     return proj, h0, c0
 
@@ -270,9 +219,9 @@ def _unbind(out, h_n, c_n):
 def _run_generic_scan(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
                       reverse):
     """The generic path of a cell that reads no h_{t-1}: one projection GEMM, then the torch-ops
-    loop of every direction (direction 1 runs each row backwards within its length)."""
+    loop of every direction (:func:`rnn_ablations.functional.generic_directions`)."""
     proj, h0, c0 = _scan_projection(plan, x, params, h0, c0)
-    return _unbind(*scan._generic_directions(variant, highway, proj, h0, c0, batch_sizes))
+    return _unbind(*generic_directions(variant, highway, proj, h0, c0, batch_sizes))
 
 
 def _scan_kernel(plan: Plan):
@@ -294,18 +243,64 @@ def _run_fused_scan(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_
                                           batch_sizes, plan.onednn))
 
 
+def _run_scan_streamed(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
+                       reverse):
+    """A no-gradient forward of the scan kernel with the input projections computed
+    ``plan.stream`` steps at a time, direction by direction
+    (:func:`rnn_ablations.kernels.projection.streamed_scan_forward`); a bfloat16 call widened a
+    chunk at a time, its output in bfloat16."""
+    n, H = len(params), h0.shape[-1]
+    if n > 1 and not isinstance(reverse, Reversal):
+        lengths = (batch_sizes.unsqueeze(0) > torch.arange(x.shape[1]).unsqueeze(1)).sum(1)
+        full = bool((lengths == x.shape[0]).all())
+        from .functional import reversal_index
+        reverse = Reversal(None if full else reversal_index(lengths, x.shape[0]).to(x.device))
+    out = x.new_empty(x.shape[0], x.shape[1], n * H)
+    width = params[0][0].shape[0]
+    h_n, c_n = streamed_scan_forward(
+        _scan_kernel(plan), variant.kernel_spec, highway, x, reverse, [p[0] for p in params],
+        [projection_bias(p[2], width) for p in params], h0, c0, batch_sizes, plan.onednn, out,
+        plan.stream, dtype=torch.float32 if plan.bf16_on_f32 else x.dtype,
+        bf16_gemm=plan.bf16_gemm)
+    return _unbind(out, h_n.to(x.dtype), c_n.to(x.dtype))
+
+
 #: The runners, one per name the plan may give (:data:`rnn_ablations.plan.RUNNERS`).
 RUNNERS: Dict[str, Callable] = {
     "generic": _run_generic,
     "generic_scan": _run_generic_scan,
-    "cpu_plain": _streaming(_plain_runner(_cpu_kernel)),
-    "cpu_pipelined": _streaming(_run_cpu_pipelined),
-    "cpu_plain_pair": _streaming(_run_cpu_plain_pair),
-    "cpu_pipelined_pair": _streaming(_run_cpu_pipelined_pair),
+    "generic_projected": _run_generic,
+    "cpu_plain": _widened(_plain_runner(_step_kernel)),
+    "cpu_pipelined": _widened(_run_cpu_pipelined),
+    "cpu_plain_pair": _widened(_run_cpu_plain_pair),
+    "cpu_pipelined_pair": _widened(_run_cpu_pipelined_pair),
+    "cpu_streamed": _run_cpu_streamed,
     "cuda": _plain_runner(cuda_recurrence.step_kernel),
-    "scan": _run_scan,
-    "fused_scan": _run_fused_scan,
+    "scan": _widened(_run_scan),
+    "fused_scan": _widened(_run_fused_scan),
+    "scan_streamed": _run_scan_streamed,
 }
+
+_observers = threading.local()
+
+
+class observe:
+    """Within the block, every :func:`run_layer_call` of this thread calls ``fn(plan, x,
+    params, h0, c0)`` (after the plan is made) and returns what ``fn`` returns instead of
+    running the plan's runner: :func:`rnn_ablations.explain` reads the plans of a forward this
+    way without computing it."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __enter__(self):
+        self.saved = getattr(_observers, "fn", None)
+        _observers.fn = self.fn
+        return self
+
+    def __exit__(self, *exc):
+        _observers.fn = self.saved
+        return False
 
 
 def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0: torch.Tensor,
@@ -322,18 +317,12 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
         # the cell never reads c_0: no gradient for it (None, as the generic path gives), not
         # the kernels' zeros, which have no graph for a second derivative
         c0 = c0.detach()
-    if _cpu_bfloat16(x, params):
-        return _run_cpu_bfloat16(variant, highway, x, params, h0, c0, batch_sizes, rec_masks,
-                                 reverse)
     plan = decide(x, params, h0, c0, scan_layout=scan.scan_applies(variant)
                   if not variant.reads_hidden else False, spec=variant.kernel_spec,
-                  highway=highway)
-    if plan.path == "cpu":
-        _sync_step_gemm(plan.isa)
-    elif plan.path == "cuda":
-        # the CUDA kernels' first-use check: a family that fails it is replaced by the
-        # generic path (kernels/cuda/selfcheck.py)
-        plan = cuda_selfcheck.admit(plan, variant, highway, x, registry.cuda_kernel)
+                  highway=highway, variant=variant, reverse=reverse)
+    watch = getattr(_observers, "fn", None)
+    if watch is not None:
+        return watch(plan, x, params, h0, c0)
     return RUNNERS[plan.runner](plan, variant, highway, x, params, h0, c0, batch_sizes,
                                 rec_masks, reverse)
 

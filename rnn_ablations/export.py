@@ -68,11 +68,12 @@ def _block(a: torch.Tensor, at: int, hidden: int, absent: torch.Tensor) -> torch
 
 def _script_direction(pre: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                       lengths: torch.Tensor, rec_mask: torch.Tensor, padded: bool, reverse: bool,
-                      dropped: bool,
+                      dropped: bool, w_hr: torch.Tensor, projected: bool,
                       layout: List[int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One direction of one layer (TorchScript): ``pre`` (T, B, (R+X)·H) the input projection
     with its bias; ``lengths`` (B,) on ``pre``'s device when ``padded``; ``rec_mask`` (B, H) when
-    ``dropped``; ``w_hh`` when R > 0.  Tensors that do not apply are empty placeholders (no
+    ``dropped``; ``w_hh`` when R > 0; ``w_hr`` (P, H) when ``projected`` (``proj_size``: h_t is
+    projected, and the next step reads the projection).  Tensors that do not apply are empty placeholders (no
     ``Optional``: the TorchScript-based ONNX exporter has no typed form for a ``None``).
     Returns (output, h_n, c_n)."""
     H, R = layout[0], layout[1]
@@ -105,6 +106,8 @@ def _script_direction(pre: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c
             _block(a, o_at, H, content), _block(a, r_at, H, content),
             _block(a, hw_at, H, content), c, content_tanh, has_memory, output_gate, output_tanh,
             highway)
+        if projected:
+            h_new = torch.mm(h_new, w_hr.t())
         if padded:
             on = active[t].unsqueeze(1)
             outputs.append(torch.where(on, h_new, torch.zeros_like(h_new)))
@@ -133,8 +136,9 @@ def _scripted():
 def _scan_direction(variant: Variant, highway: bool, pre: torch.Tensor,
                     w_hh: Optional[torch.Tensor], h0: torch.Tensor, c0: torch.Tensor,
                     lengths: Optional[torch.Tensor], reverse: bool,
-                    rec_mask: Optional[torch.Tensor]):
-    """One direction of one layer as a ``scan`` over the time steps (dynamo-based capture)."""
+                    rec_mask: Optional[torch.Tensor], w_hr: Optional[torch.Tensor] = None):
+    """One direction of one layer as a ``scan`` over the time steps (dynamo-based capture);
+    ``w_hr``: ``proj_size``'s projection of h_t, or ``None``."""
     from torch._higher_order_ops.scan import scan
 
     # An ONNX graph is an inference graph: the scan's inputs are detached, so that the exporter's
@@ -143,7 +147,8 @@ def _scan_direction(variant: Variant, highway: bool, pre: torch.Tensor,
     pre, h0, c0 = pre.detach(), h0.detach(), c0.detach()
     w_hh = None if w_hh is None else w_hh.detach()
     rec_mask = None if rec_mask is None else rec_mask.detach()
-    H = h0.shape[-1]
+    w_hr = None if w_hr is None else w_hr.detach()
+    H = c0.shape[-1]
     RH = variant.num_recurrent(highway) * H
     T = pre.shape[0]
     index = None
@@ -165,11 +170,12 @@ def _scan_direction(variant: Variant, highway: bool, pre: torch.Tensor,
         if w_hh is not None:  # transposed inside the step: a view is no input a scan may take
             a = torch.addmm(a, h if rec_mask is None else h * rec_mask, w_hh.t())
         res = pointwise(variant, highway, a, p[:, RH:] if p.shape[1] > RH else None, c)
+        h_t = res.h if w_hr is None else res.h.mm(w_hr.t())
         if active is None:  # scan's outputs may not alias (h_t is c_t in some cells)
-            return (res.h, res.c.clone()), res.h.clone()
+            return (h_t, res.c.clone()), h_t.clone()
         on = xs[1]
-        return ((torch.where(on, res.h, h), torch.where(on, res.c, c)),
-                torch.where(on, res.h, torch.zeros_like(res.h)))
+        return ((torch.where(on, h_t, h), torch.where(on, res.c, c)),
+                torch.where(on, h_t, torch.zeros_like(h_t)))
 
     xs = (pre,) if active is None else (pre, active)
     # the initial states may be views of one tensor: a scan's inputs may not alias
@@ -198,6 +204,8 @@ def run_stack(module, x: torch.Tensor, lengths: Optional[torch.Tensor], h0: torc
         outputs = []
         for direction in range(dirs):
             w_ih, w_hh, bias = module.projection_parameters(layer, direction)
+            w_hr = (getattr(module, module._proj_names[layer][direction])
+                    if module.proj_size else None)
             pre = F.linear(layer_input, w_ih, bias)
             rec_mask = None
             if module.training and module.recurrent_dropout > 0 and w_hh is not None:
@@ -206,14 +214,15 @@ def run_stack(module, x: torch.Tensor, lengths: Optional[torch.Tensor], h0: torc
             k = layer * dirs + direction
             if mode == "scan":
                 out, h_n, c_n = _scan_direction(variant, highway, pre, w_hh, h0[k], c0[k],
-                                                lengths, direction == 1, rec_mask)
+                                                lengths, direction == 1, rec_mask, w_hr)
             else:
                 none = pre.new_zeros(0)
                 out, h_n, c_n = _scripted()(
                     pre, none if w_hh is None else w_hh, h0[k], c0[k],
                     none.long() if lengths is None else lengths,
                     none if rec_mask is None else rec_mask, lengths is not None,
-                    direction == 1, rec_mask is not None, layout)
+                    direction == 1, rec_mask is not None, none if w_hr is None else w_hr,
+                    w_hr is not None, layout)
             outputs.append(out)
             h_finals.append(h_n)
             c_finals.append(c_n)

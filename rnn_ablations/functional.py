@@ -27,8 +27,8 @@ import torch
 
 from .variants import Variant, output_flags
 
-__all__ = ["StepResult", "pointwise", "cell_step", "generic_layer", "reversal_index", "Reversal",
-           "projection_bias"]
+__all__ = ["StepResult", "pointwise", "cell_step", "generic_layer", "generic_from_projection",
+           "generic_directions", "reversal_index", "Reversal", "projection_bias"]
 
 
 class StepResult(NamedTuple):
@@ -143,8 +143,12 @@ def pointwise(variant: Variant, highway: bool, a: torch.Tensor, xo: Optional[tor
 def generic_layer(variant: Variant, highway: bool, xr: torch.Tensor, xo: Optional[torch.Tensor],
                   w_hh: Optional[torch.Tensor], h0: torch.Tensor, c0: torch.Tensor,
                   batch_sizes, rec_mask: Optional[torch.Tensor] = None,
-                  keep_steps: bool = False):
+                  keep_steps: bool = False, w_hr: Optional[torch.Tensor] = None):
     """Run one layer/direction; returns ``(output (T,B,H), h_n, c_n, steps)``.
+
+    ``w_hr`` (P, H) or ``None``: ``nn.LSTM``'s ``proj_size``: the cell's output is projected,
+    ``h_t = W_hr (o_t ∘ tanh(c_t))`` (P entries), and that is what the next step reads (``w_hh``
+    (R·H, P), ``h0`` (B, P)) and what the layer outputs.
 
     ``batch_sizes``: a sequence of ints, or the CPU int64 tensor of the kernels' calls.
     ``steps`` is the list of :class:`StepResult` per time step (for ``weighted_sum``) when
@@ -159,7 +163,7 @@ def generic_layer(variant: Variant, highway: bool, xr: torch.Tensor, xo: Optiona
     if isinstance(batch_sizes, torch.Tensor):
         if torch.compiler.is_compiling() and not keep_steps:
             return _generic_layer_masked(variant, highway, xr, xo, w_hh, h0, c0, batch_sizes,
-                                         rec_mask)
+                                         rec_mask, w_hr)
         batch_sizes = batch_sizes.tolist()
     seq_len, batch = xr.shape[0], xr.shape[1]
     h, c = h0, c0
@@ -176,20 +180,22 @@ def generic_layer(variant: Variant, highway: bool, xr: torch.Tensor, xo: Optiona
         res = pointwise(variant, highway, a, None if xo is None else xo[t, :n], c[:n])
         if keep_steps:
             steps.append(res)
+        h_t = res.h if w_hr is None else res.h.mm(w_hr.t())
         if n < batch:
-            outputs.append(torch.cat([res.h, res.h.new_zeros(batch - n, res.h.shape[1])]))
-            h = torch.cat([res.h, h[n:]])
+            outputs.append(torch.cat([h_t, h_t.new_zeros(batch - n, h_t.shape[1])]))
+            h = torch.cat([h_t, h[n:]])
             c = torch.cat([res.c, c[n:]])
         else:
-            outputs.append(res.h)
-            h, c = res.h, res.c
+            outputs.append(h_t)
+            h, c = h_t, res.c
     return torch.stack(outputs), h, c, steps
 
 
 def _generic_layer_masked(variant: Variant, highway: bool, xr: torch.Tensor,
                           xo: Optional[torch.Tensor], w_hh: Optional[torch.Tensor],
                           h0: torch.Tensor, c0: torch.Tensor, batch_sizes: torch.Tensor,
-                          rec_mask: Optional[torch.Tensor] = None):
+                          rec_mask: Optional[torch.Tensor] = None,
+                          w_hr: Optional[torch.Tensor] = None):
     """:func:`generic_layer` without reading ``batch_sizes``' values (for traced graphs): every
     step runs on all B rows; row b is active at step t when ``b < batch_sizes[t]``."""
     seq_len, batch = xr.shape[0], xr.shape[1]
@@ -203,8 +209,51 @@ def _generic_layer_masked(variant: Variant, highway: bool, xr: torch.Tensor,
         else:
             a = torch.addmm(xr[t], h if rec_mask is None else h * rec_mask, w_t)
         res = pointwise(variant, highway, a, None if xo is None else xo[t], c)
+        h_t = res.h if w_hr is None else res.h.mm(w_hr.t())
         on = active[t].unsqueeze(1)
-        outputs.append(torch.where(on, res.h, torch.zeros_like(res.h)))
-        h = torch.where(on, res.h, h)
+        outputs.append(torch.where(on, h_t, torch.zeros_like(h_t)))
+        h = torch.where(on, h_t, h)
         c = torch.where(on, res.c, c)
     return torch.stack(outputs), h, c, None
+
+
+# --------------------------------------------------------------------------- the reference path
+def generic_from_projection(variant: Variant, highway: bool, proj: torch.Tensor,
+                            w_hh: Optional[torch.Tensor], h0: torch.Tensor, c0: torch.Tensor,
+                            batch_sizes, rec_mask: Optional[torch.Tensor] = None,
+                            w_hr: Optional[torch.Tensor] = None):
+    """One direction of a layer from its input projection ``proj`` (T, B, (R+X)·H: the
+    recurrent blocks, bias included, then the input-only blocks; ``w_hh`` ``None`` for a cell
+    that reads no h_{t-1}), on the generic path (:func:`generic_layer`; ``w_hr``:
+    ``proj_size``'s projection).  Returns ``(output, h_n, c_n)``."""
+    rh = w_hh.shape[0] if w_hh is not None else 0
+    xo = proj[..., rh:] if proj.shape[-1] > rh else None
+    out, h_n, c_n, _ = generic_layer(variant, highway, proj[..., :rh], xo, w_hh, h0, c0,
+                                     batch_sizes, rec_mask, w_hr=w_hr)
+    return out, h_n, c_n
+
+
+def generic_directions(variant: Variant, highway: bool, proj: torch.Tensor, h0: torch.Tensor,
+                       c0: torch.Tensor, batch_sizes: torch.Tensor):
+    """The generic path of a cell that reads no h_{t-1}, for D = ``h0.shape[0]`` directions
+    whose projections (bias included) lie side by side in ``proj`` (T, B, D·G·H); direction 1
+    reads every row backwards within its length (the outputs are put back in order).  Returns
+    ``(output (T, B, D·H), h_n (D, B, H), c_n (D, B, H))``."""
+    dirs, seq_len = h0.shape[0], proj.shape[0]
+    width = proj.shape[-1] // dirs
+    outs, hs, cs = [], [], []
+    rev = None
+    for d in range(dirs):
+        p = proj[..., d * width:(d + 1) * width]
+        if d == 1:
+            lengths = (batch_sizes.unsqueeze(0) > torch.arange(proj.shape[1]).unsqueeze(1)).sum(1)
+            rev = reversal_index(lengths, seq_len).to(proj.device).unsqueeze(-1)
+            p = p.gather(0, rev.expand_as(p))
+        out, h_n, c_n, _ = generic_layer(variant, highway, p[..., :0], p, None, h0[d], c0[d],
+                                         batch_sizes)
+        if d == 1:
+            out = out.gather(0, rev.expand_as(out))
+        outs.append(out)
+        hs.append(h_n)
+        cs.append(c_n)
+    return torch.cat(outs, -1) if dirs > 1 else outs[0], torch.stack(hs), torch.stack(cs)

@@ -51,10 +51,13 @@ import torch
 
 __all__ = ["LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan", "decide",
            "check_persistent", "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES",
-           "library_step_thresholds"]
+           "library_step_thresholds", "bf16_gemm_applies", "stream_steps", "describe", "RUNNERS"]
 
 
+from ._dynamo_marks import assume_constant_result
+from .functional import Reversal
 from .kernels import registry
+from .kernels.projection import cpu_has_bf16_gemm
 from .kernels.registry import Kernels
 from .settings import Options, _keep_hash, _kept_hash, get_options
 
@@ -79,7 +82,14 @@ class LayerCall(NamedTuple):
     device as the first (the concurrent directions and the one-node scan need it); scan_layout: the cell has a
     layout for the scan kernels (cells that read no h_{t-1}); compiling: the call is traced by
     ``torch.compile`` / ``torch.export`` (a compiled graph holds the operators themselves, not
-    CUDA-graph replay: ``torch.compile`` has CUDA graphs of its own, mode="reduce-overhead")."""
+    CUDA-graph replay: ``torch.compile`` has CUDA graphs of its own, mode="reduce-overhead");
+    weight_dtypes: the distinct dtypes of the parameters (empty: the input's); proj_width: the
+    rows of one direction's input weight ((R+X)·H, or G·H for a scan cell: the projection's
+    width per step and row, which streaming measures); plain_tensor: the input is a plain
+    ``torch.Tensor`` (no subclass); reversal: direction 1's reversed input can be read a few
+    steps at a time (the caller passed a :class:`rnn_ablations.functional.Reversal`, or there
+    is one direction, or the cell reads no h_{t-1}); projected: ``proj_size`` (``h_t`` projected
+    by ``W_hr``)."""
 
     device: str
     dtype: torch.dtype
@@ -95,6 +105,11 @@ class LayerCall(NamedTuple):
     uniform: bool = True
     scan_layout: bool = True
     compiling: bool = False
+    weight_dtypes: Tuple[torch.dtype, ...] = ()
+    proj_width: int = 0
+    plain_tensor: bool = True
+    reversal: bool = True
+    projected: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +172,16 @@ class Plan:
     ``"persistent"`` (CUDA step kernel); graphs: CUDA-graph replay; persistent: (blocks,
     batch_tile, backward) of the persistent kernel; warning: ``(kind, message)`` when the auto
     backend fell back to the generic path for want of a kernel (the caller warns once per
-    kind)."""
+    kind); runner: the function of ``dispatch.RUNNERS`` that runs the call;
+    bf16_on_f32: a bfloat16 CPU call (bfloat16 input or parameters, or float32 under
+    ``torch.autocast("cpu", torch.bfloat16)``) that runs on the float32 kernels (inputs widened
+    to float32, results narrowed to bfloat16); bf16_gemm: its input projection's GEMM in
+    bfloat16; stream: steps per chunk of a no-gradient forward whose input projections are
+    computed a chunk at a time (0: all at once); step_gemm: ``(train_min_macs,
+    inference_min_macs)`` from which the CPU kernel's step GEMM runs on MKL (-1: never);
+    cuda_checked: the CUDA families (programs and rules) that passed their first-use check on
+    this device, which the call runs; check: ``"passed"``, ``"off"`` (the check is switched off,
+    or skipped while a graph is traced or captured) or ``""`` (no CUDA kernel runs)."""
 
     path: str
     reason: str
@@ -171,6 +195,12 @@ class Plan:
     persistent: Tuple[int, int, bool] = (0, 0, False)
     warning: Optional[Tuple[str, str]] = None
     runner: str = ""
+    bf16_on_f32: bool = False
+    bf16_gemm: bool = False
+    stream: int = 0
+    step_gemm: Tuple[int, int] = (-1, -1)
+    cuda_checked: Tuple[str, ...] = ()
+    check: str = ""
 
     @property
     def fused_scan(self) -> bool:
@@ -271,27 +301,129 @@ def _cpu_schedule(settings: Options, call: LayerCall, onednn: bool, policy: Poli
 
 
 #: The runners a plan may name (``Plan.runner``), each one function of the run layer.
-RUNNERS = ("generic", "generic_scan", "cpu_plain", "cpu_pipelined", "cpu_plain_pair",
-           "cpu_pipelined_pair", "cuda", "scan", "fused_scan")
+RUNNERS = ("generic", "generic_scan", "generic_projected", "cpu_plain", "cpu_pipelined",
+           "cpu_plain_pair", "cpu_pipelined_pair", "cpu_streamed", "cuda", "scan", "fused_scan",
+           "scan_streamed")
 
 
 def _runner(plan: Plan, call: LayerCall) -> str:
+    if call.projected:
+        return "generic_projected"
     if call.rec_blocks == 0:
+        if plan.stream:
+            return "scan_streamed"
         return {"fused_scan": "fused_scan", "scan": "scan"}.get(plan.schedule, "generic_scan")
     if plan.path == "cpu":
+        if plan.stream:
+            return "cpu_streamed"
         return f"cpu_{plan.schedule}" + ("_pair" if plan.concurrent else "")
     if plan.path == "cuda":
         return "cuda"  # the step or the persistent kernel: Plan.recurrence says which
     return "generic"
 
 
+def bf16_gemm_applies(setting: str) -> bool:
+    """Whether a bfloat16 CPU call computes its input projection in bfloat16:
+    ``Policy.bf16_gemm`` ``"on"`` / ``"off"``, or ``"auto"``: where the CPU has bfloat16 GEMM
+    instructions (:func:`rnn_ablations.kernels.projection.cpu_has_bf16_gemm`)."""
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"bf16_gemm must be 'auto', 'on' or 'off', got {setting!r}")
+    return setting == "on" or (setting == "auto" and cpu_has_bf16_gemm())
+
+
+def stream_steps(steps: int, batch: int, width: int, itemsize: int, min_bytes: int,
+                 chunk_bytes: int) -> int:
+    """Steps per chunk of a streamed no-gradient forward, or 0 when the projections of all
+    ``steps`` (``steps·batch·width·itemsize`` bytes, per direction) stay below ``min_bytes``
+    (they are then computed at once) or one chunk would hold every step.  A chunk holds at most
+    ``chunk_bytes`` of projections, and at least one step."""
+    per_step = batch * width * itemsize
+    if steps < 2 or per_step * steps < min_bytes:
+        return 0
+    chunk = max(1, chunk_bytes // max(1, per_step))
+    return chunk if chunk < steps else 0
+
+
+def _bf16_on_f32(settings: Options, call: LayerCall, kernels: Kernels) -> bool:
+    """A CPU call in bfloat16 (a bfloat16 input or parameter among float32 / bfloat16 ones, or
+    float32 ones under ``torch.autocast("cpu", torch.bfloat16)``) that the float32 CPU kernels
+    run: not with the generic backend, and where the CPU kernel is built."""
+    if call.device != "cpu" or settings.backend == "generic" or not kernels.cpu:
+        return False
+    bf, f32 = torch.bfloat16, torch.float32
+    dtypes = set(call.weight_dtypes) | {call.dtype}
+    return ((bf in dtypes and dtypes <= {bf, f32})
+            or (call.autocast_dtype == bf and dtypes == {f32}))
+
+
+def _stream(plan: Plan, call: LayerCall, policy: Policy, bf16: bool) -> int:
+    """Steps per chunk where the call's input projections are computed a chunk at a time
+    (:func:`stream_steps`): a no-gradient call on a CPU kernel that projects all steps before
+    its recurrence (the step kernel of either schedule, and the scan), in eager mode, float32 /
+    float64 (or bfloat16 on the float32 kernels, each chunk widened on its own) outside
+    autocast, on a plain tensor, whose projections of all steps reach
+    ``policy.stream_min_bytes`` per direction; a bidirectional step cell needs the input's
+    reversal a few steps at a time (``LayerCall.reversal``)."""
+    if (plan.path != "cpu" or call.needs_grad or call.compiling or not call.plain_tensor
+            or call.directions > 2):
+        return 0
+    if not bf16 and (call.autocast_dtype is not None or call.dtype not in CPU_DTYPES):
+        return 0
+    if call.rec_blocks and not call.reversal:
+        return 0
+    itemsize = 8 if call.dtype == torch.float64 else 4  # bfloat16: its float32 projection
+    return stream_steps(call.steps, call.batch, call.proj_width, itemsize,
+                        policy.stream_min_bytes, policy.stream_chunk_bytes)
+
+
+#: runners whose input projection is an ``F.linear`` of their own (the bfloat16 GEMM applies)
+_OWN_PROJECTION = ("cpu_plain", "cpu_plain_pair", "cpu_streamed", "scan", "scan_streamed")
+
+
 def plan_layer(settings: Options, call: LayerCall, kernels: Kernels,
-               policy: Policy = Policy()) -> Plan:
+               policy: Policy = Policy(),
+               cuda_failed: Optional[Tuple[str, str, str]] = None) -> Plan:
     """How ``call`` runs under ``settings`` with ``kernels`` (see the module docstring).
+    ``cuda_failed``: ``(device, family, reason)`` when a CUDA family the plan would run failed
+    its first-use check (:func:`decide` asks :func:`rnn_ablations.kernels.cuda.selfcheck.
+    verdict`): the family is not available, the generic path runs the call (the check's own
+    warning said so), or with ``backend="kernel"`` the call raises naming the family.
     Raises ``RuntimeError`` where ``backend="kernel"`` (or ``cuda_recurrence="persistent"``)
     asks for a kernel that cannot run the call, saying why."""
-    plan = _plan_layer(settings, call, kernels, policy)
-    return dataclasses.replace(plan, runner=_runner(plan, call))
+    if call.projected:
+        return Plan("generic", "proj_size: h_t = W_hr (o_t * tanh(c_t)) runs on the generic "
+                    "path (no kernel projects h_t)", runner="generic_projected")
+    bf16 = _bf16_on_f32(settings, call, kernels)
+    # a bfloat16 call is planned as the float32 call its kernels run (autocast off inside)
+    run_call = call._replace(dtype=torch.float32, autocast_dtype=None, uniform=True,
+                             weight_dtypes=()) if bf16 else call
+    plan = _plan_layer(settings, run_call, kernels, policy)
+    if plan.path == "cuda" and cuda_failed is not None:
+        device, family, why = cuda_failed
+        if settings.backend == "kernel":
+            raise RuntimeError(
+                f"backend='kernel': the CUDA kernels {family} failed their check on {device} "
+                f"({why}); the auto backend runs the generic path instead "
+                "(rnn_ablations.options(backend='auto'))")
+        plan = Plan("generic", f"the CUDA kernels {family} failed their check on {device}")
+    bf16 = bf16 and plan.path == "cpu"
+    stream = _stream(plan, run_call if bf16 else call, policy, bf16)
+    fields = dict(stream=stream)
+    if stream:
+        # the streamed forward projects outside the kernel and runs its plain forward
+        fields.update(schedule="plain" if call.rec_blocks else "scan",
+                      onednn=onednn_applies(settings, call.device, run_call.dtype,
+                                            call.proj_weight, run_call.autocast_dtype is not None,
+                                            kernels.onednn, policy))
+    if plan.path == "cpu" and call.rec_blocks:
+        fields["step_gemm"] = library_step_thresholds(policy, kernels.isa)
+    plan = dataclasses.replace(plan, **fields)
+    runner = _runner(plan, call)
+    if bf16:
+        gemm = runner in _OWN_PROJECTION and bf16_gemm_applies(policy.bf16_gemm)
+        plan = dataclasses.replace(plan, bf16_on_f32=True, bf16_gemm=gemm,
+                                   onednn=plan.onednn and not gemm)
+    return dataclasses.replace(plan, runner=runner)
 
 
 def _plan_layer(settings: Options, call: LayerCall, kernels: Kernels, policy: Policy) -> Plan:
@@ -359,7 +491,7 @@ cached_plan = functools.lru_cache(maxsize=512)(plan_layer)
 POLICY = Policy()
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def num_threads() -> int:
     """torch's intra-op thread count, for the plan.  Under ``torch.compile`` / ``torch.export``
     it is read once, when the graph is traced: it chooses a schedule (every schedule computes
@@ -392,7 +524,7 @@ def stack_runner() -> str:
     return "layers"
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def call_settings() -> Options:
     """The settings a layer call runs under: this thread's (:func:`get_options`), except where
     the call is recorded or transformed by something that cannot take the kernels' operators,
@@ -452,13 +584,16 @@ def plan_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
 
 
 def describe(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
-             scan_layout: bool = False, needs_grad: Optional[bool] = None) -> LayerCall:
+             scan_layout: bool = False, needs_grad: Optional[bool] = None,
+             reverse=None) -> LayerCall:
     """The :class:`LayerCall` of one layer: ``x`` (T, B, D_in) its input, ``params[d] = (w_ih,
-    w_hh, bias)`` per direction (``w_hh`` is ``None`` for a cell that reads no h_{t-1}, which
-    runs as a scan), ``h0`` / ``c0`` (directions, B, H) its initial states; ``scan_layout``:
-    the scan kernels have a layout for the cell.  A gradient is wanted (``needs_grad=None``)
+    w_hh, bias[, w_hr])`` per direction (``w_hh`` is ``None`` for a cell that reads no
+    h_{t-1}, which runs as a scan; ``w_hr``: ``proj_size``'s projection), ``h0`` / ``c0``
+    (directions, B, H) its initial states; ``scan_layout``: the scan kernels have a layout for
+    the cell; ``reverse``: what reverses direction 1's input (the module passes a
+    :class:`rnn_ablations.functional.Reversal`).  A gradient is wanted (``needs_grad=None``)
     when grad mode is on and a tensor the layer reads requires one (a scan cell reads no h_0)."""
-    w_ih, w_hh, _ = params[0]
+    w_ih, w_hh = params[0][0], params[0][1]
     reads_hidden = w_hh is not None
     hidden = c0.shape[-1]
     rec_blocks = w_hh.shape[0] // max(1, hidden) if reads_hidden else 0
@@ -471,16 +606,22 @@ def describe(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
     # parameters in the input's dtype and on its device)
     uniform = len(params) == 1 or all(t.dtype is x.dtype and t.device == x.device
                                       for t in weights)
+    weight_dtypes = ()
+    if any(t.dtype is not x.dtype for t in weights):
+        weight_dtypes = tuple(sorted({t.dtype for t in weights}, key=str))
     # the weight one projection GEMM reads: a direction's (a step cell), or all directions'
     # together (a scan cell projects them in one GEMM)
     proj_weight = w_ih.numel() if reads_hidden else sum(p[0].numel() for p in params)
     steps, batch = plan_sizes(x.shape[0], x.shape[1], rec_blocks, hidden, needs_grad)
+    reversal = len(params) == 1 or not reads_hidden or isinstance(reverse, Reversal)
+    projected = len(params[0]) > 3 and params[0][3] is not None
     return LayerCall(device, x.dtype, steps, batch, hidden, rec_blocks, proj_weight, len(params),
                      needs_grad, num_threads(), autocast_dtype(device), uniform, scan_layout,
-                     torch.compiler.is_compiling())
+                     torch.compiler.is_compiling(), weight_dtypes, w_ih.shape[0],
+                     type(x) is torch.Tensor, reversal, projected)
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _plan_of(fields) -> Plan:
     """The plan of the call whose :class:`LayerCall` fields are ``fields`` (a plain tuple: what
     a traced graph can pass to a function it treats as constant), under :func:`call_settings`
@@ -490,6 +631,33 @@ def _plan_of(fields) -> Plan:
     plan = cached_plan(call_settings(), LayerCall(*fields), registry.kernels(), POLICY)
     registry.warn_once(plan)
     return plan
+
+
+def _cuda_checked(plan: Plan, call: LayerCall, variant, highway: bool,
+                  device: torch.device) -> Plan:
+    """``plan`` (a CUDA plan) with the verdicts of the CUDA kernels' first-use check on
+    ``device`` for every family it runs (:func:`rnn_ablations.kernels.cuda.selfcheck.verdict`,
+    each family checked at its first use on the device and remembered by device and family):
+    the plan of a call whose family failed is :func:`plan_layer`'s with ``cuda_failed``."""
+    from .kernels.cuda import selfcheck
+    if not selfcheck.enabled():
+        return _with_check(plan, "off", ())
+    # the dtype the kernels see: under autocast the projection's (float32 inputs only)
+    dtype = (call.autocast_dtype if call.autocast_dtype is not None
+             and call.dtype == torch.float32 else call.dtype)
+    names = []
+    for fam in selfcheck.families(plan, variant, highway, dtype):
+        why = selfcheck.verdict(device, fam, variant, registry.cuda_kernel)
+        if why is not None:
+            return cached_plan(call_settings(), call, registry.kernels(), POLICY,
+                               (str(device), fam.name, why))
+        names.append(fam.name)
+    return _with_check(plan, "passed", tuple(names))
+
+
+@functools.lru_cache(maxsize=512)
+def _with_check(plan: Plan, check: str, names: Tuple[str, ...]) -> Plan:
+    return dataclasses.replace(plan, check=check, cuda_checked=names)
 
 
 def check_persistent(plan: Plan, kernel, spec: int, highway: bool, proj: torch.Tensor,
@@ -513,15 +681,19 @@ def check_persistent(plan: Plan, kernel, spec: int, highway: bool, proj: torch.T
 
 def decide(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
            scan_layout: bool = False, needs_grad: Optional[bool] = None, spec: int = 0,
-           highway: bool = False) -> Plan:
+           highway: bool = False, variant=None, reverse=None) -> Plan:
     """How one layer call runs: :func:`describe`, then :func:`plan_layer` under the call's
-    settings (:func:`call_settings`), what this process has compiled and :data:`POLICY`; a
-    persistent CUDA recurrence is checked against the layer (:func:`check_persistent`, with the
-    variant's kernel ``spec`` and ``highway``) outside a traced graph."""
-    call = describe(x, params, h0, c0, scan_layout, needs_grad)
+    settings (:func:`call_settings`), what this process has compiled and :data:`POLICY`; a CUDA
+    plan reads the first-use check's verdicts on the call's device for ``variant`` (eagerly;
+    a traced graph holds the operators it chose, unchecked); a persistent CUDA recurrence is
+    checked against the layer (:func:`check_persistent`, with the variant's kernel ``spec`` and
+    ``highway``) outside a traced graph."""
+    call = describe(x, params, h0, c0, scan_layout, needs_grad, reverse)
     plan = _plan_of(tuple(call))
+    if plan.path == "cuda" and variant is not None and not call.compiling:
+        plan = _cuda_checked(plan, call, variant, highway, x.device)
     if plan.recurrence == "persistent" and not call.compiling:
-        w_ih, w_hh, _ = params[0]
+        w_ih, w_hh = params[0][0], params[0][1]
         dtype = (call.autocast_dtype if call.autocast_dtype is not None
                  and x.dtype != torch.float64 else x.dtype)
         # the projection's shape, dtype and device, without its memory

@@ -14,7 +14,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .dispatch import run_layer_call
 from .kernels import registry
 from .export import run_stack
-from .functional import Reversal, pointwise, projection_bias, reversal_index
+from .functional import Reversal, projection_bias, reversal_index
 from .plan import stack_runner
 from .validation import check_positive_int, check_prob
 from .variants import VARIANTS, Variant, get_variant
@@ -70,7 +70,8 @@ class AblatedRNN(nn.Module):
             says so, as ``nn.LSTM``'s does).  ``proj_size`` (``nn.LSTM``'s, ``weight_hr_l{k}``,
             ``h_t = W_hr (o_t ∘ tanh(c_t))``) for the variants with that output rule (``lstm``,
             ``lstm_minus_srnn``, ``lstm_minus_srnn_minus_hidden``), without highway; it runs the
-            generic path (:meth:`_run_projected`); the other variants refuse it.
+            generic path (the run plan's ``generic_projected`` runner; the exporters' loop
+            under ``torch.jit.trace`` / ONNX export); the other variants refuse it.
         recurrent_dropout: variational dropout on ``h_{t-1}`` where it enters the recurrent
             projection: one mask per sequence (per layer and direction), drawn at every forward
             in training mode (Gal & Ghahramani 2016), as AllenNLP 2.10.1's ``AugmentedLstm``
@@ -673,8 +674,6 @@ class AblatedRNN(nn.Module):
     def _run(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
         """Time-major core: x (T, B, d_in), original batch order; ``num_layers`` stops early
         (:meth:`layer_input`)."""
-        if self.proj_size:
-            return self._run_projected(x, lengths, h0, c0, num_layers)
         runner = stack_runner()
         if runner != "layers":
             # torch.jit.trace / ONNX export: the recurrence as a loop in the graph (export.py)
@@ -708,9 +707,13 @@ class AblatedRNN(nn.Module):
 
         layer_input = x
         h_finals, c_finals = [], []
-        H, dirs = self.hidden_size, self.num_directions
+        # the size of h_t: what the next step reads (proj_size's W_hr projects it)
+        H, dirs = self.proj_size or self.hidden_size, self.num_directions
         for layer in range(self.num_layers if num_layers is None else num_layers):
             params = [self.layer_parameters(layer, d) for d in range(dirs)]
+            if self.proj_size:  # h_t = W_hr (o_t * tanh(c_t)): the plan's generic_projected
+                params = [p + (getattr(self, self._proj_names[layer][d]),)
+                          for d, p in enumerate(params)]
             # variational recurrent dropout: one mask per direction, drawn in direction order
             masks = [None] * dirs
             if self.training and self.recurrent_dropout > 0 and self.variant.reads_hidden:
@@ -736,55 +739,3 @@ class AblatedRNN(nn.Module):
             output = output.index_select(1, inverse)
             h_n, c_n = h_n.index_select(1, inverse), c_n.index_select(1, inverse)
         return output, h_n, c_n
-
-    def _run_projected(self, x, lengths, h0, c0, num_layers: Optional[int] = None):
-        """:meth:`_run` with ``proj_size``: the generic path (torch ops, autograd), every step on
-        every row, ``h_t = W_hr (o_t * tanh(c_t))``; a row past its length keeps its state and
-        outputs zeros, its reverse direction starts at its last real token."""
-        seq_len, batch = x.shape[0], x.shape[1]
-        if lengths is None:
-            lengths = torch.full((batch,), seq_len, dtype=torch.int64)
-        active = (torch.arange(seq_len).unsqueeze(1) < lengths.unsqueeze(0)).to(x.device)
-        active = active.unsqueeze(-1)  # (T, B, 1)
-        index = reversal_index(lengths, seq_len).to(x.device).unsqueeze(-1)
-        H, dirs = self.hidden_size, self.num_directions
-        R = self.variant.num_recurrent(False) * H
-        layer_input = x
-        h_finals, c_finals = [], []
-        for layer in range(self.num_layers if num_layers is None else num_layers):
-            outputs = []
-            for d in range(dirs):
-                w_ih, w_hh, bias = self.projection_parameters(layer, d)
-                w_hr = getattr(self, self._proj_names[layer][d])
-                xd = layer_input if d == 0 else layer_input.gather(
-                    0, index.expand(-1, -1, layer_input.shape[-1]))
-                pre = F.linear(xd, w_ih, bias)
-                k = layer * dirs + d
-                h, c = h0[k].to(pre.dtype), c0[k].to(pre.dtype)
-                w_hh = None if w_hh is None else w_hh.to(pre.dtype)
-                w_hr = w_hr.to(pre.dtype)
-                mask = None
-                if self.training and self.recurrent_dropout > 0 and w_hh is not None:
-                    keep = 1.0 - self.recurrent_dropout
-                    mask = torch.empty_like(h).bernoulli_(keep) / keep
-                outs = []
-                for t in range(seq_len):
-                    a = pre[t, :, :R]
-                    if w_hh is not None:
-                        a = torch.addmm(a, h if mask is None else h * mask, w_hh.t())
-                    res = pointwise(self.variant, False, a,
-                                    pre[t, :, R:] if pre.shape[-1] > R else None, c)
-                    h_new = res.h @ w_hr.t()
-                    on = active[t]
-                    outs.append(torch.where(on, h_new, torch.zeros_like(h_new)))
-                    h, c = torch.where(on, h_new, h), torch.where(on, res.c, c)
-                out = torch.stack(outs)
-                if d == 1:
-                    out = out.gather(0, index.expand(-1, -1, out.shape[-1]))
-                outputs.append(out)
-                h_finals.append(h)
-                c_finals.append(c)
-            layer_input = outputs[0] if dirs == 1 else torch.cat(outputs, dim=-1)
-            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
-                layer_input = F.dropout(layer_input, self.dropout, True)
-        return layer_input, torch.stack(h_finals), torch.stack(c_finals)

@@ -212,14 +212,14 @@ def test_a_new_scan_row_runs_on_the_scan_kernel(monkeypatch, name, highway):
     torch.manual_seed(0)
     m = AblatedRNN(v.name, 4, 5, num_layers=2, bidirectional=True, highway=highway).double()
     x = torch.randn(6, 3, 4, dtype=torch.float64, requires_grad=True)
-    import rnn_ablations.kernels.scan as scan_module
-    reference = scan_module._generic_directions
+    import rnn_ablations.dispatch as dispatch_module
+    reference = dispatch_module.generic_directions
     results = {}
     for backend in ("generic", "kernel"):
         def only_generic(*args, _backend=backend):
             assert _backend == "generic", "the kernel backend ran the generic path"
             return reference(*args)
-        monkeypatch.setattr(scan_module, "_generic_directions", only_generic)
+        monkeypatch.setattr(dispatch_module, "generic_directions", only_generic)
         with use_backend(backend):
             out, (h, c) = m(x, lengths=[6, 4, 1])
             grads = torch.autograd.grad(out.square().sum() + h.sum() + 2 * c.sum(),

@@ -8,7 +8,7 @@ import torch
 
 import rnn_ablations as ra
 from conftest import run_python
-from rnn_ablations import dispatch, plan as P
+from rnn_ablations import dispatch, plan as P, settings
 from rnn_ablations.plan import Kernels, LayerCall, Plan, Policy, plan_layer
 from rnn_ablations.settings import Options
 
@@ -32,7 +32,13 @@ STEP_CASES = [
     # implementation
     ("cpu f32", {}, {}, ALL, dict(path="cpu", isa="avx2")),
     ("cpu f64", {}, dict(dtype=torch.float64), ALL, dict(path="cpu")),
-    ("cpu bf16 -> generic", {}, dict(dtype=torch.bfloat16), ALL, dict(path="generic")),
+    ("cpu bf16: the float32 kernels", {}, dict(dtype=torch.bfloat16), ALL,
+     dict(path="cpu", bf16_on_f32=True)),
+    ("cpu bf16, generic backend", dict(backend="generic"), dict(dtype=torch.bfloat16), ALL,
+     dict(path="generic", bf16_on_f32=False)),
+    ("cpu bf16 without a kernel: generic, warned", {}, dict(dtype=torch.bfloat16), NONE,
+     dict(path="generic", bf16_on_f32=False)),
+    ("cpu f16: generic", {}, dict(dtype=torch.float16), ALL, dict(path="generic")),
     ("generic backend", dict(backend="generic"), {}, ALL, dict(path="generic", schedule=None)),
     ("no cpu kernel warns", {}, {}, NONE,
      dict(path="generic", warning=("CPU", "rnn_ablations: compiled CPU kernel unavailable (no "
@@ -46,9 +52,11 @@ STEP_CASES = [
      dict(path="generic", warning=("CUDA", "rnn_ablations: compiled CUDA kernel unavailable (no "
                                            "nvcc); using the slower generic path"))),
     ("mps -> generic", {}, dict(device="mps"), ALL, dict(path="generic")),
-    # CPU autocast: the projection in bfloat16, which no CPU kernel runs
+    # CPU autocast in bfloat16: the float32 kernels (autocast off inside), bfloat16 results
     ("cpu autocast", {}, dict(autocast_dtype=torch.bfloat16), ALL,
-     dict(path="generic", onednn=False)),
+     dict(path="cpu", bf16_on_f32=True, concurrent=False)),
+    ("cpu autocast f16: generic", {}, dict(autocast_dtype=torch.float16), ALL,
+     dict(path="generic", bf16_on_f32=False)),
     ("cpu autocast f64", {}, dict(dtype=torch.float64, autocast_dtype=torch.bfloat16), ALL,
      dict(path="cpu", schedule="pipelined")),
     ("cuda autocast", {}, dict(device="cuda", autocast_dtype=torch.float16), ALL,
@@ -137,7 +145,8 @@ SCAN_CASES = [
     ("mixed dtypes: two nodes", {}, dict(uniform=False), ALL, dict(schedule="scan")),
     ("cuda autocast: two nodes in the autocast dtype", {},
      dict(device="cuda", autocast_dtype=torch.bfloat16), ALL, dict(path="cuda", schedule="scan")),
-    ("cpu autocast: generic", {}, dict(autocast_dtype=torch.bfloat16), ALL, dict(path="generic")),
+    ("cpu autocast: the float32 scan", {}, dict(autocast_dtype=torch.bfloat16), ALL,
+     dict(path="cpu", schedule="fused_scan", bf16_on_f32=True, bf16_gemm=False)),
     ("generic backend", dict(backend="generic"), {}, ALL, dict(path="generic", onednn=False)),
     ("no layout", {}, dict(scan_layout=False), ALL, dict(path="generic")),
     ("kernel without the scan warns", {}, {},
@@ -159,7 +168,7 @@ def test_scan_cell_plan(name, settings, kw, kernels, want):
 
 
 @pytest.mark.parametrize("kw,kernels,match", [
-    (dict(dtype=torch.bfloat16), ALL, "CPU float32/float64 and CUDA"),
+    (dict(dtype=torch.float16), ALL, "CPU float32/float64 and CUDA"),
     (dict(device="mps"), ALL, "got mps"),
     ({}, NONE, "CPU kernel is not available: no compiler"),
     (dict(device="cuda"), NONE, "CUDA kernel is not available: no nvcc"),
@@ -194,6 +203,80 @@ def test_the_plan_is_pure():
     assert plan_layer(*args) == plan_layer(*args) == P.cached_plan(*args)
 
 
+# --------------------------------------------------------------------------- one decision
+#: a large no-gradient LSTM layer: T = 1000, B = 1000, 4H = 256 (1 GB of projections)
+BIG = dict(steps=1000, batch=1000, hidden=64, proj_weight=256 * 64, proj_width=256,
+           needs_grad=False)
+
+
+def test_streaming_is_a_field_of_the_plan():
+    want = P.stream_steps(1000, 1000, 256, 4, POLICY.stream_min_bytes, POLICY.stream_chunk_bytes)
+    assert want > 0
+    p = plan_layer(Options(), call(**BIG), ALL, POLICY)
+    assert (p.stream, p.runner, p.schedule) == (want, "cpu_streamed", "plain")
+    scan = plan_layer(Options(), call(rec_blocks=0, **BIG), ALL, POLICY)
+    assert (scan.stream, scan.runner) == (want, "scan_streamed")
+    bf16 = plan_layer(Options(), call(dtype=torch.bfloat16, **BIG), ALL, POLICY)
+    assert (bf16.stream, bf16.runner, bf16.bf16_on_f32) == (want, "cpu_streamed", True)
+    f64 = plan_layer(Options(), call(dtype=torch.float64, **BIG), ALL, POLICY)
+    assert f64.stream == P.stream_steps(1000, 1000, 256, 8, POLICY.stream_min_bytes,
+                                        POLICY.stream_chunk_bytes)
+    for name, kw, settings_ in [("gradient", dict(needs_grad=True), {}),
+                                ("compiling", dict(compiling=True), {}),
+                                ("subclass", dict(plain_tensor=False), {}),
+                                ("reversal", dict(directions=2, reversal=False), {}),
+                                ("generic", {}, dict(backend="generic")),
+                                ("f16 autocast", dict(autocast_dtype=torch.float16), {}),
+                                ("small", dict(steps=10), {})]:
+        got = plan_layer(Options(**settings_), call(**dict(BIG, **kw)), ALL, POLICY)
+        assert got.stream == 0 and got.runner != "cpu_streamed", name
+    # a scan cell reverses its second direction itself
+    assert plan_layer(Options(), call(rec_blocks=0, directions=2, reversal=False, **BIG), ALL,
+                      POLICY).runner == "scan_streamed"
+
+
+def test_step_gemm_thresholds_are_a_field_of_the_plan():
+    pol = Policy(library_step_gemm=(("avx2", 5, 6), ("avx512", 7, 8)))
+    assert plan_layer(Options(), call(), ALL, pol).step_gemm == (5, 6)
+    assert plan_layer(Options(), call(), dataclasses.replace(ALL, isa="avx512"),
+                      pol).step_gemm == (7, 8)
+    assert plan_layer(Options(), call(), dataclasses.replace(ALL, isa="portable"),
+                      pol).step_gemm == (-1, -1)
+    assert plan_layer(Options(), call(rec_blocks=0), ALL, pol).step_gemm == (-1, -1)
+    assert plan_layer(Options(backend="generic"), call(), ALL, pol).step_gemm == (-1, -1)
+
+
+def test_bf16_gemm_where_the_runner_projects():
+    on, off = Policy(bf16_gemm="on"), Policy(bf16_gemm="off")
+    plain = plan_layer(Options(), call(dtype=torch.bfloat16, steps=3), ALL, on)
+    assert (plain.runner, plain.bf16_gemm, plain.onednn) == ("cpu_plain", True, False)
+    assert not plan_layer(Options(), call(dtype=torch.bfloat16, steps=3), ALL, off).bf16_gemm
+    piped = plan_layer(Options(), call(dtype=torch.bfloat16), ALL, on)
+    assert (piped.runner, piped.bf16_gemm) == ("cpu_pipelined", False)  # projects inside
+    assert not plan_layer(Options(), call(steps=3), ALL, on).bf16_gemm  # a float32 call
+
+
+def test_a_cuda_family_that_failed_its_check_is_not_available():
+    failed = ("cuda:0", "step_forward[float32]+step_backward[float32]", "d_proj differs")
+    p = plan_layer(Options(), call(device="cuda"), ALL, POLICY, failed)
+    assert (p.path, p.runner) == ("generic", "generic")
+    assert "step_forward[float32]+step_backward[float32] failed their check on cuda:0" in p.reason
+    scan = plan_layer(Options(), call(device="cuda", rec_blocks=0), ALL, POLICY, failed)
+    assert scan.runner == "generic_scan"
+    with pytest.raises(RuntimeError, match=r"backend='kernel': the CUDA kernels step_forward"
+                                           r"\[float32\]\+step_backward\[float32\] failed their "
+                                           r"check on cuda:0 \(d_proj differs\)"):
+        plan_layer(Options(backend="kernel"), call(device="cuda"), ALL, POLICY, failed)
+    # a CPU call is not concerned
+    assert plan_layer(Options(), call(), ALL, POLICY, failed).path == "cpu"
+
+
+def test_proj_size_is_the_generic_projected_runner():
+    for kw in ({}, dict(rec_blocks=0), dict(device="cuda"), dict(dtype=torch.bfloat16)):
+        p = plan_layer(Options(backend="kernel"), call(projected=True, **kw), ALL, POLICY)
+        assert (p.path, p.runner) == ("generic", "generic_projected"), kw
+
+
 # --------------------------------------------------------------------------- environment
 ENV_CASES = [
     ({}, {}),
@@ -220,11 +303,11 @@ ENV_CASES = [
 
 @pytest.mark.parametrize("env,want", ENV_CASES, ids=[",".join(e) or "none" for e, _ in ENV_CASES])
 def test_environment_sets_the_defaults(env, want):
-    assert P.from_environment(env) == Options(**want)
+    assert settings.from_environment(env) == Options(**want)
 
 
 def test_every_setting_has_one_variable():
-    assert sorted(name for name, _ in P.ENVIRONMENT.values()) == \
+    assert sorted(name for name, _ in settings.ENVIRONMENT.values()) == \
         sorted(f.name for f in dataclasses.fields(Options))
 
 
@@ -246,7 +329,7 @@ def test_every_setting_has_one_variable():
 ])
 def test_bad_environment_names_the_variable_and_the_values(env, match):
     with pytest.raises(ValueError, match=match):
-        P.from_environment(env)
+        settings.from_environment(env)
 
 
 def test_bad_environment_stops_the_import(tmp_path):

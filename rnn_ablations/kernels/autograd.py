@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from .interface import PipelinedKernel, StepKernel
-from ..functional import generic_layer, projection_bias
+from ..functional import generic_from_projection, projection_bias
 
 
 def _or_empty(t: Optional[torch.Tensor], ref: torch.Tensor) -> torch.Tensor:
@@ -73,15 +73,6 @@ def _pipelined_pair_forward(ext, variant, highway, batch_sizes, chunk, groups, k
         [_or_empty(g[6], g[0]) for g in groups], keep, chunk)
 
 
-def _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask):
-    """The generic path from the input projections (recurrent blocks first)."""
-    rh = w_hh.shape[0]
-    xo = proj[..., rh:] if proj.shape[-1] > rh else None
-    out, h_n, c_n, _ = generic_layer(variant, highway, proj[..., :rh], xo, w_hh, h0, c0,
-                                     batch_sizes, rec_mask)
-    return out, h_n, c_n
-
-
 def _graph_grads(variant, highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes, rec_mask,
                  grads, want_proj, wrt):
     """The gradients of one layer *with a graph* (``create_graph=True``: the kernels' hand-written
@@ -93,8 +84,8 @@ def _graph_grads(variant, highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes, re
     recomputed input projection (a function of ``x``, ``w_ih``, ``pbias``) comes first."""
     with torch.enable_grad():
         proj = torch.nn.functional.linear(x, w_ih, pbias)
-        outs = _generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes,
-                                        rec_mask)
+        outs = generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes,
+                                       rec_mask)
     targets = ([proj] if want_proj else []) + list(wrt)
     live = [i for i, t in enumerate(targets) if t is not None and t.requires_grad]
     pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]

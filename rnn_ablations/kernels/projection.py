@@ -6,16 +6,14 @@ decision (:func:`rnn_ablations.plan.onednn_applies`, ``Plan.onednn``), given to
 need two transposed copies)."""
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
 from . import registry
 
-__all__ = ["input_projection", "stream_steps", "streamed_forward", "bf16_gemm_applies",
-           "bf16_projection", "cpu_has_bf16_gemm"]
+__all__ = ["input_projection", "stream_steps", "streamed_forward", "streamed_scan_forward",
+           "bf16_gemm_applies", "cpu_has_bf16_gemm"]
 
 
 @torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")
@@ -103,30 +101,13 @@ def bf16_gemm_applies(setting: str) -> bool:
     return setting == "on" or (setting == "auto" and cpu_has_bf16_gemm())
 
 
-#: Set while a bfloat16 CPU layer call runs on the float32 kernels with its input projection
-#: in bfloat16 (:func:`bf16_projection`, read by :func:`input_projection`).
-_BF16_PROJECTION = contextvars.ContextVar("rnn_ablations_bf16_projection", default=False)
-
-
-@contextlib.contextmanager
-def bf16_projection(on: bool = True):
-    """Within the block, :func:`input_projection` of float32 CPU tensors computes
-    ``F.linear`` in bfloat16 (operands rounded to bfloat16, accumulation in float32 inside the
-    GEMM library) and returns it in float32: the bfloat16 path of the CPU kernel, whose
-    recurrence, states and element-wise pass stay in float32."""
-    token = _BF16_PROJECTION.set(on)
-    try:
-        yield
-    finally:
-        _BF16_PROJECTION.reset(token)
-
-
 def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                     onednn: bool) -> torch.Tensor:
+                     onednn: bool, bf16_gemm: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for all time steps at once, on oneDNN where ``onednn``
-    (``Plan.onednn``), else ``F.linear``; in bfloat16 inside :func:`bf16_projection`."""
-    if (x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling()
-            and _BF16_PROJECTION.get()):
+    (``Plan.onednn``), else ``F.linear``.  With ``bf16_gemm`` (``Plan.bf16_gemm``: a bfloat16
+    CPU call on the float32 kernels) the GEMM runs in bfloat16 (operands rounded to bfloat16,
+    accumulation in float32 inside the GEMM library) and the result comes back in float32."""
+    if bf16_gemm:
         bf = torch.bfloat16
         return torch.nn.functional.linear(
             x.to(bf), weight.to(bf), bias.to(bf) if bias is not None else None).float()
@@ -149,9 +130,25 @@ def stream_steps(steps: int, batch: int, width: int, itemsize: int, min_bytes: i
     return chunk if chunk < steps else 0
 
 
+def _operands(dtype: torch.dtype, bf16_gemm: bool, w_ihs, pbiases):
+    """The projection's weights and biases in the dtype its GEMM runs in (once per call)."""
+    gemm = torch.bfloat16 if bf16_gemm else dtype
+    return ([w.to(gemm) for w in w_ihs],
+            [b.to(gemm) if b is not None else None for b in pbiases], gemm)
+
+
+def _chunk_projection(xs: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
+                      onednn: bool, gemm: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    """One chunk's input projection: the chunk in the GEMM's dtype, the result in the kernel's
+    (a bfloat16 chunk is widened here, a chunk at a time)."""
+    proj = input_projection(xs.to(gemm), w, b, onednn and gemm == torch.float32)
+    return proj.to(dtype).contiguous()
+
+
 def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal, directions,
                      w_ihs, pbiases, w_hhs, h0s, c0s, batch_sizes: torch.Tensor, masks,
-                     onednn: bool, out: torch.Tensor, chunk: int):
+                     onednn: bool, out: torch.Tensor, chunk: int,
+                     dtype: Optional[torch.dtype] = None, bf16_gemm: bool = False):
     """A no-gradient forward of one layer's ``directions`` on the CPU step kernel (``kernel``:
     ``registry.cpu_kernel()``), with the input projections computed ``chunk`` steps at a time
     instead of all at once.  ``x`` (T, B, D) is the layer's input; direction 0 reads it as it is,
@@ -165,14 +162,22 @@ def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal
     memory is the input, the output and one chunk.  One direction runs ``plain_forward``, two
     run ``plain_directions_forward`` (one per thread).  Returns ``[(h_n, c_n)]`` per direction,
     equal to the unstreamed forward's (each row's final state is the state of its last active
-    step: a chunk where a row is inactive passes its state through)."""
+    step: a chunk where a row is inactive passes its state through).
+
+    ``dtype``: the dtype the kernel runs (default ``x``'s); a bfloat16 call on the float32
+    kernels (``Plan.bf16_on_f32``) passes float32: each chunk is widened on its own and its
+    output narrowed into ``out`` (bfloat16), the states stay in float32 (returned so); with
+    ``bf16_gemm`` the chunks' projections run in bfloat16 (``Plan.bf16_gemm``)."""
     T = x.shape[0]
     H = w_hhs[0].shape[1]
+    dtype = x.dtype if dtype is None else dtype
+    w_ihs, pbiases, gemm = _operands(dtype, bf16_gemm, w_ihs, pbiases)
     dsts = [out[..., d * H:(d + 1) * H] for d in directions]
-    hs = [h.contiguous() for h in h0s]
-    cs = [c.contiguous() for c in c0s]
-    masks = [m.contiguous() if m is not None else x.new_empty(0) for m in masks]
-    w_hhs = [w.contiguous() for w in w_hhs]
+    hs = [h.to(dtype).contiguous() for h in h0s]
+    cs = [c.to(dtype).contiguous() for c in c0s]
+    masks = [m.to(dtype).contiguous() if m is not None else x.new_empty(0, dtype=dtype)
+             for m in masks]
+    w_hhs = [w.to(dtype).contiguous() for w in w_hhs]
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         bs = batch_sizes[t0:t1]
@@ -180,8 +185,8 @@ def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal
             for dst in dsts:
                 dst[t0:].zero_()
             break
-        projs = [input_projection(x[t0:t1] if d == 0 else reversal.steps(x, t0, t1), w, b,
-                                  onednn).contiguous()
+        projs = [_chunk_projection(x[t0:t1] if d == 0 else reversal.steps(x, t0, t1), w, b,
+                                   onednn, gemm, dtype)
                  for d, w, b in zip(directions, w_ihs, pbiases)]
         if len(directions) == 1:
             results = [kernel.plain_forward(spec, highway, projs[0], w_hhs[0], hs[0], cs[0], bs,
@@ -193,7 +198,48 @@ def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal
             if d == 0:
                 dsts[k][t0:t1].copy_(r[0])
             else:
-                reversal.place(dsts[k], r[0], t0)
+                reversal.place(dsts[k], r[0].to(out.dtype), t0)
             hs[k], cs[k] = r[1], r[2]
         del projs, results
     return list(zip(hs, cs))
+
+
+def streamed_scan_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal,
+                          weights, pbiases, h0: torch.Tensor, c0: torch.Tensor,
+                          batch_sizes: torch.Tensor, onednn: bool, out: torch.Tensor, chunk: int,
+                          dtype: Optional[torch.dtype] = None,
+                          bf16_gemm: bool = False) -> List[torch.Tensor]:
+    """A no-gradient forward of a cell that reads no h_{t-1} (the scan kernel ``kernel``), its
+    input projections computed ``chunk`` steps at a time: per chunk and direction the input
+    steps (direction 1's gathered reversed within each row's length through ``reversal``, a
+    :class:`rnn_ablations.functional.Reversal`), their projection with the bias
+    (``weights[d]`` (G·H, D), ``pbiases[d]``), then ``scan_forward`` of that one direction from
+    the states the previous chunk ended in; direction ``d``'s output goes to
+    ``out[..., d·H:(d+1)·H]`` in the original order.  Peak memory: the input, the output and
+    one chunk (no projection of all steps, no reversed copy).  ``h0`` / ``c0`` (D, B, H);
+    ``dtype`` / ``bf16_gemm`` as in :func:`streamed_forward`.  Returns ``[h_n, c_n]``, each
+    (D, B, H), equal to the unstreamed scan's."""
+    T, D, H = x.shape[0], h0.shape[0], h0.shape[-1]
+    dtype = x.dtype if dtype is None else dtype
+    weights, pbiases, gemm = _operands(dtype, bf16_gemm, weights, pbiases)
+    hs = [h0[d:d + 1].to(dtype).contiguous() for d in range(D)]
+    cs = [c0[d:d + 1].to(dtype).contiguous() for d in range(D)]
+    dsts = [out[..., d * H:(d + 1) * H] for d in range(D)]
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        bs = batch_sizes[t0:t1]
+        if int(bs[0]) == 0:
+            for dst in dsts:
+                dst[t0:].zero_()
+            break
+        for d in range(D):
+            xs = x[t0:t1] if d == 0 else reversal.steps(x, t0, t1)
+            proj = _chunk_projection(xs, weights[d], pbiases[d], onednn, gemm, dtype)
+            o, hs[d], cs[d], _ = kernel.scan_forward(spec, highway, proj, hs[d], cs[d], bs,
+                                                     False)
+            del proj
+            if d == 0:
+                dsts[d][t0:t1].copy_(o)
+            else:
+                reversal.place(dsts[d], o.to(out.dtype), t0)
+    return [torch.cat(hs), torch.cat(cs)]

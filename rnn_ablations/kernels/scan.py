@@ -17,7 +17,7 @@ in batch-major order without transposed copies, and inference (no gradient wante
 for a backward.  Under autocast the projection is an autograd op and the scan a node of its own
 (:class:`_ScanLayer`).  Everything else (other dtypes or devices, no compiled kernel or one built
 with another scan interface than ``registry.SCAN_ABI``, the ``generic`` backend) runs the
-reference :func:`rnn_ablations.functional.generic_layer`, which computes the same function.
+reference :func:`rnn_ablations.functional.generic_directions`, which computes the same function.
 
 Padding follows the other variants' layer calls (:mod:`rnn_ablations.functional`): rows sorted by
 decreasing length, ``batch_sizes[t]`` rows active at step t; an inactive row keeps its state and
@@ -33,7 +33,7 @@ import torch
 from . import registry as _registry
 from .interface import ScanKernel
 from .projection import _dnnl_linear
-from ..functional import generic_layer, reversal_index
+from ..functional import generic_directions
 from ..variants import Variant
 
 __all__ = ["scan_applies", "scan_kernel_available", "scan_layer", "fused_scan_layer"]
@@ -78,7 +78,7 @@ class _ScanLayer(torch.autograd.Function):
             # layer is recomputed on the differentiable generic path from the saved inputs and
             # differentiated by autograd, so second derivatives are exact.
             with torch.enable_grad():
-                outs = _generic_directions(ctx.variant, ctx.highway, proj, h0, c0, batch_sizes)
+                outs = generic_directions(ctx.variant, ctx.highway, proj, h0, c0, batch_sizes)
             wrt = [t for t in (proj, c0) if t.requires_grad]
             got = iter(torch.autograd.grad(outs, wrt, (g_out, g_hn, g_cn), create_graph=True,
                                            allow_unused=True)) if wrt else iter(())
@@ -90,29 +90,6 @@ class _ScanLayer(torch.autograd.Function):
                                            g_hn.contiguous(), g_cn.contiguous(), proj, c0, cs,
                                            batch_sizes)[:2]
         return dproj, None, dc0, None, None, None, None, None
-
-
-def _generic_directions(variant, highway, proj, h0, c0, batch_sizes):
-    """The reference path for D directions side by side in ``proj``; direction 1 reverses every
-    row within its length, runs :func:`generic_layer` and reverses the outputs back."""
-    dirs, seq_len = h0.shape[0], proj.shape[0]
-    width = proj.shape[-1] // dirs
-    outs, hs, cs = [], [], []
-    rev = None
-    for d in range(dirs):
-        p = proj[..., d * width:(d + 1) * width]
-        if d == 1:
-            lengths = (batch_sizes.unsqueeze(0) > torch.arange(proj.shape[1]).unsqueeze(1)).sum(1)
-            rev = reversal_index(lengths, seq_len).to(proj.device).unsqueeze(-1)
-            p = p.gather(0, rev.expand_as(p))
-        out, h_n, c_n, _ = generic_layer(variant, highway, p[..., :0], p, None, h0[d], c0[d],
-                                         batch_sizes)
-        if d == 1:
-            out = out.gather(0, rev.expand_as(out))
-        outs.append(out)
-        hs.append(h_n)
-        cs.append(c_n)
-    return torch.cat(outs, -1) if dirs > 1 else outs[0], torch.stack(hs), torch.stack(cs)
 
 
 def _rows(x: torch.Tensor) -> Tuple[torch.Tensor, bool]:
@@ -247,7 +224,7 @@ def _reference_layer(variant, highway, x, weights, bias, h0, c0, batch_sizes):
     """The layer with differentiable torch ops (the generic path) from the fused layer's inputs."""
     weight = weights[0] if len(weights) == 1 else torch.cat(weights)
     proj = torch.nn.functional.linear(x, weight, bias)
-    return _generic_directions(variant, highway, proj, h0, c0, batch_sizes)
+    return generic_directions(variant, highway, proj, h0, c0, batch_sizes)
 
 
 def scan_layer(ext: ScanKernel, variant: Variant, highway: bool, proj: torch.Tensor, h0: torch.Tensor,

@@ -13,6 +13,7 @@ from rnn_ablations.kernels import registry
 from rnn_ablations.kernels.cuda import ops as ops_cuda
 from rnn_ablations.kernels.cuda import driver, host, selfcheck
 from rnn_ablations.plan import Plan
+from _cuda_plans import cuda_plans_on_cpu
 
 CPU = torch.device("cpu")
 
@@ -84,10 +85,8 @@ def test_layer_calls_through_the_emulated_kernels_or_their_fallback(fault, emula
         want = _run(v, tensors, bs)
     if fault:
         driver.set_implementation(_Broken(emulated_cuda, **fault))
-    plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda")
-    monkeypatch.setattr(dispatch, "decide", lambda *a, **k: plan)
-    monkeypatch.setattr(backend, "_C_cuda", ops_cuda.CudaKernel(host))  # as backend loads it
-    with warnings.catch_warnings(record=True) as caught:
+    cuda_plans_on_cpu(monkeypatch, ops_cuda.CudaKernel(host))  # as the registry loads it
+    with warnings.catch_warnings(record=True) as caught, ra.options(cuda_graphs=False):
         warnings.simplefilter("always")
         ran = []
         for _ in range(2):

@@ -1,4 +1,4 @@
-"""The bfloat16 CPU path (``rnn_ablations.dispatch._run_cpu_bfloat16``): a bfloat16 model, or a
+"""The bfloat16 CPU path (the run plan's ``Plan.bf16_on_f32``): a bfloat16 model, or a
 float32 one under ``torch.autocast("cpu", torch.bfloat16)``, runs on the float32 CPU kernels
 (states and element-wise pass in float32, the input projection in bfloat16 where
 ``plan.POLICY.bf16_gemm`` says) and returns bfloat16; its numbers match the float32 generic
@@ -12,7 +12,8 @@ import torch
 from rnn_ablations import AblatedRNN, options
 from rnn_ablations import plan as run_plan
 from rnn_ablations.kernels import registry
-from rnn_ablations.kernels.projection import bf16_gemm_applies
+from rnn_ablations import dispatch
+from rnn_ablations.plan import bf16_gemm_applies
 from rnn_ablations.variants import VARIANTS
 
 pytestmark = pytest.mark.skipif(registry._C is None, reason="the CPU kernel is not built")
@@ -30,6 +31,15 @@ def _reference(model, x, h0=None):
         return ref, ref(x.float().detach().requires_grad_(x.requires_grad))
 
 
+def _plans(monkeypatch):
+    """The plans the runners of dispatch.RUNNERS receive, in order."""
+    seen = []
+    for name, fn in list(dispatch.RUNNERS.items()):
+        monkeypatch.setitem(dispatch.RUNNERS, name,
+                            lambda plan, *a, _fn=fn: seen.append(plan) or _fn(plan, *a))
+    return seen
+
+
 @pytest.fixture(params=["off", "on"])
 def bf16_gemm(request, monkeypatch):
     monkeypatch.setattr(run_plan, "POLICY",
@@ -43,14 +53,12 @@ def test_bfloat16_model_matches_float32_generic(variant, bidirectional, bf16_gem
     torch.manual_seed(0)
     model = AblatedRNN(variant, 8, 12, num_layers=2, bidirectional=bidirectional).bfloat16()
     x = torch.randn(7, 3, 8).bfloat16().requires_grad_()
-    seen = []
-    import rnn_ablations.dispatch as dispatch
-    real = dispatch._run_cpu_bfloat16
-    monkeypatch.setattr(dispatch, "_run_cpu_bfloat16",
-                        lambda *a: seen.append(1) or real(*a))
+    seen = _plans(monkeypatch)
     with options(backend="kernel"):
         out, (h, c) = model(x)
-    assert seen, "the bfloat16 CPU path did not run"
+    assert len(seen) == 2 and all(p.bf16_on_f32 and p.path == "cpu" for p in seen), seen
+    assert all(p.bf16_gemm == (bf16_gemm == "on" and p.runner in ("cpu_plain", "cpu_plain_pair",
+                                                                  "scan")) for p in seen), seen
     assert out.dtype == h.dtype == c.dtype == torch.bfloat16
     ref, (rout, (rh, rc)) = _reference(model, x)
     torch.testing.assert_close(out.float(), rout, **BF16_TOL)
@@ -70,13 +78,10 @@ def test_autocast_bfloat16_lands_on_the_kernel(variant, monkeypatch):
     torch.manual_seed(1)
     model = AblatedRNN(variant, 6, 10, bidirectional=True)
     x = torch.randn(5, 4, 6)
-    import rnn_ablations.dispatch as dispatch
-    seen = []
-    real = dispatch._run_cpu_bfloat16
-    monkeypatch.setattr(dispatch, "_run_cpu_bfloat16", lambda *a: seen.append(1) or real(*a))
+    seen = _plans(monkeypatch)
     with torch.no_grad(), options(backend="kernel"), torch.autocast("cpu", torch.bfloat16):
         out, (h, c) = model(x)
-    assert seen
+    assert seen and all(p.bf16_on_f32 for p in seen), seen
     assert out.dtype == torch.bfloat16
     with torch.no_grad(), options(backend="generic"):
         rout, _ = model(x)
@@ -84,13 +89,12 @@ def test_autocast_bfloat16_lands_on_the_kernel(variant, monkeypatch):
 
 
 def test_generic_backend_keeps_bfloat16_generic(monkeypatch):
-    import rnn_ablations.dispatch as dispatch
-    monkeypatch.setattr(dispatch, "_run_cpu_bfloat16",
-                        lambda *a: pytest.fail("backend='generic' took the kernel"))
+    seen = _plans(monkeypatch)
     model = AblatedRNN("lstm", 4, 4).bfloat16()
     with options(backend="generic"):
         out, _ = model(torch.randn(3, 2, 4).bfloat16())
     assert out.dtype == torch.bfloat16
+    assert [(p.runner, p.bf16_on_f32) for p in seen] == [("generic", False)]
 
 
 def test_bf16_gemm_setting():

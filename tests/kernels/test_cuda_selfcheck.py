@@ -16,6 +16,7 @@ from rnn_ablations import _env, dispatch, get_variant
 from rnn_ablations.kernels import registry
 from rnn_ablations.kernels.cuda import common, driver, host, nvrtc, selfcheck, step
 from rnn_ablations.plan import Plan
+from _cuda_plans import cuda_plans_on_cpu
 
 needs_cpu_kernel = pytest.mark.skipif(not registry.kernel_available(),
                                       reason="the compiled CPU kernel stands in for the CUDA "
@@ -116,10 +117,8 @@ def test_the_run_layer_falls_back_to_the_generic_path_with_one_warning(what, mon
     with ra.use_backend("generic"):
         want = _run(v, tensors, bs)
     wrong = _Wrong(what)
-    cuda_plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda")
-    monkeypatch.setattr(dispatch, "decide", lambda *a, **k: cuda_plan)
-    monkeypatch.setattr(backend, "cuda_kernel", lambda: wrong)
-    with warnings.catch_warnings(record=True) as caught:
+    cuda_plans_on_cpu(monkeypatch, wrong)
+    with warnings.catch_warnings(record=True) as caught, ra.options(cuda_graphs=False):
         warnings.simplefilter("always")
         for _ in range(3):
             got = _run(v, tensors, bs)
@@ -137,32 +136,43 @@ def test_the_run_layer_falls_back_to_the_generic_path_with_one_warning(what, mon
 
 
 @needs_cpu_kernel
-def test_a_passed_check_keeps_the_plan_and_runs_once():
+def test_a_passed_check_keeps_the_plan_and_runs_once(monkeypatch):
+    """A family that passed is checked once per device, whatever plan, shape or layer asks
+    next (the verdict is remembered by device and family), and the CUDA plan names it."""
     v = get_variant("lstm")
-    x = torch.zeros(2, 1, 3)
-    plan = Plan("cuda", "test", recurrence="steps", runner="cuda")
 
     class Counting(_Wrong):
         pass
     ok = Counting("none")
-    for _ in range(3):
-        assert selfcheck.admit(plan, v, False, x, lambda: ok) is plan
+    cuda_plans_on_cpu(monkeypatch, ok)
+    with ra.options(cuda_graphs=False):
+        for T, B in ((2, 1), (3, 1), (2, 4), (7, 2)):
+            x, p = torch.zeros(T, B, 3), (torch.zeros(16, 3), torch.zeros(16, 4), None)
+            z = torch.zeros(1, B, 4)
+            plan = dispatch.decide(x, [p], z, z, variant=v)
+            assert (plan.path, plan.check) == ("cuda", "passed")
+            assert plan.cuda_checked == tuple(f.name for f in selfcheck.families(
+                plan, v, False, torch.float32))
+            assert plan.cuda_checked[0].startswith("step_forward[float32]+step_backward[float32]")
     assert ok.calls == 1
-    assert selfcheck.status() == {"cpu step_forward[float32]+step_backward[float32]": None}
+    assert selfcheck.status() == {f"cpu {plan.cuda_checked[0]}": None}
 
 
 def test_the_check_is_off_with_the_switch(monkeypatch):
     v = get_variant("lstm")
-    plan = Plan("cuda", "test", recurrence="steps", runner="cuda")
     wrong = _Wrong("compile")
+    cuda_plans_on_cpu(monkeypatch, wrong)
+    x, p, z = torch.zeros(2, 1, 3), (torch.zeros(16, 3), torch.zeros(16, 4), None), \
+        torch.zeros(1, 1, 4)
     monkeypatch.setenv(_env.CUDA_CHECK, "0")
     selfcheck.set_enabled(None)
-    assert selfcheck.admit(plan, v, False, torch.zeros(2, 1, 3), lambda: wrong) is plan
+    plan = dispatch.decide(x, [p], z, z, variant=v)
+    assert (plan.path, plan.check, plan.cuda_checked) == ("cuda", "off", ())
     assert wrong.calls == 0 and selfcheck.status() == {}
     monkeypatch.setenv(_env.CUDA_CHECK, "yes")
     selfcheck.set_enabled(None)  # the variable is read again
     with pytest.raises(ValueError, match="RNN_ABLATIONS_CUDA_CHECK='yes' is not understood"):
-        selfcheck.admit(plan, v, False, torch.zeros(2, 1, 3), lambda: wrong)
+        dispatch.decide(x, [p], z, z, variant=v)
     with pytest.raises(TypeError, match="True, False or None"):
         selfcheck.set_enabled("off")
 
@@ -335,15 +345,14 @@ def test_backend_kernel_raises_where_the_check_failed(monkeypatch):
     v = get_variant("lstm")
     tensors, bs = _layer(v)
     wrong = _Wrong("d_w_hh")
-    cuda_plan = Plan("cuda", "the compiled CUDA kernel", recurrence="steps", runner="cuda")
-    monkeypatch.setattr(dispatch, "decide", lambda *a, **k: cuda_plan)
-    monkeypatch.setattr(backend, "cuda_kernel", lambda: wrong)
-    with pytest.warns(RuntimeWarning, match="failed their check"):
+    cuda_plans_on_cpu(monkeypatch, wrong)
+    with pytest.warns(RuntimeWarning, match="failed their check"), \
+            ra.options(cuda_graphs=False):
         _run(v, tensors, bs)
     for _ in range(2):
-        with ra.use_backend("kernel"), pytest.raises(
+        with ra.use_backend("kernel"), ra.options(cuda_graphs=False), pytest.raises(
                 RuntimeError, match=r"backend='kernel': the CUDA kernels "
-                                    r"step_forward\[float32\]\+step_backward\[float32\] failed "
+                                    r"step_forward\[float32\]\+step_backward\[float32\].* failed "
                                     r"their check on cpu \(d_w_hh differs"):
             _run(v, tensors, bs)
 

@@ -1,5 +1,5 @@
 """The streamed no-gradient forward of the CPU step kernel (either schedule) (``rnn_ablations.kernels.projection.
-streamed_forward``, chosen by ``rnn_ablations.dispatch._stream_chunk`` from ``plan.POLICY``):
+streamed_forward``, the plan's ``Plan.stream`` from ``plan.POLICY``):
 the same outputs and final states as the forward that projects all steps at once, for every
 variant with a step kernel, one and two directions, packed sequences and the highway; and, in a
 child process, a peak memory below what the projections of all steps would take."""
@@ -15,7 +15,7 @@ import torch
 from rnn_ablations import AblatedRNN, options
 from rnn_ablations import plan as run_plan
 from rnn_ablations.kernels import registry
-from rnn_ablations.kernels.projection import stream_steps
+from rnn_ablations.plan import stream_steps
 
 pytestmark = pytest.mark.skipif(registry._C is None, reason="the CPU kernel is not built")
 

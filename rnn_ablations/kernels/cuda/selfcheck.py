@@ -48,7 +48,7 @@ import torch
 from ... import _env
 from ..autocast import autocast_dtype
 
-__all__ = ["admit", "check_family", "families", "status", "set_enabled", "reset", "TOLERANCE"]
+__all__ = ["verdict", "check_family", "families", "status", "set_enabled", "reset", "TOLERANCE"]
 
 #: (rtol, atol) of the comparison with the float64 reference, per storage dtype
 TOLERANCE = {torch.float64: (1e-9, 1e-9), torch.float32: (1e-4, 1e-5),
@@ -61,9 +61,6 @@ _lock = threading.Lock()
 #: (device, family) -> None (passed) or why it failed
 _results: Dict[Tuple[str, str], Optional[str]] = {}
 _enabled: Optional[bool] = None  # None: RNN_ABLATIONS_CUDA_CHECK decides
-#: (plan, variant, highway, dtype, device) -> the plan admit returned (the later calls of
-#: a checked call's shape look it up)
-_admitted: Dict[tuple, object] = {}
 
 
 def set_enabled(on: Optional[bool]) -> None:
@@ -98,7 +95,6 @@ def reset() -> None:
     """Forget every result (the next use of each family is checked again)."""
     with _lock:
         _results.clear()
-        _admitted.clear()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,65 +176,37 @@ def _entry_points(ext):
     return getattr(ext, "raw", ext)
 
 
-def admit(plan, variant, highway: bool, x: torch.Tensor, kernels: Callable[[], object]):
-    """``plan`` when every family it runs passed its check on ``x``'s device (checking those
-    not checked yet), else the generic plan of the call (:func:`rnn_ablations.dispatch.
-    run_layer_call` runs it).  ``kernels``: returns the kernels' entry points (the run layer
-    passes :func:`rnn_ablations.kernels.registry.cuda_kernel`); called only when a family is
-    checked."""
-    if not enabled() or torch.compiler.is_compiling():
-        return plan
-    dtype = _call_dtype(x)
-    memo = (plan, variant.name, bool(highway), dtype, x.device)
-    got = _admitted.get(memo)
-    if got is plan:
-        return plan
-    device = str(x.device)
-    if got is not None:
-        return _refused(got, plan, device)
-    if _capturing(x.device):
-        return plan
-    failed = None
-    for fam in families(plan, variant, highway, dtype):
-        key = (device, fam.name)
+def verdict(device: torch.device, family: Family, variant,
+            kernels: Callable[[], object]) -> Optional[str]:
+    """The first-use check's verdict on ``family`` (of :func:`families`) on ``device``:
+    ``None`` when it passed, else why it failed.  The family is checked (:func:`check_family`)
+    the first time it is asked for on the device, with one ``RuntimeWarning`` when it fails;
+    the verdict is remembered by ``(device, family.name)``: what was checked (the programs,
+    the dtype and the rules), whichever call or plan asked.  ``kernels``: returns the
+    kernels' entry points (the run plan passes :func:`rnn_ablations.kernels.registry.
+    cuda_kernel`), called only when the family is checked.  While a CUDA graph is being
+    captured the check cannot run (it reads its results on the host): ``None``, remembered
+    nothing, the kernels run unchecked."""
+    key = (str(device), family.name)
+    got = _results.get(key, _UNSEEN)
+    if got is not _UNSEEN:
+        return got
+    if _capturing(device):
+        return None
+    with _lock:
         if key not in _results:
-            with _lock:
-                if key not in _results:
-                    why = check_family(fam, variant, x.device, _entry_points(kernels()))
-                    _results[key] = why
-                    if why is not None:
-                        warnings.warn(
-                            f"rnn_ablations: the CUDA kernels {fam.name} failed their check on "
-                            f"{device} ({why}); they are not used in this process, the generic "
-                            "path runs these layers (same results, slower). "
-                            f"{_env.CUDA_CHECK}=0 turns the check off.",
-                            RuntimeWarning, stacklevel=4)
-        if _results[key] is not None:
-            failed = fam
-            break
-    if failed is None:
-        got = plan
-    else:
-        runner = "generic_scan" if plan.schedule in ("scan", "fused_scan") else "generic"
-        got = dataclasses.replace(plan, path="generic", runner=runner, schedule=None,
-                                  recurrence=None, graphs=False, persistent=(0, 0, False),
-                                  reason=f"the CUDA kernels {failed.name} failed their check",
-                                  warning=None)
-    _admitted[memo] = got
-    return got if got is plan else _refused(got, plan, device)
+            why = check_family(family, variant, device, _entry_points(kernels()))
+            _results[key] = why
+            if why is not None:
+                warnings.warn(
+                    f"rnn_ablations: the CUDA kernels {family.name} failed their check on "
+                    f"{key[0]} ({why}); they are not used in this process, the generic "
+                    "path runs these layers (same results, slower). "
+                    f"{_env.CUDA_CHECK}=0 turns the check off.", RuntimeWarning, stacklevel=2)
+    return _results[key]
 
 
-def _refused(generic, plan, device: str):
-    """``generic`` (the fallback of a failed check), or ``RuntimeError`` where the call asked for
-    the kernels explicitly (``backend="kernel"``)."""
-    from ...settings import get_options
-    if get_options().backend == "kernel":
-        name = generic.reason[len("the CUDA kernels "):-len(" failed their check")]
-        raise RuntimeError(
-            f"backend='kernel': the CUDA kernels {name} failed their check on {device} "
-            f"({_results.get((device, name))}); the auto backend runs the generic path instead "
-            "(rnn_ablations.options(backend='auto'))")
-    return generic
+_UNSEEN = object()
 
 
 def _capturing(device: torch.device) -> bool:
