@@ -125,34 +125,12 @@ def _grab(pattern: str, text: str, cast=float):
     return cast(m[-1]) if m else None
 
 
-#: ``onmt_translate`` with one fix.  OpenNMT-py 3.5.1's RNN decoders stack the attention of a
-#: decoding step time-major, ``(1, batch*beam, src_len)``, while its beam search (and greedy search)
-#: index it batch-first like the transformer decoder's ``(batch*beam, 1, src_len)``; so any RNN
-#: decoder, ``brnn`` included, fails with ``IndexError`` in ``beam_search.advance`` when the
-#: attention is returned, i.e. with ``-replace_unk`` and ``-beam_size`` > 1.  During step-wise
-#: decoding only (``step`` given; training is untouched) the wrapper hands the search the
-#: batch-first layout it indexes.
-TRANSLATE_WITH_ATTENTION_FIX = """
-import sys
-import onmt.decoders.decoder as d
-_forward = d.RNNDecoderBase.forward
-def forward(self, tgt, enc_out, src_len=None, step=None, **kwargs):
-    dec_outs, attns = _forward(self, tgt, enc_out, src_len=src_len, step=step, **kwargs)
-    if step is not None:
-        attns = {k: (v.transpose(0, 1) if hasattr(v, 'transpose') and v.dim() == 3 else v)
-                 for k, v in attns.items()}
-    return dec_outs, attns
-d.RNNDecoderBase.forward = forward
-import rnn_ablations.integrations.onmt as encoders  # registers them also without the start-up hook
-encoders.register()
-from onmt.bin.translate import main
-sys.argv = ['onmt_translate'] + sys.argv[1:]
-main()
-"""
-
-
 def _translate_cmd():
-    return [sys.executable, "-c", TRANSLATE_WITH_ATTENTION_FIX]
+    """``onmt_translate`` through ``rnn-ablations onmt-translate``, which registers the package
+    first: with it, beam 5 and ``-replace_unk`` run on OpenNMT-py 3.5.1's input-feeding RNN
+    decoder, which alone fails there with ``IndexError``
+    (:mod:`rnn_ablations.integrations.onmt.translate`)."""
+    return _onmt_cmd("onmt-translate")
 
 
 def _bleu(sacrebleu, hyp_file: Path, ref_file: Path) -> float:

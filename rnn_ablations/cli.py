@@ -19,7 +19,7 @@ SUBCOMMAND_MODULES = [
     "rnn_ablations.commands.kernels",
     "rnn_ablations.lm.cli",
     "rnn_ablations.visualize",
-    "rnn_ablations.integrations.onmt_cli",
+    "rnn_ablations.integrations.onmt.cli",
 ]
 
 

@@ -1,9 +1,11 @@
 """The NMT evaluation recipe of ``benchmarks/nmt_multi30k.py --full``: beam 5 with ``-replace_unk``.
 
-OpenNMT-py 3.5.1's RNN decoders return a decoding step's attention time-major while its beam
-search indexes it batch-first, so the plain ``onmt_translate -beam_size 5 -replace_unk`` fails for
-every RNN-decoder model (OpenNMT's own ``brnn`` included); the benchmark's wrapper fixes that.
-Trained for 2 steps on the tiny fixture corpus, with OpenNMT's ``brnn`` and our ``bran``."""
+OpenNMT-py 3.5.1's input-feeding RNN decoder returns a decoding step's attention time-major while
+its beam search indexes it batch-first, so ``onmt_translate -beam_size 5 -replace_unk`` fails for
+every such model (OpenNMT's own ``brnn`` included) unless the package's registration fixed it
+(:mod:`rnn_ablations.integrations.onmt.translate`): the plain command with the start-up hook, and
+without it (``RNN_ABLATIONS_NO_HOOKS=1``, OpenNMT-py alone) the failure it fixes.  Trained for 2
+steps on the tiny fixture corpus, with OpenNMT's ``brnn`` and our ``bran``."""
 import importlib.util
 import json
 import os
@@ -26,8 +28,10 @@ nmt_multi30k = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(nmt_multi30k)
 
 
-def _run(args, cwd, check=True):
+def _run(args, cwd, check=True, **extra_env):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.pop("RNN_ABLATIONS_NO_HOOKS", None)
+    env.update(extra_env)
     proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
     if check and proc.returncode != 0:
@@ -65,12 +69,16 @@ def test_beam_5_with_replace_unk(trained, enc_type):
     n = len(src.read_text().splitlines())
     args = ["-model", models[enc_type], "-src", src, "-beam_size", "5", "-replace_unk",
             "-max_length", "10", "-output"]
-    if enc_type == "brnn":  # OpenNMT-py 3.5.1's bug, with OpenNMT's own encoder
-        plain = _run([BIN / "onmt_translate"] + args + [d / "plain.txt"], d, check=False)
-        assert plain.returncode != 0 and "IndexError" in plain.stderr
+    if enc_type == "brnn":  # OpenNMT-py 3.5.1 alone, with OpenNMT's own encoder: its bug
+        alone = _run([BIN / "onmt_translate"] + args + [d / "alone.txt"], d, check=False,
+                     RNN_ABLATIONS_NO_HOOKS="1")
+        assert alone.returncode != 0 and "IndexError" in alone.stderr
     fixed = d / f"{enc_type}.fixed.txt"
-    _run(nmt_multi30k._translate_cmd() + args + [fixed], d)
+    _run([BIN / "onmt_translate"] + args + [fixed], d)   # registered by the start-up hook
     assert len(fixed.read_text().splitlines()) == n
+    recipe = d / f"{enc_type}.recipe.txt"   # what the benchmark runs
+    _run(nmt_multi30k._translate_cmd() + args + [recipe], d)
+    assert recipe.read_text() == fixed.read_text()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def test_checkpoints_with_and_without_variant_state_translate_and_train_on(outco
 def test_checkpoint_with_a_wrong_variant_state_is_refused(outcome):
     for key in ("translate_wrong", "train_from_wrong"):
         message = outcome[key]
-        assert message is not None and message.startswith("ValueError"), message
+        assert message is not None and message.startswith("OnmtUsageError"), message
         assert "-encoder_type bran" in message and "'identity_ran'" in message, message
 
 

@@ -20,7 +20,7 @@ import functools
 import importlib
 import sys
 
-from . import ONMT_INSTALL_HINT
+from .encoder_types import INSTALL_HINT
 
 #: sub-command -> (OpenNMT-py module with main(), the console script it stands for)
 COMMANDS = {
@@ -32,7 +32,7 @@ COMMANDS = {
 
 def _single_main_with_registration(opt, device_id):
     """Training entry of one (possibly spawned) worker: register, then OpenNMT's own."""
-    from rnn_ablations.integrations.onmt import register
+    from . import register
 
     register()
     from onmt.train_single import main
@@ -49,8 +49,8 @@ def run(command: str, onmt_args) -> int:
         import onmt  # noqa: F401  (the package must be complete before registering)
     except ImportError as exc:
         raise ValueError(f"OpenNMT-py cannot be imported ({exc}); install OpenNMT-py 3.5.1 with: "
-                         f"{ONMT_INSTALL_HINT}") from exc
-    from rnn_ablations.integrations.onmt import register
+                         f"{INSTALL_HINT}") from exc
+    from . import register
 
     register()
     module = importlib.import_module(module_name)
