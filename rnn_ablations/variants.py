@@ -65,9 +65,9 @@ _GATED_OUTPUTS = ("o_tanh",)
 
 # The step kernels' spec (csrc/common/kernel_spec.h, decode_kernel_spec): one int64 of orthogonal fields.
 # Bits 0-2 the output rule (values 4-7 free), then one bit per field, then the tag in bits 8-15.
-# This is the one encoding in Python: the CUDA launcher (kernels/cuda/structs.py,
-# kernels/cuda/programs.py) and the export loop (export.py) derive theirs from it, and the C++
-# header's constants are checked against it (tests/kernels/test_kernel_spec_encoding.py).
+# This is the one encoding in Python, under these names: the CUDA launcher (kernels/cuda/structs.py,
+# kernels/cuda/programs.py) imports them, and the C++ header's constants are checked against
+# them (tests/kernels/test_kernel_spec_encoding.py).
 #: output rule name -> its code in the spec (kernel_spec.h OutputRule)
 SPEC_OUTPUT: Dict[str, int] = {"content": 0, "o_tanh": 1, "tanh": 2, "identity": 3}
 #: the spec's one-bit fields (kernel_spec.h kSpec*)
@@ -84,12 +84,8 @@ SPEC_MEMORY_RULES: Dict[int, str] = {code: name for code, name in SPEC_RULE_NAME
                                      if name != "content"}
 SPEC_GATED = frozenset(SPEC_OUTPUT[name] for name in _GATED_OUTPUTS)
 SPEC_OUT_CONTENT = SPEC_OUTPUT["content"]
-_SPEC_OUTPUT = SPEC_OUTPUT
-_SPEC_CONTENT_INPUT_ONLY = SPEC_FIELDS["content_input_only"]
-_SPEC_CONTENT_TANH = SPEC_FIELDS["content_tanh"]
-_SPEC_MEMORY = SPEC_FIELDS["memory"]
-_SPEC_READS_HIDDEN = SPEC_FIELDS["reads_hidden"]
-_SPEC_TAG = SPEC_TAG
+#: every bit a spec may set (the decoders refuse a code with another)
+SPEC_KNOWN_BITS = SPEC_OUTPUT_MASK | SPEC_TAG_MASK | sum(SPEC_FIELDS.values())
 
 
 def output_flags(output: str) -> Tuple[bool, bool]:
@@ -187,16 +183,16 @@ class Variant:
         recurrent ``i, f, [content], [o]``, input-only ``[content]`` (then the highway blocks).
         A variant that reads h_{t-1} in a form the step kernels have no rule for raises
         ``ValueError`` when the table is built (add the rule: ``CONTRIBUTING.md``)."""
-        spec = _SPEC_TAG | _SPEC_OUTPUT[self.output]
+        spec = SPEC_TAG | SPEC_OUTPUT[self.output]
         content_recurrent = self.content_block in self.recurrent
         if not content_recurrent:
-            spec |= _SPEC_CONTENT_INPUT_ONLY
+            spec |= SPEC_FIELDS["content_input_only"]
         if self.content_activation == "tanh":
-            spec |= _SPEC_CONTENT_TANH
+            spec |= SPEC_FIELDS["content_tanh"]
         if self.has_memory:
-            spec |= _SPEC_MEMORY
+            spec |= SPEC_FIELDS["memory"]
         if self.reads_hidden:
-            spec |= _SPEC_READS_HIDDEN
+            spec |= SPEC_FIELDS["reads_hidden"]
         if self.has_memory:
             expected_rec = ("i", "f") + ((self.content_block,) if content_recurrent else ()) \
                 + (("o",) if self.output in _GATED_OUTPUTS else ())

@@ -9,82 +9,67 @@ their fake kernels), a ``TorchDispatchMode`` or ``FlopCounterMode`` sees them, a
 autograd Functions of :mod:`rnn_ablations.kernels.autograd` call the forward and backward
 operators (so saved-tensor hooks see what they save).
 
-The interface, once (one layer; T steps, B rows, H units, R recurrent and X input-only blocks of
-H rows of the variant's kernel spec, ``csrc/common/kernel_spec.h``; every tensor float32 or
-float64 on the CPU unless said):
+The operators' arguments and results are written once, in the schema table
+(:mod:`rnn_ablations.kernels.schema`), from which they are defined here.  What the arguments
+are (one layer; T steps, B rows, H units, R recurrent and X input-only blocks of H rows of the
+variant's kernel spec, ``csrc/common/kernel_spec.h``; every tensor float32 or float64 on the CPU
+unless said):
 
-=======================  ==========================================================================
-operator                 arguments → results
-=======================  ==========================================================================
-``plain_forward``        spec, highway, proj (T,B,(R+X)·H) input projections, w_hh (R·H,H),
-                         h0 (B,H), c0 (B,H), batch_sizes (T) int64 non-increasing, rec_mask (B,H)
-                         or empty, train → out (T,B,H), h_n (B,H), c_n (B,H), gates (T,B,R·H)
-                         activations, cs (T,B,H) memories (empty unless train), hin (T,B,H)
-                         output before the highway mix (empty unless train and highway)
-``plain_forward_``       the same, writing the gate activations into proj's recurrent blocks
-                         (proj is mutated; ``gates`` is not returned: it is
-                         ``proj[..., :R·H]``) → out, h_n, c_n, cs, hin
-``plain_backward``       spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
-                         batch_sizes, rec_mask → d_proj (T,B,(R+X)·H), d_w_hh, d_h0, d_c0
-``pipelined_forward``    spec, highway, x (T,B,D), w_ih ((R+X)·H,D), bias (R·H) or empty, w_hh,
-                         h0, c0, batch_sizes, rec_mask, train, chunk (steps per chunk, 0 = auto)
-                         → out, h_n, c_n, gates, cs, hin, xo (T,B,X·H) input-only projections
-                         (empty when X = 0)
-``pipelined_backward``   spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh,
-                         h0, c0, batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk →
-                         dx (empty unless need_dx), d_w_ih, d_bias (empty unless need_bias),
-                         d_w_hh (both empty unless need_dw), d_h0, d_c0
-``plain_directions_forward_``
-                         ``plain_forward_`` of the two directions of a bidirectional layer at
-                         once (one per thread): proj_0 and proj_1 (both mutated), the other
-                         tensors as lists of two → the five results of each direction, flat
-``plain_directions_backward``
-                         ``plain_backward`` of the directions at once, on the d-th entry of each
-                         list → the four results of every direction, flat
-``pipelined_directions_forward`` / ``pipelined_directions_backward``
-                         ``pipelined_forward`` / ``pipelined_backward`` likewise (seven / six
-                         results per direction, flat)
-``scan_forward``         spec, highway of a cell that reads no h_{t-1} (its G blocks per direction
-                         from ``decode_scan_spec``), proj (T,B,D·G·H), h0 (D,B,H), c0 (D,B,H),
-                         batch_sizes, save, bias (D·G·H) or None → out (T,B,D·H), h_n (D,B,H),
-                         c_n (D,B,H), cs (T,B,D·H) (empty unless save); time- or batch-major
-                         like proj
-``scan_backward``        spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, bias,
-                         bias_grad → d_proj, d_c0, d_bias (empty unless bias_grad)
-``weight_grad``          g (rows,M), x (rows,K) → gᵀx (M,K)
-=======================  ==========================================================================
+==========================  =====================================================================
+argument                    meaning
+==========================  =====================================================================
+``spec``, ``highway``       the variant's ``Variant.kernel_spec``; the highway connection
+``proj``                    (T,B,(R+X)·H) input projections (``plain_forward_``: mutated, the gate
+                            activations written into its recurrent blocks); the scan's
+                            (T,B,D·G·H), time- or batch-major, its G blocks per direction from
+                            ``decode_scan_spec``
+``x``, ``w_ih``, ``bias``   the layer input (T,B,D), ((R+X)·H,D), (R·H) or empty (the pipelined
+                            kernel projects inside)
+``w_hh``                    (R·H,H)
+``h0``, ``c0``              (B,H) (the scan's: (D,B,H))
+``batch_sizes``             (T) int64, non-increasing
+``rec_mask``                (B,H) dropout mask on h_{t-1}, or empty
+``train``                   keep what the backward reads (``cs``, ``hin``)
+``chunk``                   the pipelined kernel's steps per chunk (0 = auto)
+``g_out``, ``g_hn``,        the gradients of ``out``, ``h_n``, ``c_n``
+``g_cn``
+``gates``, ``cs``, ``hin``  what the forward saved: gate activations (T,B,R·H), memories
+``xo``, ``out``             (T,B,H), output before the highway mix (T,B,H); input-only
+                            projections (T,B,X·H) (empty when X = 0), the output
+``need_dx``, ``need_dw``,   which gradients to compute
+``need_bias``
+``save``, ``bias_grad``     (scan) keep ``cs``; compute the bias gradient
+``g``, ``x``                (``weight_grad``) (rows,M), (rows,K) → gᵀx (M,K)
+==========================  =====================================================================
+
+The forwards return out (T,B,H), h_n, c_n, gates, cs (empty unless train), hin (empty unless
+train and highway), and the pipelined ones xo; ``plain_forward_`` leaves ``gates`` out (it is
+``proj[..., :R·H]``).  The backwards return the gradients of their inputs in order (d_proj,
+d_w_hh, d_h0, d_c0; pipelined: dx (empty unless need_dx), d_w_ih, d_bias (empty unless
+need_bias), d_w_hh (both empty unless need_dw), d_h0, d_c0; scan: d_proj, d_c0, d_bias).  The
+``*_directions_*`` operators run the two directions of a bidirectional layer at once (one per
+thread), every tensor but ``batch_sizes`` a list of two (``plain_directions_forward_``: proj_0,
+proj_1, both mutated), and return every direction's results, flat.
 
 :class:`CpuKernel` puts the operators behind ``_C``'s own calling convention, so the code that
 calls the kernel (``registry.cpu_kernel()``) is the same whether an entry is an operator or not.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from . import schema
+
 __all__ = ["CpuKernel", "OPERATORS", "register"]
 
-#: The operators' names (``torch.ops.rnn_ablations.<name>``).
-OPERATORS = ("plain_forward", "plain_forward_", "plain_backward", "pipelined_forward",
-             "pipelined_backward", "plain_directions_forward_", "plain_directions_backward",
-             "pipelined_directions_forward", "pipelined_directions_backward", "scan_forward",
-             "scan_backward", "weight_grad")
+#: The operators' names (``torch.ops.rnn_ablations.<name>``; their schemas: ``schema.SCHEMAS``).
+OPERATORS = schema.CPU_OPERATORS
 
 _registered = None  # the raw module the operators were registered for
 _LIBRARY = torch.library.Library("rnn_ablations", "FRAGMENT")  # the operators' definitions
-
-
-class _Operator:
-    """What ``register``'s decorator returns for an operator: its fake kernel is registered
-    with ``@op.register_fake`` (as on a ``torch.library.custom_op``)."""
-
-    def __init__(self, qualname: str):
-        self.qualname = qualname
-
-    def register_fake(self, fn):
-        return torch.library.register_fake(self.qualname, lib=_LIBRARY)(fn)
 _IMPLEMENTATIONS = {}  # operator name -> its CPU implementation (a Python function)
 
 
@@ -131,73 +116,79 @@ def _fill_padding(batch_sizes: Tensor, *tensors: Tensor) -> None:
         t.masked_fill_(padded.to(t.device), 0)
 
 
+class _Named:
+    """A call's arguments by name (``a.proj``), for the fake kernels: positions from the
+    schema table, defaults filled in."""
+
+    __slots__ = ("_args", "_at")
+
+    def __init__(self, name: str, args, kwargs):
+        self._args = schema.complete(name, args, kwargs)
+        self._at = schema.positions(name)
+
+    def __getattr__(self, item):
+        return self._args[self._at[item]]
+
+
+def define(name: str, device: str, implementation, fake=None) -> None:
+    """Define ``rnn_ablations::<name>`` with its schema from :data:`schema.SCHEMAS` (once),
+    register ``implementation`` for ``device`` (``"CPU"`` / ``"CUDA"``) and, with the
+    definition, ``fake(a)`` (``a``: the call's arguments by name) as its fake kernel.
+
+    Defined on a ``torch.library.Library`` rather than with ``torch.library.custom_op``: the
+    dispatcher then calls the implementation directly, where a ``custom_op`` adds a Python
+    autograd layer and an argument-filling wrapper to every call (tens of microseconds a call,
+    which a compiled graph pays per operator).  The operators need no autograd kernel of their
+    own: the layers call them inside their ``torch.autograd.Function``s (grad mode off) or
+    inside compiled graphs, whose backward calls the backward operators."""
+    if fake is not None:
+        _LIBRARY.define(name + schema.SCHEMAS[name])
+        torch.library.register_fake("rnn_ablations::" + name, lib=_LIBRARY)(
+            lambda *args, **kwargs: fake(_Named(name, args, kwargs)))
+    _LIBRARY.impl(name, implementation, device)
+
+
 def register(raw) -> None:
     """Register the operators for the compiled module ``raw`` (``rnn_ablations._C``); once per
-    process (the operators stay bound to the first module)."""
+    process (the operators stay bound to the first module).  Each implementation forwards its
+    arguments as they come (``raw``'s entry points take the operator's arguments, in the
+    schema's order) and reads by position only what it uses."""
     global _registered
     if _registered is not None:
         return
     _registered = raw
+    at = {name: schema.positions(name) for name in OPERATORS}
 
-    def _op(name, mutates_args):
-        """Define ``rnn_ablations::<name>`` (its schema from ``fn``'s annotations) with ``fn``
-        as its CPU kernel, and keep ``fn`` for the direct eager calls of :class:`CpuKernel`.
-
-        Defined on a ``torch.library.Library`` rather than with ``torch.library.custom_op``: the
-        dispatcher then calls ``fn`` directly, where a ``custom_op`` adds a Python autograd
-        layer and an argument-filling wrapper to every call (tens of microseconds a call, which
-        a compiled graph pays per operator).  The operators need no autograd kernel of their
-        own: the layers call them inside their ``torch.autograd.Function``s (grad mode off) or
-        inside compiled graphs, whose backward calls the backward operators."""
+    def cpu(name, fake):
         def deco(fn):
             _IMPLEMENTATIONS[name] = fn
-            schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
-            _LIBRARY.define(name + schema)
-            _LIBRARY.impl(name, fn, "CPU")
-            return _Operator("rnn_ablations::" + name)
+            define(name, "CPU", fn, fake)
+            return fn
         return deco
 
     # -- the plain kernel ------------------------------------------------------------------
-    @_op("plain_forward", ())
-    def plain_forward(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
-                      c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
-                      train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        out, h_n, c_n, gates, cs, hin = raw.plain_forward(spec, highway, proj, w_hh, h0, c0,
-                                                    batch_sizes, rec_mask, train, False)
-        _fill_padding(batch_sizes, gates, cs, hin)
+    BS = at["plain_forward"]["batch_sizes"]
+
+    @cpu("plain_forward", lambda a: _forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train))
+    def plain_forward(*args):
+        out, h_n, c_n, gates, cs, hin = raw.plain_forward(*args, False)
+        _fill_padding(args[BS], gates, cs, hin)
         return out, h_n, c_n, gates, cs, hin
 
-    @plain_forward.register_fake
-    def _(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
-        return _forward_shapes(proj, w_hh, h0, highway, train)
-
-    @_op("plain_forward_", ("proj",))
-    def plain_forward_(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
-                       c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor,
-                       train: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        out, h_n, c_n, _, cs, hin = raw.plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
-                                                rec_mask, train, True)
-        _fill_padding(batch_sizes, cs, hin)
+    def _in_place_fake(a):
+        out, h_n, c_n, _, cs, hin = _forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train)
         return out, h_n, c_n, cs, hin
 
-    @plain_forward_.register_fake
-    def _(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
-        out, h_n, c_n, _, cs, hin = _forward_shapes(proj, w_hh, h0, highway, train)
+    @cpu("plain_forward_", _in_place_fake)
+    def plain_forward_(*args):
+        out, h_n, c_n, _, cs, hin = raw.plain_forward(*args, True)
+        _fill_padding(args[BS], cs, hin)
         return out, h_n, c_n, cs, hin
 
-    @_op("plain_backward", ())
-    def plain_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
-                       gates: Tensor, cs: Tensor, hin: Tensor, out: Tensor, proj: Tensor,
-                       w_hh: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
-                       rec_mask: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        return tuple(raw.plain_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj,
-                                  w_hh, h0, c0, batch_sizes, rec_mask))
-
-    @plain_backward.register_fake
-    def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
-          batch_sizes, rec_mask):
-        return (proj.new_empty(proj.shape), w_hh.new_empty(w_hh.shape), h0.new_empty(h0.shape),
-                c0.new_empty(c0.shape))
+    @cpu("plain_backward", lambda a: tuple(t.new_empty(t.shape)
+                                           for t in (a.proj, a.w_hh, a.h0, a.c0)))
+    def plain_backward(*args):
+        return tuple(raw.plain_backward(*args))
 
     # -- the pipelined kernel --------------------------------------------------------------
     def _pipelined_fake(x, w_ih, w_hh, h0, highway, train):
@@ -206,19 +197,14 @@ def register(raw) -> None:
         return _forward_shapes(x, w_hh, h0, highway, train) + (
             h0.new_empty(T, B, X * H) if X > 0 else _empty(h0),)
 
-    @_op("pipelined_forward", ())
-    def pipelined_forward(spec: int, highway: bool, x: Tensor, w_ih: Tensor, bias: Tensor,
-                          w_hh: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor,
-                          rec_mask: Tensor, train: bool, chunk: int
-                          ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        r = raw.pipelined_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask,
-                              train, chunk)
-        _fill_padding(batch_sizes, *r[3:])
-        return tuple(r)
+    BS_P = at["pipelined_forward"]["batch_sizes"]
 
-    @pipelined_forward.register_fake
-    def _(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask, train, chunk):
-        return _pipelined_fake(x, w_ih, w_hh, h0, highway, train)
+    @cpu("pipelined_forward",
+         lambda a: _pipelined_fake(a.x, a.w_ih, a.w_hh, a.h0, a.highway, a.train))
+    def pipelined_forward(*args):
+        r = raw.pipelined_forward(*args)
+        _fill_padding(args[BS_P], *r[3:])
+        return tuple(r)
 
     def _pipelined_grads_fake(x, w_ih, w_hh, h0, c0, need_dx, need_dw, need_bias):
         H = w_hh.shape[1]
@@ -229,96 +215,54 @@ def register(raw) -> None:
                 w_hh.new_empty(w_hh.shape) if need_dw else _empty(x),
                 h0.new_empty(h0.shape), c0.new_empty(c0.shape))
 
-    @_op("pipelined_backward", ())
-    def pipelined_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
-                           gates: Tensor, cs: Tensor, hin: Tensor, xo: Tensor, out: Tensor,
-                           x: Tensor, w_ih: Tensor, w_hh: Tensor, h0: Tensor, c0: Tensor,
-                           batch_sizes: Tensor, rec_mask: Tensor, need_dx: bool, need_dw: bool,
-                           need_bias: bool, chunk: int
-                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        return tuple(raw.pipelined_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo,
-                                        out, x, w_ih, w_hh, h0, c0, batch_sizes, rec_mask,
-                                        need_dx, need_dw, need_bias, chunk))
-
-    @pipelined_backward.register_fake
-    def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0,
-          batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk):
-        return _pipelined_grads_fake(x, w_ih, w_hh, h0, c0, need_dx, need_dw, need_bias)
+    @cpu("pipelined_backward", lambda a: _pipelined_grads_fake(
+        a.x, a.w_ih, a.w_hh, a.h0, a.c0, a.need_dx, a.need_dw, a.need_bias))
+    def pipelined_backward(*args):
+        return tuple(raw.pipelined_backward(*args))
 
     # -- the directions of a bidirectional layer at once ------------------------------------
-    @_op("plain_directions_forward_", ("proj_0", "proj_1"))
-    def plain_directions_forward_(spec: int, highway: bool, proj_0: Tensor, proj_1: Tensor,
-                      w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor],
-                      batch_sizes: Tensor, rec_mask: List[Tensor], train: bool
-                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
-                                 Tensor, Tensor, Tensor, Tensor, Tensor]:
-        # (a fixed tuple: functionalization does not take a list result from a mutating operator)
-        results = raw.plain_directions_forward(spec, highway, [proj_0, proj_1], w_hh, h0, c0,
-                                         batch_sizes, rec_mask, train, True)
-        for r in results:
-            _fill_padding(batch_sizes, r[4], r[5])
-        return tuple(t for out, h_n, c_n, _, cs, hin in results
-                     for t in (out, h_n, c_n, cs, hin))
+    P0 = at["plain_directions_forward_"]["proj_0"]
+    BS_D = at["plain_directions_forward_"]["batch_sizes"]
 
-    @plain_directions_forward_.register_fake
-    def _(spec, highway, proj_0, proj_1, w_hh, h0, c0, batch_sizes, rec_mask, train):
+    def _directions_forward_fake(a):
         flat = []
-        for p, w, h in zip((proj_0, proj_1), w_hh, h0):
-            out, h_n, c_n, _, cs, hin = _forward_shapes(p, w, h, highway, train)
+        for p, w, h in zip((a.proj_0, a.proj_1), a.w_hh, a.h0):
+            out, h_n, c_n, _, cs, hin = _forward_shapes(p, w, h, a.highway, a.train)
             flat += [out, h_n, c_n, cs, hin]
         return tuple(flat)
 
-    @_op("plain_directions_backward", ())
-    def plain_directions_backward(spec: int, highway: bool, g_out: List[Tensor], g_hn: List[Tensor],
-                            g_cn: List[Tensor], gates: List[Tensor], cs: List[Tensor],
-                            hin: List[Tensor], out: List[Tensor], proj: List[Tensor],
-                            w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor],
-                            batch_sizes: Tensor, rec_mask: List[Tensor]) -> List[Tensor]:
-        results = raw.plain_directions_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out,
-                                          proj, w_hh, h0, c0, batch_sizes, rec_mask)
-        return [t for r in results for t in r]
-
-    @plain_directions_backward.register_fake
-    def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
-          batch_sizes, rec_mask):
-        return [t.new_empty(t.shape) for p, w, h, c in zip(proj, w_hh, h0, c0)
-                for t in (p, w, h, c)]
-
-    @_op("pipelined_directions_forward", ())
-    def pipelined_directions_forward(spec: int, highway: bool, x: List[Tensor],
-                                     w_ih: List[Tensor], bias: List[Tensor], w_hh: List[Tensor],
-                                     h0: List[Tensor], c0: List[Tensor], batch_sizes: Tensor,
-                                     rec_mask: List[Tensor], train: bool,
-                                     chunk: int) -> List[Tensor]:
-        results = raw.pipelined_directions_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0,
-                                               batch_sizes, rec_mask, train, chunk)
+    @cpu("plain_directions_forward_", _directions_forward_fake)
+    def plain_directions_forward_(*args):
+        # the raw entry takes the directions' projections as one list
+        results = raw.plain_directions_forward(*args[:P0], [args[P0], args[P0 + 1]],
+                                               *args[P0 + 2:], True)
         for r in results:
-            _fill_padding(batch_sizes, *r[3:])
+            _fill_padding(args[BS_D], r[4], r[5])
+        return tuple(t for out, h_n, c_n, _, cs, hin in results
+                     for t in (out, h_n, c_n, cs, hin))
+
+    @cpu("plain_directions_backward", lambda a: [
+        t.new_empty(t.shape) for p, w, h, c in zip(a.proj, a.w_hh, a.h0, a.c0)
+        for t in (p, w, h, c)])
+    def plain_directions_backward(*args):
+        return [t for r in raw.plain_directions_backward(*args) for t in r]
+
+    BS_PD = at["pipelined_directions_forward"]["batch_sizes"]
+
+    @cpu("pipelined_directions_forward", lambda a: [
+        t for x, wi, w, h in zip(a.x, a.w_ih, a.w_hh, a.h0)
+        for t in _pipelined_fake(x, wi, w, h, a.highway, a.train)])
+    def pipelined_directions_forward(*args):
+        results = raw.pipelined_directions_forward(*args)
+        for r in results:
+            _fill_padding(args[BS_PD], *r[3:])
         return [t for r in results for t in r]
 
-    @pipelined_directions_forward.register_fake
-    def _(spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes, rec_mask, train, chunk):
-        return [t for a, wi, w, h in zip(x, w_ih, w_hh, h0)
-                for t in _pipelined_fake(a, wi, w, h, highway, train)]
-
-    @_op("pipelined_directions_backward", ())
-    def pipelined_directions_backward(
-            spec: int, highway: bool, g_out: List[Tensor], g_hn: List[Tensor],
-            g_cn: List[Tensor], gates: List[Tensor], cs: List[Tensor], hin: List[Tensor],
-            xo: List[Tensor], out: List[Tensor], x: List[Tensor], w_ih: List[Tensor],
-            w_hh: List[Tensor], h0: List[Tensor], c0: List[Tensor], batch_sizes: Tensor,
-            rec_mask: List[Tensor], need_dx: bool, need_dw: bool, need_bias: bool,
-            chunk: int) -> List[Tensor]:
-        results = raw.pipelined_directions_backward(spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
-                                                xo, out, x, w_ih, w_hh, h0, c0, batch_sizes,
-                                                rec_mask, need_dx, need_dw, need_bias, chunk)
-        return [t for r in results for t in r]
-
-    @pipelined_directions_backward.register_fake
-    def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0,
-          batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk):
-        return [t for a, wi, w, h, c in zip(x, w_ih, w_hh, h0, c0)
-                for t in _pipelined_grads_fake(a, wi, w, h, c, need_dx, need_dw, need_bias)]
+    @cpu("pipelined_directions_backward", lambda a: [
+        t for x, wi, w, h, c in zip(a.x, a.w_ih, a.w_hh, a.h0, a.c0)
+        for t in _pipelined_grads_fake(x, wi, w, h, c, a.need_dx, a.need_dw, a.need_bias)])
+    def pipelined_directions_backward(*args):
+        return [t for r in raw.pipelined_directions_backward(*args) for t in r]
 
     # -- the element-wise scan -------------------------------------------------------------
     def _like_layout(proj: Tensor, width: int, dtype=None) -> Tensor:
@@ -328,43 +272,32 @@ def register(raw) -> None:
             return proj.new_empty(B, T, width, dtype=dtype).transpose(0, 1)
         return proj.new_empty(T, B, width, dtype=dtype)
 
-    @_op("scan_forward", ())
-    def scan_forward(spec: int, highway: bool, proj: Tensor, h0: Tensor, c0: Tensor,
-                     batch_sizes: Tensor, save: bool,
-                     bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        out, h_n, c_n, cs = raw.scan_forward(spec, highway, proj, h0, c0, batch_sizes, save, bias)
-        _fill_padding(batch_sizes, out, cs)
+    def _scan_fake(a):
+        D, _, H = a.c0.shape
+        acc = accumulation_dtype(a.proj.dtype)  # the memories cs, as a forward saves them
+        return (_like_layout(a.proj, D * H), a.c0.new_empty(a.c0.shape),
+                a.c0.new_empty(a.c0.shape),
+                _like_layout(a.proj, D * H, acc) if a.save else a.proj.new_empty(0, dtype=acc))
+
+    BS_S = at["scan_forward"]["batch_sizes"]
+
+    @cpu("scan_forward", _scan_fake)
+    def scan_forward(*args):
+        args = schema.complete("scan_forward", args)
+        out, h_n, c_n, cs = raw.scan_forward(*args)
+        _fill_padding(args[BS_S], out, cs)
         return out, h_n, c_n, cs
 
-    @scan_forward.register_fake
-    def _(spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
-        D, _, H = c0.shape
-        acc = accumulation_dtype(proj.dtype)  # the memories cs, as a forward saves them
-        return (_like_layout(proj, D * H), c0.new_empty(c0.shape), c0.new_empty(c0.shape),
-                _like_layout(proj, D * H, acc) if save else proj.new_empty(0, dtype=acc))
-
-    @_op("scan_backward", ())
-    def scan_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor, g_cn: Tensor,
-                      proj: Tensor, c0: Tensor, cs: Tensor, batch_sizes: Tensor,
-                      bias: Optional[Tensor] = None,
-                      bias_grad: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
-        return tuple(raw.scan_backward(spec, highway, g_out, g_hn, g_cn, proj, c0, cs,
-                                       batch_sizes, bias, bias_grad))
-
-    @scan_backward.register_fake
-    def _(spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes, bias=None,
-          bias_grad=False):
-        return (_like_layout(proj, proj.shape[2]), g_cn.new_empty(g_cn.shape),
-                proj.new_empty(proj.shape[2]) if bias_grad else _empty(proj))
+    @cpu("scan_backward", lambda a: (
+        _like_layout(a.proj, a.proj.shape[2]), a.g_cn.new_empty(a.g_cn.shape),
+        a.proj.new_empty(a.proj.shape[2]) if a.bias_grad else _empty(a.proj)))
+    def scan_backward(*args):
+        return tuple(raw.scan_backward(*schema.complete("scan_backward", args)))
 
     # -- the weight gradient ---------------------------------------------------------------
-    @_op("weight_grad", ())
-    def weight_grad(g: Tensor, x: Tensor) -> Tensor:
-        return raw.weight_grad(g, x)
-
-    @weight_grad.register_fake
-    def _(g, x):
-        return g.new_empty(g.shape[1], x.shape[1])
+    @cpu("weight_grad", lambda a: a.g.new_empty(a.g.shape[1], a.x.shape[1]))
+    def weight_grad(*args):
+        return raw.weight_grad(*args)
 
 
 def _plain_eager(first: Tensor) -> bool:
@@ -405,10 +338,66 @@ def scan_built(raw) -> bool:
     return hasattr(raw, "scan_forward") and getattr(raw, "scan_abi", 1) == SCAN_ABI
 
 
+def _operator_call(name: str, first: int = 2):
+    """A kernel method's implementation that calls operator ``name`` with the method's
+    arguments as they are (its first tensor at position ``first`` decides the route)."""
+    def call(self, args):
+        result = getattr(self._ops(args[first]), name)(*args)
+        return result if isinstance(result, Tensor) else list(result)
+    return call
+
+
+def _directions_call(name: str, per_direction: int):
+    """Operator ``name`` of the directions at once (lists as lists, the flat results regrouped
+    per direction: ``per_direction`` results each)."""
+    lists = [i for i, a in enumerate(schema.arguments(name)) if a.tensors]
+
+    def call(self, args):
+        args = list(args)
+        for i in lists:
+            args[i] = list(args[i])
+        flat = getattr(self._ops(args[2][0]), name)(*args)
+        return _per_direction(flat, per_direction)
+    return call
+
+
+_PROJ = schema.positions("plain_forward")["proj"]
+_W_HH = schema.positions("plain_forward")["w_hh"]
+_STEP_ARGS = len(schema.arguments("plain_forward"))
+
+
+def _plain_forward(self, args):
+    proj, in_place = args[_PROJ], args[_STEP_ARGS]
+    if in_place:
+        # proj is a scratch tensor the caller hands over (it may be the view an autograd
+        # Function returned, which autograd would not let a declared mutation touch)
+        proj = proj.detach()
+        out, h_n, c_n, cs, hin = self._ops(proj).plain_forward_(
+            *args[:_PROJ], proj, *args[_PROJ + 1:_STEP_ARGS])
+        return [out, h_n, c_n, proj.narrow(2, 0, args[_W_HH].shape[0]), cs, hin]
+    return list(self._ops(proj).plain_forward(*args[:_STEP_ARGS]))
+
+
+def _plain_directions_forward(self, args):
+    proj, w_hh, in_place = args[_PROJ], args[_W_HH], args[_STEP_ARGS]
+    if len(proj) != 2:
+        raise ValueError(f"plain_directions_forward runs the two directions of a bidirectional "
+                         f"layer; got {len(proj)} (run forward once per direction instead)")
+    # the operator writes the gates into proj: copies, or the caller's scratch tensors
+    proj = [p.clone() if not in_place else p.detach() for p in proj]
+    rest = [a if isinstance(a, (Tensor, bool, int)) else list(a)
+            for a in args[_PROJ + 1:_STEP_ARGS]]
+    flat = self._ops(proj[0]).plain_directions_forward_(*args[:_PROJ], proj[0], proj[1], *rest)
+    return [[flat[5 * d], flat[5 * d + 1], flat[5 * d + 2],
+             p.narrow(2, 0, w.shape[0]), flat[5 * d + 3], flat[5 * d + 4]]
+            for d, (p, w) in enumerate(zip(proj, w_hh))]
+
+
 class CpuKernel:
     """``rnn_ablations._C`` with its computing entry points routed through the operators
     (same names, same arguments, same results); everything else (``kernel_isa``,
-    ``set_kernel_isa``, …) is the module's own.
+    ``set_kernel_isa``, …) is the module's own.  The methods' parameters are those of the
+    schema table (:mod:`.schema`): a method forwards them by position.
 
     A call made in plain eager mode (:func:`_plain_eager`: nothing traces it, no mode is
     active, plain tensors) runs the operator's implementation directly, which saves the
@@ -435,84 +424,21 @@ class CpuKernel:
     def __getattr__(self, name):
         return getattr(self.raw, name)
 
-    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
-                      in_place=False):
-        if in_place:
-            # proj is a scratch tensor the caller hands over (it may be the view an autograd
-            # Function returned, which autograd would not let a declared mutation touch)
-            proj = proj.detach()
-            out, h_n, c_n, cs, hin = self._ops(proj).plain_forward_(
-                spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin)
-            return [out, h_n, c_n, proj.narrow(2, 0, w_hh.shape[0]), cs, hin]
-        return list(self._ops(proj).plain_forward(spec, highway, proj, w_hh, h0, c0,
-                                                  batch_sizes, rec_mask, keep_hin))
-
-    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
-                       h0, c0, batch_sizes, rec_mask):
-        return list(self._ops(g_out).plain_backward(spec, highway, g_out, g_hn, g_cn, gates, cs,
-                                                    hin, out, proj, w_hh, h0, c0, batch_sizes,
-                                                    rec_mask))
-
-    def pipelined_forward(self, spec, highway, x, w_ih, bias, w_hh, h0, c0, batch_sizes,
-                          rec_mask, keep_hin, chunk):
-        return list(self._ops(x).pipelined_forward(spec, highway, x, w_ih, bias, w_hh, h0, c0,
-                                                   batch_sizes, rec_mask, keep_hin, chunk))
-
-    def pipelined_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x,
-                           w_ih, w_hh, h0, c0, batch_sizes, rec_mask, need_dx, need_dw,
-                           need_bias, chunk):
-        return list(self._ops(g_out).pipelined_backward(
-            spec, highway, g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0,
-            batch_sizes, rec_mask, need_dx, need_dw, need_bias, chunk))
-
-    def plain_directions_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
-                                 keep_hin, in_place=False):
-        if len(proj) != 2:
-            raise ValueError(f"plain_directions_forward runs the two directions of a bidirectional "
-                             f"layer; got {len(proj)} (run forward once per direction instead)")
-        # the operator writes the gates into proj: copies, or the caller's scratch tensors
-        proj = [p.clone() if not in_place else p.detach() for p in proj]
-        flat = self._ops(proj[0]).plain_directions_forward_(spec, highway, proj[0], proj[1], list(w_hh),
-                                                list(h0), list(c0), batch_sizes, list(rec_mask),
-                                                keep_hin)
-        return [[flat[5 * d], flat[5 * d + 1], flat[5 * d + 2],
-                 p.narrow(2, 0, w.shape[0]), flat[5 * d + 3], flat[5 * d + 4]]
-                for d, (p, w) in enumerate(zip(proj, w_hh))]
-
-    def plain_directions_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out,
-                                  proj, w_hh, h0, c0, batch_sizes, rec_mask):
-        tensor_lists = (g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0)
-        flat = self._ops(g_out[0]).plain_directions_backward(
-            spec, highway, *[list(t) for t in tensor_lists], batch_sizes, list(rec_mask))
-        return _per_direction(flat, 4)
-
-    def pipelined_directions_forward(self, spec, highway, x, w_ih, bias, w_hh, h0, c0,
-                                     batch_sizes, rec_mask, keep_hin, chunk):
-        flat = self._ops(x[0]).pipelined_directions_forward(
-            spec, highway, list(x), list(w_ih), list(bias), list(w_hh), list(h0), list(c0),
-            batch_sizes, list(rec_mask), keep_hin, chunk)
-        return _per_direction(flat, 7)
-
-    def pipelined_directions_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
-                                      xo, out, x, w_ih, w_hh, h0, c0, batch_sizes, rec_mask,
-                                      need_dx, need_dw, need_bias, chunk):
-        lists = (g_out, g_hn, g_cn, gates, cs, hin, xo, out, x, w_ih, w_hh, h0, c0)
-        flat = self._ops(g_out[0]).pipelined_directions_backward(
-            spec, highway, *[list(t) for t in lists], batch_sizes, list(rec_mask), need_dx,
-            need_dw, need_bias, chunk)
-        return _per_direction(flat, 6)
-
-    def scan_forward(self, spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
-        return list(self._ops(proj).scan_forward(spec, highway, proj, h0, c0, batch_sizes, save,
-                                                 bias))
-
-    def scan_backward(self, spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
-                      bias=None, bias_grad=False):
-        return list(self._ops(g_out).scan_backward(spec, highway, g_out, g_hn, g_cn, proj, c0, cs,
-                                                   batch_sizes, bias, bias_grad))
-
-    def weight_grad(self, g, x):
-        return self._ops(g).weight_grad(g, x)
+    plain_forward = schema.entry("plain_forward", _plain_forward)
+    plain_backward = schema.entry("plain_backward", _operator_call("plain_backward"))
+    pipelined_forward = schema.entry("pipelined_forward", _operator_call("pipelined_forward"))
+    pipelined_backward = schema.entry("pipelined_backward", _operator_call("pipelined_backward"))
+    plain_directions_forward = schema.entry("plain_directions_forward",
+                                            _plain_directions_forward)
+    plain_directions_backward = schema.entry(
+        "plain_directions_backward", _directions_call("plain_directions_backward", 4))
+    pipelined_directions_forward = schema.entry(
+        "pipelined_directions_forward", _directions_call("pipelined_directions_forward", 7))
+    pipelined_directions_backward = schema.entry(
+        "pipelined_directions_backward", _directions_call("pipelined_directions_backward", 6))
+    scan_forward = schema.entry("scan_forward", _operator_call("scan_forward"))
+    scan_backward = schema.entry("scan_backward", _operator_call("scan_backward"))
+    weight_grad = schema.entry("weight_grad", _operator_call("weight_grad", first=0))
 
 
 def _per_direction(flat: Sequence[Tensor], k: int) -> List[List[Tensor]]:

@@ -5,8 +5,7 @@ sizes, returns empty results); none may crash the process."""
 import pytest
 import torch
 
-from rnn_ablations.variants import (_SPEC_CONTENT_INPUT_ONLY, _SPEC_CONTENT_TANH, _SPEC_MEMORY,
-                                     get_variant)
+from rnn_ablations.variants import SPEC_FIELDS, get_variant
 
 from conftest import requires_kernel
 
@@ -44,10 +43,10 @@ def test_entry_points_refuse_unknown_kernel_specs():
         _C.pipelined_forward(mh.kernel_spec, False, x, w_ih, e, w_hh, h0, c0, bs, e, True, 0)
     # combinations the kernels do not implement are refused with what to do
     srnn, lstm = get_variant("srnn").kernel_spec, get_variant("lstm").kernel_spec
-    for spec, message in ((srnn | _SPEC_MEMORY, "output rule 'content' needs a cell without memory"),
-                          (lstm & ~_SPEC_MEMORY, "needs a memory cell"),
-                          (srnn | _SPEC_CONTENT_INPUT_ONLY, "no recurrence at all"),
-                          (RAN | _SPEC_CONTENT_TANH, "input-only content with tanh")):
+    for spec, message in ((srnn | SPEC_FIELDS["memory"], "output rule 'content' needs a cell without memory"),
+                          (lstm & ~SPEC_FIELDS["memory"], "needs a memory cell"),
+                          (srnn | SPEC_FIELDS["content_input_only"], "no recurrence at all"),
+                          (RAN | SPEC_FIELDS["content_tanh"], "input-only content with tanh")):
         with pytest.raises(RuntimeError, match=message):
             _C.plain_forward(spec, False, proj, w_hh, h0, c0, bs, e, True)
     # a valid spec whose block layout does not match the tensors (lstm needs 4 blocks, not 2+1)

@@ -45,17 +45,42 @@ def test_the_header_matches_the_variant_table_encoding():
 
 
 def test_the_cuda_launcher_derives_its_constants():
-    assert structs.RULE_NAMES == {c: n for n, c in variants.SPEC_OUTPUT.items()}
-    assert structs.OUT_CONTENT == variants.SPEC_OUTPUT["content"]
-    assert {c for c in structs.RULE_NAMES if structs.output_has_gate(c)} == \
+    assert variants.SPEC_RULE_NAMES == {c: n for n, c in variants.SPEC_OUTPUT.items()}
+    assert {c for c in variants.SPEC_RULE_NAMES if structs.output_has_gate(c)} == \
         {variants.SPEC_OUTPUT[n] for n in ("o_tanh",)}
-    assert set(programs.RULES.values()) == set(variants.OUTPUT_RULES) - {"content"}
+    assert set(variants.SPEC_MEMORY_RULES.values()) == set(variants.OUTPUT_RULES) - {"content"}
+    scans = {p.out for p in programs.all_programs() if p.family.startswith("scan")}
+    assert scans == set(variants.SPEC_MEMORY_RULES)
     for name, variant in variants.VARIANTS_TABLE.items():
         code = variant.kernel_spec & variants.SPEC_OUTPUT_MASK
-        assert structs.RULE_NAMES[code] == variant.output, name
+        assert variants.SPEC_RULE_NAMES[code] == variant.output, name
         if variant.reads_hidden:  # the step kernels' decoder
             spec = structs.decode_kernel_spec(variant.kernel_spec, False, "test")
-            assert structs.RULE_NAMES[spec.output] == variant.output, name
+            assert variants.SPEC_RULE_NAMES[spec.output] == variant.output, name
+
+
+def test_one_name_per_spec_constant():
+    """The spec's constants are defined in variants.py only: no module of the package binds a
+    name of its own to one of them (an alias such as ``RULE_NAMES = SPEC_RULE_NAMES``)."""
+    import ast
+    from pathlib import Path
+    names = {n for n in vars(variants) if n.startswith("SPEC_")}
+    package = Path(variants.__file__).parent
+    aliases = []
+    for path in package.rglob("*.py"):
+        if path == package / "variants.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                value = node.value
+                if isinstance(value, ast.Subscript):
+                    value = value.value
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if isinstance(value, ast.Name) and value.id in names:
+                    aliases += [f"{path.relative_to(package).as_posix()}: {t.id}"
+                                for t in targets if isinstance(t, ast.Name)]
+    # (programs.RULES: the name the CUDA emulation's tests read)
+    assert aliases == ["kernels/cuda/programs.py: RULES"], aliases
 
 
 def test_output_flags_follow_the_header_rules():

@@ -30,9 +30,8 @@ host synchronisation and no host<->device copy.
 Whether a layer's calls go through a :class:`GraphedKernel` is the run plan's decision
 (``Plan.graphs``, from the ``cuda_graphs`` setting, on by default), made at the forward: the
 backward of that forward replays (or not) the same way.  :func:`graph_stats` counts captures,
-replays and fallbacks (the tests use it).  ``set_cuda_graphs`` / ``use_cuda_graphs`` /
-``get_cuda_graphs`` are short forms of :func:`rnn_ablations.set_options` /
-:func:`rnn_ablations.options` / :func:`rnn_ablations.get_options` for that setting.
+replays and fallbacks (the tests use it).  The setting's short forms (``set_cuda_graphs`` /
+``use_cuda_graphs`` / ``get_cuda_graphs``) are in :mod:`rnn_ablations.aliases`.
 """
 from __future__ import annotations
 
@@ -43,7 +42,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ...settings import get_options, options, process_options, set_options
+from .. import schema
+from ...settings import process_options
 
 __all__ = ["graph_stats",
            "clear_graphs", "GraphedKernel", "CAPTURE_AFTER"]
@@ -126,6 +126,34 @@ def _fresh_copies(static_out, n_out=None):
     return fresh + [s.new_empty(0) for s in static_out[n:]]
 
 
+def _replayed(name: str):
+    """A kernel method's implementation: ``name`` of ``self.ext`` through :func:`_run`.  The
+    key's head holds the entry and its non-tensor arguments (spec, highway, train); the
+    tensors but ``batch_sizes`` (read on the host) go through the static buffers."""
+    args_of = schema.arguments(name)
+    n = len(args_of)
+    at = [i for i, a in enumerate(args_of) if a.tensor and a.name != "batch_sizes"]
+    flags = [i for i, a in enumerate(args_of) if not a.tensor]
+    bs = schema.positions(name)["batch_sizes"]
+    # the inference forward (train=False: nothing saved for a backward): only out, h_n, c_n
+    # are copied out of a replayed graph; gates, cs, hin come back empty
+    train = schema.positions(name).get("train")
+
+    def replay(self, args):
+        args = args[:n]  # (plain_forward's in_place: the gates come back in their own tensors)
+        head = (self.tag, name) + tuple(args[i] for i in flags)
+
+        def call(*tensors):
+            full = list(args)
+            for i, t in zip(at, tensors):
+                full[i] = t
+            return getattr(self.ext, name)(*full)
+
+        n_out = 3 if train is not None and not args[train] else None
+        return _run(head, tuple(args[i] for i in at), args[bs], call, n_out)
+    return replay
+
+
 class GraphedKernel:
     """Drop-in for the CUDA step kernel ``ext`` (``plain_forward`` / ``plain_backward``, the
     ``StepKernel`` of ``kernels/interface.py``) that replays CUDA graphs of repeated shapes (see
@@ -140,28 +168,8 @@ class GraphedKernel:
         self.ext = ext
         self.tag = tag  # in every key: kernels behind one entry-point name record apart
 
-    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
-                      in_place=False):
-        tensors = (proj, w_hh, h0, c0, rec_mask)
-        head = (self.tag, "forward", int(spec), bool(highway), bool(keep_hin))
-
-        def call(p, w, h, c, m):
-            return self.ext.plain_forward(spec, highway, p, w, h, c, batch_sizes, m, keep_hin)
-
-        # keep_hin=False is the inference call (nothing saved for a backward): only out, h_n,
-        # c_n are copied out of a replayed graph; gates, cs, hin come back empty
-        return _run(head, tensors, batch_sizes, call, None if keep_hin else 3)
-
-    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
-                       h0, c0, batch_sizes, rec_mask):
-        tensors = (g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0, rec_mask)
-        head = (self.tag, "backward", int(spec), bool(highway))
-
-        def call(go, gh, gc, ga, cs_, hi, o, p, w, h, c, m):
-            return self.ext.plain_backward(spec, highway, go, gh, gc, ga, cs_, hi, o, p, w, h, c,
-                                     batch_sizes, m)
-
-        return _run(head, tensors, batch_sizes, call)
+    plain_forward = schema.entry("plain_forward", _replayed("plain_forward"))
+    plain_backward = schema.entry("plain_backward", _replayed("plain_backward"))
 
 
 def _run(head, tensors, batch_sizes, call, n_out=None):

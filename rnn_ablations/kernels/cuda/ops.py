@@ -32,18 +32,15 @@ them, its inference never writes them).
 """
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 from torch import Tensor
 
-from .. import ops
+from .. import ops, schema
 
 __all__ = ["CudaKernel", "CUDA_OPERATORS", "register_cuda"]
 
 #: The operators with a CUDA implementation (``torch.ops.rnn_ablations.<name>``).
-CUDA_OPERATORS = ("plain_forward", "plain_backward", "scan_forward", "scan_backward",
-                  "persistent_forward", "persistent_backward")
+CUDA_OPERATORS = schema.CUDA_OPERATORS
 
 _registered = None  # the raw module the CUDA implementations were registered for
 _IMPLEMENTATIONS = {}  # operator name -> its CUDA implementation (a Python function)
@@ -55,10 +52,10 @@ def _no_memory_unless(train: bool, cs: Tensor) -> Tensor:
     return cs if train else cs.new_empty(0)
 
 
-def _persistent_fake(proj, w_hh, h0, highway, train):
+def _persistent_fake(a):
     """``plain_forward``'s fake results, but ``gates`` empty unless ``train``."""
-    out, h_n, c_n, gates, cs, hin = ops._forward_shapes(proj, w_hh, h0, highway, train)
-    return out, h_n, c_n, gates if train else gates.new_empty(0), cs, hin
+    out, h_n, c_n, gates, cs, hin = ops._forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train)
+    return out, h_n, c_n, gates if a.train else gates.new_empty(0), cs, hin
 
 
 def register_cuda(raw) -> bool:
@@ -74,77 +71,65 @@ def register_cuda(raw) -> bool:
         return False
     _registered = raw
 
-    def _kernel(name):
+    def cuda(name, fake=None):
+        """``fn`` as the CUDA implementation of ``name``; a CUDA-only operator (``fake``
+        given) is defined here."""
         def deco(fn):
             _IMPLEMENTATIONS[name] = fn
-            torch.library.register_kernel("rnn_ablations::" + name, "cuda", fn)
+            ops.define(name, "CUDA", fn, fake)
             return fn
         return deco
 
-    @_kernel("plain_forward")
-    def plain_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train):
-        out, h_n, c_n, gates, cs, hin = raw.plain_forward(spec, highway, proj, w_hh, h0, c0,
-                                                    batch_sizes, rec_mask, train)
-        return out, h_n, c_n, gates, _no_memory_unless(train, cs), hin
+    def forward(name):
+        train = schema.positions(name)["train"]
 
-    @_kernel("plain_backward")
-    def plain_backward(*args):
-        return tuple(raw.plain_backward(*args))
+        def fn(*args):
+            out, h_n, c_n, gates, cs, hin = getattr(raw, name)(*args)
+            return out, h_n, c_n, gates, _no_memory_unless(args[train], cs), hin
+        return fn
 
+    def forwarded(name):
+        def fn(*args):
+            return tuple(getattr(raw, name)(*schema.complete(name, args)))
+        return fn
+
+    cuda("plain_forward")(forward("plain_forward"))
+    cuda("plain_backward")(forwarded("plain_backward"))
     if hasattr(raw, "scan_forward"):
-        @_kernel("scan_forward")
-        def scan_forward(*args):
-            return tuple(raw.scan_forward(*args))
-
-        @_kernel("scan_backward")
-        def scan_backward(*args):
-            return tuple(raw.scan_backward(*args))
-
+        cuda("scan_forward")(forwarded("scan_forward"))
+        cuda("scan_backward")(forwarded("scan_backward"))
     if hasattr(raw, "persistent_forward"):
-        def _cuda_op(name):
-            def deco(fn):
-                _IMPLEMENTATIONS[name] = fn
-                return torch.library.custom_op("rnn_ablations::" + name, mutates_args=(),
-                                               device_types="cuda")(fn)
-            return deco
-
-        @_cuda_op("persistent_forward")
-        def persistent_forward(spec: int, highway: bool, proj: Tensor, w_hh: Tensor, h0: Tensor,
-                               c0: Tensor, batch_sizes: Tensor, rec_mask: Tensor, train: bool,
-                               blocks: int, batch_tile: int
-                               ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-            out, h_n, c_n, gates, cs, hin = raw.persistent_forward(
-                spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train, blocks,
-                batch_tile)
-            return out, h_n, c_n, gates, _no_memory_unless(train, cs), hin
-
-        @persistent_forward.register_fake
-        def _(spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, train, blocks,
-              batch_tile):
-            return _persistent_fake(proj, w_hh, h0, highway, train)
-
-        @_cuda_op("persistent_backward")
-        def persistent_backward(spec: int, highway: bool, g_out: Tensor, g_hn: Tensor,
-                                g_cn: Tensor, gates: Tensor, cs: Tensor, hin: Tensor,
-                                out: Tensor, proj: Tensor, w_hh: Tensor, h0: Tensor, c0: Tensor,
-                                batch_sizes: Tensor, rec_mask: Tensor, blocks: int,
-                                batch_tile: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-            return tuple(raw.persistent_backward(spec, highway, g_out, g_hn, g_cn, gates, cs,
-                                                 hin, out, proj, w_hh, h0, c0, batch_sizes,
-                                                 rec_mask, blocks, batch_tile))
-
-        @persistent_backward.register_fake
-        def _(spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
-              batch_sizes, rec_mask, blocks, batch_tile):
-            return (proj.new_empty(proj.shape), w_hh.new_empty(w_hh.shape),
-                    h0.new_empty(h0.shape), c0.new_empty(c0.shape))
+        cuda("persistent_forward", _persistent_fake)(forward("persistent_forward"))
+        cuda("persistent_backward", lambda a: tuple(
+            t.new_empty(t.shape) for t in (a.proj, a.w_hh, a.h0, a.c0)))(
+                forwarded("persistent_backward"))
     return True
+
+
+_STEP_ARGS = len(schema.arguments("plain_forward"))
+
+
+def _call(name: str):
+    """A kernel method's implementation: operator ``name`` with the method's arguments (the
+    first ``n`` of them: ``plain_forward``'s ``in_place`` stays here), through the operator
+    where it is registered, else the module's own; every entry's first tensor is its third
+    argument (after spec and highway)."""
+    n = len(schema.arguments(name))
+
+    def call(self, args):
+        args = args[:n]
+        route = self._ops(args[2])
+        if route is None:
+            return getattr(self.raw, name)(*args)
+        return list(getattr(route, name)(*args))
+    return call
 
 
 class CudaKernel:
     """The CUDA module ``raw`` (what :mod:`rnn_ablations.kernels.cuda` loads; ``registry.cuda_kernel()``
     holds this wrapper) with its computing entry points routed through the operators
-    (same names, same arguments); everything else (``persistent_plan``, …) is the module's own.
+    (same names, same arguments: :mod:`rnn_ablations.kernels.schema`); everything else
+    (``persistent_plan``, …) is the module's own.
     A plain eager call runs the implementation directly (:func:`rnn_ablations.kernels.ops._plain_eager`);
     every other call goes through the operator, so what traces or intercepts operators
     (``torch.compile``, ``torch.export``, a ``TorchDispatchMode``) sees it.  Where the
@@ -171,42 +156,11 @@ class CudaKernel:
     def __getattr__(self, name):
         return getattr(self.raw, name)
 
-    def _call(self, entry: str, *args):
-        """``entry`` with ``args``: through the operator of that name where it is registered,
-        else the module's own; every entry's first tensor is its third argument (after spec
-        and highway)."""
-        route = self._ops(args[2])
-        if route is None:
-            return getattr(self.raw, entry)(*args)
-        return list(getattr(route, entry)(*args))
-
-    # the CUDA module's entry points (same arguments as the operators)
-    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
-                      in_place=False):
-        # in_place_gates is False: the gates come back in a tensor of their own
-        return self._call("plain_forward", spec, highway, proj, w_hh, h0, c0, batch_sizes,
-                          rec_mask, keep_hin)
-
-    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
-                       h0, c0, batch_sizes, rec_mask):
-        return self._call("plain_backward", spec, highway, g_out, g_hn, g_cn, gates, cs, hin,
-                          out, proj, w_hh, h0, c0, batch_sizes, rec_mask)
-
-    def persistent_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
-                           keep_hin, blocks, batch_tile):
-        return self._call("persistent_forward", spec, highway, proj, w_hh, h0, c0, batch_sizes,
-                          rec_mask, keep_hin, blocks, batch_tile)
-
-    def persistent_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj,
-                            w_hh, h0, c0, batch_sizes, rec_mask, blocks, batch_tile):
-        return self._call("persistent_backward", spec, highway, g_out, g_hn, g_cn, gates, cs,
-                          hin, out, proj, w_hh, h0, c0, batch_sizes, rec_mask, blocks,
-                          batch_tile)
-
-    def scan_forward(self, spec, highway, proj, h0, c0, batch_sizes, save, bias=None):
-        return self._call("scan_forward", spec, highway, proj, h0, c0, batch_sizes, save, bias)
-
-    def scan_backward(self, spec, highway, g_out, g_hn, g_cn, proj, c0, cs, batch_sizes,
-                      bias=None, bias_grad=False):
-        return self._call("scan_backward", spec, highway, g_out, g_hn, g_cn, proj, c0, cs,
-                          batch_sizes, bias, bias_grad)
+    # the CUDA module's entry points (the operators' arguments); plain_forward's in_place is
+    # ignored (in_place_gates is False: the gates come back in a tensor of their own)
+    plain_forward = schema.entry("plain_forward", _call("plain_forward"))
+    plain_backward = schema.entry("plain_backward", _call("plain_backward"))
+    persistent_forward = schema.entry("persistent_forward", _call("persistent_forward"))
+    persistent_backward = schema.entry("persistent_backward", _call("persistent_backward"))
+    scan_forward = schema.entry("scan_forward", _call("scan_forward"))
+    scan_backward = schema.entry("scan_backward", _call("scan_backward"))

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ...variants import SPEC_MEMORY_RULES
 
-__all__ = ["Program", "DTYPES", "RULES", "FAMILIES", "PARAMS", "all_programs", "program",
+__all__ = ["Program", "DTYPES", "FAMILIES", "PARAMS", "all_programs", "program",
            "source_files", "sources_digest", "CSRC", "signature_probe"]
 
 #: the package's C++/CUDA sources (NVRTC's include path)
@@ -46,8 +46,8 @@ DTYPES: Dict[str, Tuple[str, str]] = {
     "float16": ("rnn_ablations::Half", "float"),
 }
 
-#: a memory cell's output rules (common/kernel_spec.h OutputRule) the scan is instantiated for:
-#: code -> name (the table's names: rnn_ablations/variants.py OUTPUT_RULES)
+#: (the scan is instantiated for a memory cell's output rules: variants.SPEC_MEMORY_RULES;
+#: ``RULES`` is that table under the name tests/cuda_emulation reads)
 RULES: Dict[int, str] = SPEC_MEMORY_RULES
 
 #: family -> (header, kernel template)
@@ -91,7 +91,7 @@ PARAMS: Dict[str, List[Tuple[str, str]]] = {
 @dataclasses.dataclass(frozen=True)
 class Program:
     """One instantiation: ``family`` (FAMILIES), ``dtype`` (DTYPES), and for the scans the
-    output rule ``out`` (RULES) and ``highway``."""
+    output rule ``out`` (``variants.SPEC_MEMORY_RULES``) and ``highway``."""
 
     family: str
     dtype: str
@@ -109,16 +109,16 @@ class Program:
         if scan != (self.out is not None) or scan != (self.highway is not None):
             raise ValueError(f"{self.family}: the output rule and highway are template "
                              "arguments of the scans only")
-        if scan and self.out not in RULES:
+        if scan and self.out not in SPEC_MEMORY_RULES:
             raise ValueError(f"{self.family}: output rule {self.out} has no scan instantiation "
-                             f"(one of {sorted(RULES)})")
+                             f"(one of {sorted(SPEC_MEMORY_RULES)})")
 
     @property
     def name(self) -> str:
         """A short readable name: ``scan_forward[float32,o_tanh,highway]``."""
         parts = [self.dtype]
         if self.out is not None:
-            parts.append(RULES[self.out])
+            parts.append(SPEC_MEMORY_RULES[self.out])
             if self.highway:
                 parts.append("highway")
         return f"{self.family}[{','.join(parts)}]"
@@ -175,7 +175,7 @@ def all_programs() -> List[Program]:
     for dtype in DTYPES:
         progs += [Program("step_forward", dtype), Program("step_backward", dtype)]
         for fam in ("scan_forward", "scan_backward"):
-            for out in RULES:
+            for out in SPEC_MEMORY_RULES:
                 for hw in (False, True):
                     progs.append(Program(fam, dtype, out, hw))
         if dtype != "float64":

@@ -26,7 +26,7 @@ kernel object that runs it.  The short forms ``set_cuda_recurrence`` / ``use_cud
 """
 from __future__ import annotations
 
-from .. import registry
+from .. import registry, schema
 from . import graphs as cuda_graphs
 from ...settings import CUDA_RECURRENCES
 
@@ -58,21 +58,21 @@ class PersistentKernel:
         self.ext, self.persistent_backward = ext, backward
         self.blocks, self.batch_tile = blocks, batch_tile
 
-    def plain_forward(self, spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask, keep_hin,
-                      in_place=False):
+    def _forward(self, args):
         _calls["persistent_forward"] += 1
-        return self.ext.persistent_forward(spec, highway, proj, w_hh, h0, c0, batch_sizes,
-                                           rec_mask, keep_hin, self.blocks, self.batch_tile)
+        return self.ext.persistent_forward(*args[:_STEP_ARGS], self.blocks, self.batch_tile)
 
-    def plain_backward(self, spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh,
-                       h0, c0, batch_sizes, rec_mask):
-        args = (spec, highway, g_out, g_hn, g_cn, gates, cs, hin, out, proj, w_hh, h0, c0,
-                batch_sizes, rec_mask)
+    def _backward(self, args):
         if self.persistent_backward:
             _calls["persistent_backward"] += 1
             return self.ext.persistent_backward(*args, self.blocks, self.batch_tile)
         return self.ext.plain_backward(*args)
 
+    plain_forward = schema.entry("plain_forward", _forward)
+    plain_backward = schema.entry("plain_backward", _backward)
+
+
+_STEP_ARGS = len(schema.arguments("plain_forward"))  # (without plain_forward's in_place)
 
 _modules = {}
 

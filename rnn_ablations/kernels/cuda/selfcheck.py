@@ -47,6 +47,7 @@ import torch
 
 from ... import _env
 from ..autocast import autocast_dtype
+from ...variants import SPEC_MEMORY_RULES, SPEC_RULE_NAMES
 
 __all__ = ["verdict", "check_family", "families", "status", "set_enabled", "reset", "TOLERANCE"]
 
@@ -117,8 +118,8 @@ class Family:
     def name(self) -> str:
         d = _NAMES[self.dtype]
         if self.kind == "scan":
-            from .programs import RULES
-            rest = f"{d},{RULES.get(self.out, self.out)}" + (",highway" if self.highway else "")
+            rest = (f"{d},{SPEC_MEMORY_RULES.get(self.out, self.out)}"
+                    + (",highway" if self.highway else ""))
             return f"scan_forward[{rest}]+scan_backward[{rest}]"
         if self.kind == "step":
             progs = f"step_forward[{d}]+step_backward[{d}]"
@@ -139,7 +140,7 @@ def _rules(spec: Optional[int], highway: bool) -> str:
     except RuntimeError:
         return f" (kernel spec {int(spec)}" + (", highway)" if highway else ")")
     content = ("h_{t-1}" if s.content_recurrent else "x_t") + (" tanh" if s.content_tanh else "")
-    parts = [f"output {structs.RULE_NAMES[s.output]}", f"content {content}"]
+    parts = [f"output {SPEC_RULE_NAMES[s.output]}", f"content {content}"]
     if not s.memory:
         parts.append("no memory")
     if highway:

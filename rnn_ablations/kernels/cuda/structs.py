@@ -15,27 +15,16 @@ from __future__ import annotations
 import ctypes
 from typing import Dict, List, Tuple
 
-from ...variants import (SPEC_FIELDS, SPEC_GATED, SPEC_OUT_CONTENT, SPEC_OUTPUT_MASK,
-                         SPEC_RULE_NAMES, SPEC_TAG, SPEC_TAG_MASK)
+from ...variants import (SPEC_FIELDS, SPEC_GATED, SPEC_KNOWN_BITS, SPEC_OUT_CONTENT,
+                         SPEC_OUTPUT_MASK, SPEC_RULE_NAMES, SPEC_TAG, SPEC_TAG_MASK)
 
 __all__ = ["KernelSpec", "ScanSpec", "Dims", "Strides", "persistent_args",
            "persistent_backward_args", "decode_kernel_spec", "decode_scan_spec",
            "check_kernel_spec", "check_scan_spec", "CHUNK_STEPS", "layout_probe", "host_layout_probe",
            "kernel_spec_blocks", "scan_spec_blocks"]
 
-# common/kernel_spec.h: the encoding of rnn_ablations/variants.py (SPEC_*), its one copy
-OUT_CONTENT = SPEC_OUT_CONTENT
-_OUTPUT_MASK = SPEC_OUTPUT_MASK
-_CONTENT_INPUT_ONLY = SPEC_FIELDS["content_input_only"]
-_CONTENT_TANH = SPEC_FIELDS["content_tanh"]
-_MEMORY = SPEC_FIELDS["memory"]
-_READS_HIDDEN = SPEC_FIELDS["reads_hidden"]
-_TAG = SPEC_TAG
-_TAG_MASK = SPEC_TAG_MASK
-_KNOWN = _OUTPUT_MASK | _CONTENT_INPUT_ONLY | _CONTENT_TANH | _MEMORY | _READS_HIDDEN | _TAG_MASK
+# common/kernel_spec.h's encoding is rnn_ablations/variants.py's (SPEC_*), read under its names
 SCAN_BLOCKS = ("i", "f", "o", "r", "content", "hw")  # ScanBlock order
-#: kernel_spec.h OutputRule / output_rule_name: number -> name
-RULE_NAMES = SPEC_RULE_NAMES
 
 
 def output_has_gate(out: int) -> bool:
@@ -99,13 +88,14 @@ STRUCTS: Dict[str, type] = {"KernelSpec": KernelSpec, "ScanSpec": ScanSpec, "Dim
 
 
 def _check_tag(code: int, who: str) -> None:
-    if (code & _TAG_MASK) != _TAG or (code & ~_KNOWN) != 0:
+    if (code & SPEC_TAG_MASK) != SPEC_TAG or (code & ~SPEC_KNOWN_BITS) != 0:
         raise RuntimeError(f"{who}: unknown kernel spec {code} (pass Variant.kernel_spec from "
                            "rnn_ablations/variants.py, not a variant id or Variant.code)")
-    if (code & _OUTPUT_MASK) not in RULE_NAMES:
-        raise RuntimeError(f"{who}: kernel spec {code}: output rule {code & _OUTPUT_MASK} is not "
-                           "one of kernel_spec.h's (OutputRule); a new rule is numbered there and "
-                           "in RULE_NAMES (CONTRIBUTING.md, 'Adding an element-wise rule')")
+    if (code & SPEC_OUTPUT_MASK) not in SPEC_RULE_NAMES:
+        raise RuntimeError(f"{who}: kernel spec {code}: output rule {code & SPEC_OUTPUT_MASK} is "
+                           "not one of kernel_spec.h's (OutputRule); a new rule is numbered there "
+                           "and in rnn_ablations/variants.py SPEC_OUTPUT (CONTRIBUTING.md, "
+                           "'Adding an element-wise rule')")
 
 
 def decode_kernel_spec(code: int, highway: bool, who: str) -> KernelSpec:
@@ -113,23 +103,23 @@ def decode_kernel_spec(code: int, highway: bool, who: str) -> KernelSpec:
     code, highway = int(code), bool(highway)
     _check_tag(code, who)
     s = KernelSpec()
-    s.output = code & _OUTPUT_MASK
-    s.memory = (code & _MEMORY) != 0
-    s.content_recurrent = (code & _CONTENT_INPUT_ONLY) == 0
-    s.content_tanh = (code & _CONTENT_TANH) != 0
+    s.output = code & SPEC_OUTPUT_MASK
+    s.memory = (code & SPEC_FIELDS["memory"]) != 0
+    s.content_recurrent = (code & SPEC_FIELDS["content_input_only"]) == 0
+    s.content_tanh = (code & SPEC_FIELDS["content_tanh"]) != 0
     s.highway = highway
-    if not code & _READS_HIDDEN:
+    if not code & SPEC_FIELDS["reads_hidden"]:
         raise RuntimeError(
             f"{who}: kernel spec {code} is a cell whose gates read no h_{{t-1}} (such as "
             "lstm_minus_srnn_minus_hidden); it has no step kernel and runs through scan_forward "
             "/ scan_backward (rnn_ablations/kernels/scan.py)")
-    if s.memory != (s.output != OUT_CONTENT):
+    if s.memory != (s.output != SPEC_OUT_CONTENT):
         need = ("needs a cell without memory (h_t = c~_t is the S-RNN's rule); give the variant "
                 "an output rule o_tanh, tanh or identity" if s.memory else
                 "needs a memory cell; a cell without memory outputs its content (output rule "
                 "'srnn')")
         raise RuntimeError(f"{who}: kernel spec {code}: output rule "
-                           f"'{RULE_NAMES[s.output]}' {need}")
+                           f"'{SPEC_RULE_NAMES[s.output]}' {need}")
     if not s.memory and not s.content_recurrent:
         raise RuntimeError(f"{who}: kernel spec {code}: a cell without memory whose content "
                            "reads x_t only has no recurrence at all; it has no step kernel (run "
@@ -182,20 +172,20 @@ def decode_scan_spec(code: int, highway: bool, who: str) -> ScanSpec:
     """kernel_spec.h decode_scan_spec: the element-wise scan's view of ``code``."""
     code, highway = int(code), bool(highway)
     _check_tag(code, who)
-    if code & _READS_HIDDEN:
+    if code & SPEC_FIELDS["reads_hidden"]:
         raise RuntimeError(f"{who}: kernel spec {code} is a cell whose gates read h_{{t-1}}; it "
                            "runs on the step kernels (forward / backward, "
                            "rnn_ablations/dispatch.py), not on the element-wise scan")
-    output = code & _OUTPUT_MASK
-    if not code & _MEMORY or output == OUT_CONTENT:
+    output = code & SPEC_OUTPUT_MASK
+    if not code & SPEC_FIELDS["memory"] or output == SPEC_OUT_CONTENT:
         raise RuntimeError(f"{who}: kernel spec {code}: a cell without memory whose content "
                            "reads x_t only has no recurrence; the element-wise scan runs a "
                            "memory c_t = i*c~ + f*c_{t-1} (run this cell on the generic path)")
-    if not code & _CONTENT_INPUT_ONLY:
+    if not code & SPEC_FIELDS["content_input_only"]:
         raise RuntimeError(f"{who}: kernel spec {code}: a recurrent content reads h_{{t-1}}; "
                            "give the spec the bit 'reads h_{t-1}' (Variant.kernel_spec sets "
                            "it) and run the step kernels")
-    if code & _CONTENT_TANH:
+    if code & SPEC_FIELDS["content_tanh"]:
         raise RuntimeError(f"{who}: kernel spec {code}: a tanh of the content is not implemented "
                            "by the element-wise scan (it reads c~_t = W_cx x_t as it is); add "
                            "that element-wise rule (CONTRIBUTING.md, 'Adding an element-wise "
