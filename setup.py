@@ -51,10 +51,14 @@ from setuptools.command.build_py import build_py as _build_py
 
 # The configs live in the repository's top-level allennlp_configs/ and onmt_configs/; the wheel
 # carries them as package data in rnn_ablations/configs/{allennlp,onmt}/ (`rnn-ablations configs`
-# finds either), and the toy parallel data of onmt_configs/toy_fixture.yaml in
-# rnn_ablations/configs/onmt_toy_data/ (`rnn-ablations configs path onmt_toy_data`).
+# finds either), the toy parallel data of onmt_configs/toy_fixture.yaml in
+# rnn_ablations/configs/onmt_toy_data/ (`rnn-ablations configs path onmt_toy_data`), and a few
+# examples in each AllenNLP reader's format (SQuAD JSON, CoNLL-U, GloVe text) in
+# rnn_ablations/configs/allennlp_toy_data/ (`rnn-ablations configs path allennlp_toy_data`).
 _CONFIG_DIRS = {"allennlp_configs": "allennlp", "onmt_configs": "onmt",
-                os.path.join("tests", "fixtures", "onmt"): "onmt_toy_data"}
+                os.path.join("tests", "fixtures", "onmt"): "onmt_toy_data",
+                os.path.join("tests", "fixtures", "allennlp"): "allennlp_toy_data"}
+_CONFIG_SUFFIXES = (".jsonnet", ".yaml", ".txt", ".json", ".jsonl", ".conllu")
 
 
 class build_py(_build_py):
@@ -71,7 +75,7 @@ class build_py(_build_py):
             if not os.path.isdir(src_dir):
                 continue
             for f in sorted(os.listdir(src_dir)):
-                if f.endswith((".jsonnet", ".yaml", ".txt")):
+                if f.endswith(_CONFIG_SUFFIXES):
                     pairs.append((os.path.join(self.build_lib, "rnn_ablations", "configs", name, f),
                                   os.path.join(src_dir, f)))
         return pairs

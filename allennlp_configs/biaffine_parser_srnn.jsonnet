@@ -16,11 +16,10 @@ local encoder = "srnn";
 // h_t <- r_t*h_t + (1 - r_t)*W_hw x_t with a sigmoid gate r_t that reads x_t and h_{t-1}; for
 // "srnn" (LSTM - GATES) that is a gate the paper's S-RNN does not have (the paper's parser, Dozat &
 // Manning's code, had no highway).  For the paper's setting override it:
-//   -o '{"model.encoder.use_highway": false}'   (benchmarks/parser_ud.py runs both settings).
+//   -o '{"model.encoder.use_highway": false}'
 //
-// Run with:  allennlp train allennlp_configs/biaffine_parser_<variant>.jsonnet -s OUT --include-package rnn_ablations
-// (from an installed package: allennlp train $(rnn-ablations configs path biaffine_parser_<variant>) -s OUT
-// --include-package rnn_ablations, or a .allennlp_plugins file holding the line rnn_ablations)
+// Run with:  allennlp train $(rnn-ablations configs path biaffine_parser_<variant>) -s OUT --include-package rnn_ablations
+// (or a .allennlp_plugins file holding the line rnn_ablations instead of --include-package)
 // Environment variables (all required; unset ones stop with "undefined external variable: NAME"):
 //   UD_TRAIN        training CoNLL-U file (e.g. ../shared/data/ud_ewt/en_ewt-ud-train.conllu)
 //   UD_DEV          validation CoNLL-U file (e.g. ../shared/data/ud_ewt/en_ewt-ud-dev.conllu)

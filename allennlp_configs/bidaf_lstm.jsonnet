@@ -4,9 +4,8 @@ local encoder = "ablated_lstm";
 // line in which the bidaf_<variant>.jsonnet files differ).  "ablated_lstm" is rnn_ablations' LSTM
 // (nn.LSTM's equations, parameters and init); "lstm" would be AllenNLP's own torch.nn.LSTM.
 //
-// Run with:  allennlp train allennlp_configs/bidaf_<variant>.jsonnet -s OUT --include-package rnn_ablations
-// (from an installed package: allennlp train $(rnn-ablations configs path bidaf_<variant>) -s OUT
-// --include-package rnn_ablations, or a .allennlp_plugins file holding the line rnn_ablations)
+// Run with:  allennlp train $(rnn-ablations configs path bidaf_<variant>) -s OUT --include-package rnn_ablations
+// (or a .allennlp_plugins file holding the line rnn_ablations instead of --include-package)
 // Environment variables (all required; unset ones stop with "undefined external variable: NAME"):
 //   SQUAD_TRAIN     SQuAD v1.1 training JSON (squad-train-v1.1.json; a path or URL)
 //   SQUAD_DEV       SQuAD v1.1 development JSON (squad-dev-v1.1.json)

@@ -5,9 +5,8 @@ local encoder = "lstm_minus_srnn_minus_hidden";
 // concatenated ("concat_layers"), dropout 0.3 on the embeddings and on every RNN input; Adamax,
 // gradient clipping 10, batch 32, model selection on F1.
 //
-// Run with:  allennlp train allennlp_configs/drqa_<variant>.jsonnet -s OUT --include-package rnn_ablations
-// (from an installed package: allennlp train $(rnn-ablations configs path drqa_<variant>) -s OUT
-// --include-package rnn_ablations, or a .allennlp_plugins file holding the line rnn_ablations)
+// Run with:  allennlp train $(rnn-ablations configs path drqa_<variant>) -s OUT --include-package rnn_ablations
+// (or a .allennlp_plugins file holding the line rnn_ablations instead of --include-package)
 // Environment variables (all required; unset ones stop with "undefined external variable: NAME"):
 //   SQUAD_TRAIN       SQuAD v1.1 training JSON (squad-train-v1.1.json; a path or URL)
 //   SQUAD_DEV         SQuAD v1.1 development JSON (squad-dev-v1.1.json)

@@ -130,7 +130,8 @@ def test_wheel_contents(pure_wheel):
         assert f"rnn_ablations/csrc/{f}" in names, f
     assert "rnn_ablations/kernels/build.py" in names and "rnn_ablations/kernels/loader.py" in names
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("rnn_ablations/configs/")}
-    in_repo = {p.name for d in ("allennlp_configs", "onmt_configs", "tests/fixtures/onmt")
+    in_repo = {p.name for d in ("allennlp_configs", "onmt_configs", "tests/fixtures/onmt",
+                                "tests/fixtures/allennlp")
                for p in (ROOT / d).iterdir()}
     assert shipped == in_repo
     assert not any(n.endswith(".so") for n in names)
@@ -221,8 +222,27 @@ def test_configs_command(capsys):
     data = Path(capsys.readouterr().out.strip())
     assert sorted(p.name for p in data.iterdir()) == [
         "src-train.txt", "src-val.txt", "tgt-train.txt", "tgt-val.txt"]
+    assert cli.main(["configs", "path", "allennlp_toy_data"]) == 0
+    data = Path(capsys.readouterr().out.strip())
+    assert {"squad_tiny.json", "ud_tiny.conllu", "glove_tiny_8d.txt"} <= {p.name for p in data.iterdir()}
     assert cli.main(["configs", "path", "bidaf_sr"]) == 2
     assert "did you mean bidaf_srnn" in capsys.readouterr().err
+
+
+#: what a shipped config's comments may not name: files of a checkout that the wheel lacks
+_CHECKOUT_ONLY = re.compile(r"benchmarks/|\$REPO|tests/|scripts/|docs/|allennlp_configs/|onmt_configs/")
+
+
+def test_shipped_configs_name_only_what_the_wheel_has():
+    from rnn_ablations.commands.configs import config_files
+
+    files = config_files()
+    assert len(files) >= 20
+    for name, path in files.items():
+        comment = "#" if path.suffix == ".yaml" else "//"
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            text = line[line.index(comment):] if comment in line else ""
+            assert not _CHECKOUT_ONLY.search(text), f"{path.name}:{number}: {line}"
 
 
 @pytest.mark.parametrize("command,argv,module,extra", [

@@ -2,7 +2,9 @@
 
 ``rnn-ablations configs`` lists them; ``rnn-ablations configs path NAME`` prints the path of one
 (``onmt_toy_data``: the folder of the toy parallel data that ``toy_fixture`` reads through
-``ONMT_TOY_DATA``), so that an installed package runs them without a checkout::
+``ONMT_TOY_DATA``; ``allennlp_toy_data``: a few examples in the format of each AllenNLP config's
+reader, ``squad_tiny.json``, ``ud_tiny.conllu``, and 8-d vectors ``glove_tiny_8d.txt``), so that
+an installed package runs them without a checkout::
 
     allennlp train $(rnn-ablations configs path bidaf_srnn) -s out --include-package rnn_ablations
 
@@ -30,6 +32,8 @@ _SUFFIXES = (".jsonnet", ".yaml")
 _DATA = {
     "onmt_toy_data": (_PACKAGE / "configs" / "onmt_toy_data",
                       _PACKAGE.parent / "tests" / "fixtures" / "onmt"),
+    "allennlp_toy_data": (_PACKAGE / "configs" / "allennlp_toy_data",
+                          _PACKAGE.parent / "tests" / "fixtures" / "allennlp"),
 }
 
 
