@@ -12,6 +12,12 @@
 //                                            read of an entry no thread wrote shows
 //   atomicAdd, __threadfence, __ldcg         GCC's atomics and fences (sequentially consistent)
 //   __float_as_uint, __uint_as_float, min, the math functions of <math.h>
+//   RNN_ABLATIONS_SPIN_EXPIRED(spins)        the watchdog of a spin wait (the persistent kernels'
+//                                            grid barrier): true once the wait has lasted
+//                                            `watchdog_ms` (then every later wait of the launch
+//                                            ends at once too, the launch returns 3 and the
+//                                            emulator raises CudaDriverError naming the wait);
+//                                            on a GPU the device code's default, false
 //
 // How a grid runs (run_grid): kernels that do not synchronise (the step and scan kernels) run
 // their threads one after the other in a loop.  Kernels that synchronise (the persistent ones:
@@ -32,6 +38,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +46,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -60,6 +68,16 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 namespace rnn_emu {
 
+[[noreturn]] inline void fail(const char* what);
+
+// The watchdog (emulation_set_watchdog): the longest a wait may last, in milliseconds.
+inline std::atomic<long long> watchdog_ms{20000};
+inline long long watchdog_ms_of_barriers() { return watchdog_ms.load(); }
+[[noreturn]] inline void fail_barrier() {
+  fail("deadlock: a __syncthreads or shuffle of the OS-thread mode waited longer than the "
+       "watchdog (a barrier that not every thread of the block or warp reaches)");
+}
+
 // A reusable barrier of n threads: the last to arrive opens the next generation and wakes the
 // others (futex-backed std::atomic wait; a thread that arrives for the next round cannot overtake
 // the waiters of this one, they wait for a generation change only).
@@ -77,7 +95,14 @@ class Barrier {
     for (int spin = 0; spin < 64; ++spin) {
       if (generation_.load(std::memory_order_acquire) != gen) return;
     }
-    while (generation_.load(std::memory_order_acquire) == gen) generation_.wait(gen);
+    // a bounded wait: a barrier that some thread never reaches fails instead of hanging
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(
+        std::max<long long>(watchdog_ms_of_barriers(), 1));
+    while (generation_.load(std::memory_order_acquire) == gen) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (std::chrono::steady_clock::now() > deadline)
+        fail_barrier();
+    }
   }
 
  private:
@@ -133,6 +158,26 @@ inline Block& block() {
 
 inline unsigned char* dynamic_shared_memory() { return block().smem; }
 
+// The spin watchdog: a launch's waits share `expired` (set by the first wait that lasts longer
+// than watchdog_ms; every later wait then ends at once, so the launch finishes and reports it).
+inline std::atomic<bool> expired{false};
+inline thread_local std::chrono::steady_clock::time_point spin_start;
+
+inline bool spin_expired(unsigned int spins) {
+  if (spins == 0) {
+    spin_start = std::chrono::steady_clock::now();
+    return expired.load(std::memory_order_relaxed);
+  }
+  if ((spins & 63u) != 0) return false;
+  sched_yield();  // a spinning block leaves the CPU to the blocks it waits for
+  if (expired.load(std::memory_order_relaxed)) return true;
+  if (std::chrono::steady_clock::now() - spin_start > std::chrono::milliseconds(watchdog_ms.load())) {
+    expired.store(true);
+    return true;
+  }
+  return false;
+}
+
 // Fibers: wait until the barrier's last thread arrives (the scheduler resumes this fiber once
 // the generation changed).
 inline void fiber_wait(Block& b, FiberBarrier& bar) {
@@ -164,6 +209,7 @@ inline void warp_barrier(unsigned int warp) {
 }  // namespace rnn_emu
 
 #define RNN_ABLATIONS_DYNAMIC_SMEM(name) unsigned char* const name = ::rnn_emu::dynamic_shared_memory()
+#define RNN_ABLATIONS_SPIN_EXPIRED(spins) ::rnn_emu::spin_expired(spins)
 
 inline void __syncthreads() { rnn_emu::block_barrier(); }
 
@@ -326,9 +372,20 @@ inline void* block_main(void* p) {  // one block, its threads as fibers (Mode::k
 }
 
 // Runs a grid of `grid` blocks of `block` threads; 0, or an error code (2: an OS thread could
-// not be created).
+// not be created; 3: a spin wait outlasted the watchdog).
+inline int run_grid_once(const Entry& e, unsigned int grid, unsigned int block, size_t smem,
+                         void** params);
+
 inline int run_grid(const Entry& e, unsigned int grid, unsigned int block, size_t smem,
                     void** params) {
+  expired.store(false);
+  const int status = run_grid_once(e, grid, block, smem, params);
+  if (status == 0 && expired.load()) return 3;
+  return status;
+}
+
+inline int run_grid_once(const Entry& e, unsigned int grid, unsigned int block, size_t smem,
+                         void** params) {
   launch_count.fetch_add(1);
   dim3 gdim, bdim;
   gdim.x = grid;

@@ -105,3 +105,30 @@ if __name__ == "__main__":  # how often the race shows (from tests/):
         device = unbarriered_device(pathlib.Path(tmp))
         print(f"without the grid barrier: {wrong_runs(device, n)} of {n} runs wrong "
               f"(threads: {device.threads})")
+
+
+BARRIER_COUNT = ("    target += gridDim.x;\n", "    target += gridDim.x + 1;\n")
+
+
+def test_a_miscounted_grid_barrier_fails_instead_of_hanging(emulation_device, tmp_path):
+    """A grid barrier that waits for one arrival more than the grid has never opens: the
+    emulation's watchdog ends the wait, and the launch raises CudaDriverError naming it, in
+    seconds (on a GPU the launch would hang)."""
+    import time
+    from rnn_ablations.kernels.cuda import driver
+    csrc = tmp_path / "csrc"
+    shutil.copytree(programs.CSRC, csrc)
+    path = csrc / "cuda" / "persistent_kernel.cuh"
+    text = path.read_text()
+    assert text.count(BARRIER_COUNT[0]) == 1, f"update BARRIER_COUNT: not found in {path}"
+    path.write_text(text.replace(*BARRIER_COUNT))
+    progs = [p for p in programs.all_programs() if p.name == "persistent_forward[float32]"]
+    device = emulator.EmulatedDevice(csrc=str(csrc), progs=progs, watchdog_s=2)
+    x = checks._layer("lstm", False, torch.float32, T=3, B=2, H=8, padded=False, mask=False)
+    start = time.monotonic()
+    with emulator.installed(device), pytest.raises(driver.CudaDriverError,
+                                                   match="lasted more than the emulation's "
+                                                         "watchdog of 2 s"):
+        host.persistent_forward(x["v"].kernel_spec, False, x["proj"], x["w_hh"], x["h0"],
+                                x["c0"], x["bs"], x["mask"], False, 0, 0)
+    assert time.monotonic() - start < 60

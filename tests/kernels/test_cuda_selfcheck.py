@@ -180,15 +180,30 @@ def test_the_check_is_off_with_the_switch(monkeypatch):
 def test_families_of_each_plan():
     lstm, scan_cell = get_variant("lstm"), get_variant("lstm_minus_srnn_minus_hidden")
     names = lambda plan, v: [f.name for f in selfcheck.families(plan, v, True, torch.bfloat16)]
+    rules = " (rules: output o_tanh, content h_{t-1} tanh, highway)"
     assert names(Plan("cuda", "", recurrence="steps"), lstm) == [
-        "step_forward[bfloat16]+step_backward[bfloat16]"]
+        "step_forward[bfloat16]+step_backward[bfloat16]" + rules]
     assert names(Plan("cuda", "", recurrence="persistent", persistent=(0, 0, False)), lstm) == [
-        "step_forward[bfloat16]+step_backward[bfloat16]",
-        "persistent_forward[bfloat16]+step_backward[bfloat16]"]
+        "step_forward[bfloat16]+step_backward[bfloat16]" + rules,
+        "persistent_forward[bfloat16]+step_backward[bfloat16]" + rules]
     assert names(Plan("cuda", "", recurrence="persistent", persistent=(0, 0, True)), lstm) == [
-        "persistent_forward[bfloat16]+persistent_backward[bfloat16]"]
+        "persistent_forward[bfloat16]+persistent_backward[bfloat16]" + rules]
     assert names(Plan("cuda", "", schedule="fused_scan"), scan_cell) == [
         "scan_forward[bfloat16,o_tanh,highway]+scan_backward[bfloat16,o_tanh,highway]"]
+
+
+def test_each_variants_rules_are_a_family_of_their_own():
+    """The step kernels branch on the kernel spec at run time: every variant with a step kernel
+    (and highway or not) is a family of its own, so a variant's first call is checked even after
+    another variant's passed; the name says which rules (status() shows it)."""
+    plan = Plan("cuda", "", recurrence="steps")
+    stepped = [get_variant(n) for n in ("lstm", "srnn", "lstm_minus_srnn", "ran", "identity_ran")]
+    fams = [selfcheck.families(plan, v, hw, torch.float32)[0] for v in stepped
+            for hw in (False, True)]
+    assert len(set(fams)) == len(fams) == len({f.name for f in fams}) == 10
+    ran = selfcheck.families(plan, get_variant("ran"), False, torch.float32)[0]
+    assert ran.name == ("step_forward[float32]+step_backward[float32] (rules: output tanh, "
+                        "content x_t)")
 
 
 def test_env_switches_parse():

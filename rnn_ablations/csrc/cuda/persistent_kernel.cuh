@@ -75,6 +75,13 @@ constexpr int64_t kMaxRows = 65535;
 
 __device__ __forceinline__ uint64_t align16(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// A spin wait's watchdog: false on a GPU (a wait has no limit there); the CPU emulation of the
+// tests (tests/cuda_emulation/emulation.h) defines it to end a wait that lasts too long, so that
+// a barrier that never opens fails the launch instead of hanging it.
+#ifndef RNN_ABLATIONS_SPIN_EXPIRED
+#define RNN_ABLATIONS_SPIN_EXPIRED(spins) ((void)(spins), false)
+#endif
+
 // The grid barrier (see the header): `target` is the calling block's count of arrivals to wait
 // for, advanced by gridDim.x per barrier (the counter starts at zero; the comparison is modular,
 // so it survives the counter's wrap-around).
@@ -84,7 +91,10 @@ __device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int
     target += gridDim.x;
     __threadfence();  // this block's writes, before its arrival
     atomicAdd(counter, 1u);
-    while (static_cast<int>(*reinterpret_cast<volatile unsigned int*>(counter) - target) < 0) {
+    for (unsigned int spins = 0;
+         static_cast<int>(*reinterpret_cast<volatile unsigned int*>(counter) - target) < 0;
+         ++spins) {
+      if (RNN_ABLATIONS_SPIN_EXPIRED(spins)) break;
     }
     __threadfence();  // the other blocks' writes, after their arrivals
   }
