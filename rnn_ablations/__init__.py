@@ -8,6 +8,7 @@ from .variants import ALIASES, VARIANTS, Variant, get_variant, recurrent_param_c
 from .settings import Options, get_options, options, reset_options, set_options
 from .rnn import AblatedRNN
 from .analysis import WeightedSum, weighted_sum
+from .explanation import explain
 from .kernels.registry import cuda_kernel_available, kernel_available, kernel_isa, supported_kernel_isas
 from .aliases import (get_cuda_graphs, get_cuda_recurrence, set_backend, set_cuda_graphs,
                       set_cuda_recurrence, set_kernel_isa, set_pipeline, use_backend,
@@ -17,7 +18,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "VARIANTS", "ALIASES", "Variant", "get_variant", "recurrent_param_count", "AblatedRNN",
-    "weighted_sum", "WeightedSum", "options", "set_options", "get_options", "reset_options",
+    "weighted_sum", "WeightedSum", "explain", "options", "set_options", "get_options",
+    "reset_options",
     "Options", "kernel_available", "cuda_kernel_available", "set_backend",
     "use_backend",
     "set_pipeline", "use_pipeline", "set_cuda_graphs", "use_cuda_graphs", "get_cuda_graphs",

@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = [
     "rnn_ablations.commands.variants",
     "rnn_ablations.commands.speed",
     "rnn_ablations.commands.kernels",
+    "rnn_ablations.commands.explain",
     "rnn_ablations.lm.cli",
     "rnn_ablations.visualize",
     "rnn_ablations.integrations.onmt.cli",

@@ -285,10 +285,10 @@ _observers = threading.local()
 
 
 class observe:
-    """Within the block, every :func:`run_layer_call` of this thread calls ``fn(plan, x,
-    params, h0, c0)`` (after the plan is made) and returns what ``fn`` returns instead of
-    running the plan's runner: :func:`rnn_ablations.explain` reads the plans of a forward this
-    way without computing it."""
+    """Within the block, every :func:`run_layer_call` of this thread calls ``fn(plan, variant,
+    highway, x, params, h0, c0)`` (after the plan is made) and returns what ``fn`` returns
+    instead of running the plan's runner: :func:`rnn_ablations.explain` reads the plans of a
+    forward this way without computing it."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -322,7 +322,7 @@ def run_layer_call(variant: Variant, highway: bool, x: torch.Tensor, params, h0:
                   highway=highway, variant=variant, reverse=reverse)
     watch = getattr(_observers, "fn", None)
     if watch is not None:
-        return watch(plan, x, params, h0, c0)
+        return watch(plan, variant, highway, x, params, h0, c0)
     return RUNNERS[plan.runner](plan, variant, highway, x, params, h0, c0, batch_sizes,
                                 rec_masks, reverse)
 

@@ -411,6 +411,8 @@ def plan_layer(settings: Options, call: LayerCall, kernels: Kernels,
     fields = dict(stream=stream)
     if stream:
         # the streamed forward projects outside the kernel and runs its plain forward
+        if not call.rec_blocks:
+            fields["reason"] = f"the compiled {call.device.upper()} scan kernel, streamed"
         fields.update(schedule="plain" if call.rec_blocks else "scan",
                       onednn=onednn_applies(settings, call.device, run_call.dtype,
                                             call.proj_weight, run_call.autocast_dtype is not None,
