@@ -1,5 +1,6 @@
-"""The compiled kernels (loaded here) and what they can run: :func:`kernels` describes to the
-run plan what this process has (:class:`Kernels`).
+"""The compiled kernels (loaded here, by the first call that needs them: not by the import) and
+what they can run: :func:`kernels` describes to the run plan what this process has
+(:class:`Kernels`).
 
 The compiled CPU kernel ``rnn_ablations._C`` runs CPU tensors of dtype float32/float64; the CUDA
 kernels (compiled at first use by NVRTC, :mod:`rnn_ablations.kernels.cuda`; their step loops replayed as CUDA graphs, see
@@ -31,23 +32,102 @@ __all__ = ["kernel_available", "cuda_kernel_available", "kernel_isa", "supported
            "kernels", "Kernels", "onednn_usable", "cpu_kernel", "cpu_kernel_error",
            "cpu_kernel_source", "cuda_kernel", "cuda_kernel_error", "graphed_cuda_kernel"]
 
-# The CPU kernel: built at install time, or compiled on first use and cached (kernels/loader.py).
-_C, _KERNEL_ERROR, _KERNEL_SOURCE = loader.load_cpu_kernel()
-if _C is not None:
-    # its computing entry points as registered operators, with the module's calling convention
-    _C = ops.CpuKernel(_C)
+# The kernels are loaded by the first call that asks for them (a layer call's plan, an accessor
+# below, ``rnn-ablations kernels build``), not by the import: ``import rnn_ablations`` and the
+# commands that run no layer never load or compile them.  Until then the globals ``_C``,
+# ``_KERNEL_ERROR``, ``_KERNEL_SOURCE`` (the CPU kernel: built at install time, or compiled on
+# first use and cached, kernels/loader.py) and ``_C_cuda``, ``_CUDA_KERNEL_ERROR`` (the CUDA
+# kernels' entry points, compiled at first use by NVRTC, rnn_ablations.kernels.cuda) are absent;
+# reading one from outside (``registry._C``, ``monkeypatch.setattr(registry, "_C", ...)``) loads
+# that kernel first (the module ``__getattr__`` below).  Inside this module they are read through
+# ``_cpu()`` / ``_cuda()``.
+_load_lock = threading.RLock()
+#: which kernels this process has loaded (set after their globals, under ``_load_lock``)
+_loaded = {"cpu": False, "cuda": False}
+_CPU_GLOBALS = ("_C", "_KERNEL_ERROR", "_KERNEL_SOURCE")
+_CUDA_GLOBALS = ("_C_cuda", "_CUDA_KERNEL_ERROR")
 
-# The CUDA kernels (compiled at first use by NVRTC, rnn_ablations.kernels.cuda): their entry
-# points, or why they are not in use (no CUDA in torch, no device, no NVRTC or driver, the switch).
-_raw_cuda, _CUDA_KERNEL_ERROR = _cuda_kernels.load()
-_CUDA_KERNEL_ERROR: Optional[str]
-# their computing entry points as operators (CUDA implementations of the CPU kernel's)
-_C_cuda = ops_cuda.CudaKernel(_raw_cuda) if _raw_cuda is not None else None
-del _raw_cuda
 
-# Warned once per kind (``Plan.warning``); without a CPU kernel the loader has warned already
-# (or RNN_ABLATIONS_NO_KERNEL / RNN_ABLATIONS_DISABLE_KERNEL asked for that).
-_warned = set() if _C is not None else {"CPU", "CPU scan"}
+def load_cpu_kernel() -> None:
+    """Load the CPU kernel once per process (thread-safe; a concurrent caller waits): the module
+    installed with the package, the cached one, or a first-use build (kernels/loader.py: with
+    its messages and its lock between processes).  Called by every reader of the kernel."""
+    global _C, _KERNEL_ERROR, _KERNEL_SOURCE
+    if _loaded["cpu"]:
+        return
+    with _load_lock:
+        if _loaded["cpu"]:
+            return
+        module, error, source = loader.load_cpu_kernel()
+        kernel = None
+        if module is not None:
+            # its computing entry points as registered operators, with the module's calling
+            # convention
+            kernel = ops.CpuKernel(module)
+        else:
+            # the loader has warned (or RNN_ABLATIONS_NO_KERNEL / RNN_ABLATIONS_DISABLE_KERNEL
+            # asked for that): the plan's fallback warning is not repeated
+            with _warn_lock:
+                _warned.update(("CPU", "CPU scan"))
+        _C, _KERNEL_ERROR, _KERNEL_SOURCE = kernel, error, source
+        _loaded["cpu"] = True
+        if kernel is not None:
+            # the kernel_isa default (RNN_ABLATIONS_ISA): a path this CPU lacks fails here,
+            # at the kernel's first use
+            apply_kernel_isa(process_options().kernel_isa)
+
+
+def load_cuda_kernel() -> None:
+    """Find the CUDA kernels once per process (thread-safe): their entry points, or why they are
+    not in use (no CUDA in torch, no device, no NVRTC or driver, the switch).  Nothing is
+    compiled here (each NVRTC program is compiled by the first call that needs it)."""
+    global _C_cuda, _CUDA_KERNEL_ERROR
+    if _loaded["cuda"]:
+        return
+    with _load_lock:
+        if _loaded["cuda"]:
+            return
+        raw, error = _cuda_kernels.load()
+        # their computing entry points as operators (CUDA implementations of the CPU kernel's)
+        _C_cuda = ops_cuda.CudaKernel(raw) if raw is not None else None
+        _CUDA_KERNEL_ERROR = error
+        _loaded["cuda"] = True
+
+
+def _cpu():
+    """The CPU kernel (loaded on the first call), or ``None``."""
+    if not _loaded["cpu"]:
+        load_cpu_kernel()
+    return _C
+
+
+def _cuda():
+    """The CUDA kernel (found on the first call), or ``None``."""
+    if not _loaded["cuda"]:
+        load_cuda_kernel()
+    return _C_cuda
+
+
+def __getattr__(name: str):
+    """``registry._C`` and the other kernel globals, read (or monkeypatched) from outside before
+    the first use: load that kernel, then answer."""
+    if name in _CPU_GLOBALS:
+        load_cpu_kernel()
+    elif name in _CUDA_GLOBALS:
+        load_cuda_kernel()
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return globals()[name]
+
+
+def cpu_kernel_loaded() -> bool:
+    """Whether this process has loaded (or tried to load) the CPU kernel: false until a layer
+    call, an accessor or ``rnn-ablations kernels build`` asks for it."""
+    return _loaded["cpu"]
+
+
+# Warned once per kind (``Plan.warning``); without a CPU kernel the loader has warned already.
+_warned = set()
 _warn_lock = threading.Lock()
 
 
@@ -55,24 +135,20 @@ def apply_kernel_isa(name: str) -> None:
     """Switch the CPU kernel's vector path (the ``kernel_isa`` setting; called by
     :func:`rnn_ablations.set_options`).  ``ValueError`` for a path this CPU/build cannot run,
     ``RuntimeError`` for a named path without a kernel."""
-    if _C is None:
+    kernel = _cpu()
+    if kernel is None:
         if name == "auto":
             return
         raise RuntimeError(f"kernel_isa={name!r}: there is no compiled CPU kernel ({_KERNEL_ERROR})")
     try:
-        _C.set_kernel_isa(name)
+        kernel.set_kernel_isa(name)
     except RuntimeError as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
 
 
-if _C is not None:
-    # the kernel_isa default (RNN_ABLATIONS_ISA): a path this CPU lacks fails here, at import
-    apply_kernel_isa(process_options().kernel_isa)
-
-
 def require_a_kernel() -> None:
     """``RuntimeError`` when no compiled kernel is available (``backend="kernel"`` needs one)."""
-    if _C is None and _C_cuda is None:
+    if _cpu() is None and _cuda() is None:
         raise RuntimeError("backend='kernel': no compiled kernel is available (CPU: "
                            f"{_KERNEL_ERROR}; CUDA: {_CUDA_KERNEL_ERROR})")
 
@@ -103,39 +179,41 @@ def _can(kernel, capability: str) -> bool:
 
 
 def cpu_kernel():
-    """The CPU kernel (``ops.CpuKernel``), or ``None`` (why: :func:`cpu_kernel_error`)."""
-    return _C
+    """The CPU kernel (``ops.CpuKernel``), or ``None`` (why: :func:`cpu_kernel_error`); the
+    first call loads it (:func:`load_cpu_kernel`)."""
+    return _cpu()
 
 
 def cpu_kernel_error() -> Optional[str]:
     """Why there is no CPU kernel (``None`` when there is one)."""
-    return _KERNEL_ERROR if _C is None else None
+    return _KERNEL_ERROR if _cpu() is None else None
 
 
 def cpu_kernel_source() -> Optional[str]:
-    """Where the CPU kernel was loaded from (``"installed"``, ``"cache"``, ``"built"``), or
+    """Where the CPU kernel was loaded from (``"installed"``, ``"cache"``, ``"compiled"``), or
     ``None`` without one."""
-    return _KERNEL_SOURCE if _C is not None else None
+    return _KERNEL_SOURCE if _cpu() is not None else None
 
 
 def cuda_kernel():
     """The CUDA kernel (``ops_cuda.CudaKernel``), or ``None`` (why: :func:`cuda_kernel_error`)."""
-    return _C_cuda
+    return _cuda()
 
 
 def cuda_kernel_error() -> Optional[str]:
     """Why the CUDA kernels are not in use (``None`` when they are)."""
-    return _CUDA_KERNEL_ERROR if _C_cuda is None else None
+    return _CUDA_KERNEL_ERROR if _cuda() is None else None
 
 
 def graphed_cuda_kernel():
     """The CUDA kernel behind CUDA-graph replay (``cuda_graphs.GraphedKernel``, same entry
     points; one per process, so its recorded graphs are reused), or ``None``."""
     global _graphed_cuda
-    if _C_cuda is None:
+    cuda = _cuda()
+    if cuda is None:
         return None
-    if _graphed_cuda is None or _graphed_cuda.ext is not _C_cuda:
-        _graphed_cuda = cuda_graphs.GraphedKernel(_C_cuda)
+    if _graphed_cuda is None or _graphed_cuda.ext is not cuda:
+        _graphed_cuda = cuda_graphs.GraphedKernel(cuda)
     return _graphed_cuda
 
 
@@ -199,19 +277,20 @@ _kernels_cache = {}
 
 def kernels() -> Kernels:
     """What this process has compiled, for :func:`rnn_ablations.plan.plan_layer`."""
-    isa = _C.kernel_isa() if _C is not None else None
-    key = (id(_C), id(_C_cuda), isa)
+    cpu, cuda = _cpu(), _cuda()
+    isa = cpu.kernel_isa() if cpu is not None else None
+    key = (id(cpu), id(cuda), isa)
     got = _kernels_cache.get(key)
     if got is None:
         scan_why = ("the compiled extension has no scan kernels of this version (scan_abi "
                     f"{SCAN_ABI}): rebuild it "
                     "(`pip install --no-build-isolation -e .`)")
         got = Kernels(
-            cpu=_C is not None, cuda=_C_cuda is not None,
-            cpu_scan=_can(_C, "scan"), cuda_scan=_can(_C_cuda, "scan"),
-            persistent=_can(_C_cuda, "persistent"), onednn=onednn_usable(), isa=isa,
-            cpu_error=_KERNEL_ERROR if _C is None else scan_why,
-            cuda_error=_CUDA_KERNEL_ERROR if _C_cuda is None else scan_why)
+            cpu=cpu is not None, cuda=cuda is not None,
+            cpu_scan=_can(cpu, "scan"), cuda_scan=_can(cuda, "scan"),
+            persistent=_can(cuda, "persistent"), onednn=onednn_usable(), isa=isa,
+            cpu_error=_KERNEL_ERROR if cpu is None else scan_why,
+            cuda_error=_CUDA_KERNEL_ERROR if cuda is None else scan_why)
         _kernels_cache.clear()
         _kernels_cache[key] = got
     return got
@@ -230,13 +309,14 @@ def warn_once(plan) -> None:
 
 
 def kernel_available() -> bool:
-    """True when the compiled CPU kernel could be imported."""
-    return _C is not None
+    """True when the compiled CPU kernel could be loaded (the first call loads it, compiling it
+    on first use when the install did not: :func:`load_cpu_kernel`)."""
+    return _cpu() is not None
 
 
 def cuda_kernel_available() -> bool:
     """True when the compiled CUDA kernel could be imported."""
-    return _C_cuda is not None
+    return _cuda() is not None
 
 
 def kernel_isa() -> Optional[str]:
@@ -247,12 +327,14 @@ def kernel_isa() -> Optional[str]:
     CPU runs, from cpuid and whether the OS saves the registers, not from the machine that
     compiled it); the test path ``"emulated_avx512"`` runs the AVX-512 path's GEMM blocking with
     AVX2 instructions."""
-    return _C.kernel_isa() if _C is not None else None
+    cpu = _cpu()
+    return cpu.kernel_isa() if cpu is not None else None
 
 
 def supported_kernel_isas() -> list:
     """The vector paths this CPU and build can run, best first (empty without a kernel)."""
-    return list(_C.supported_isas()) if _C is not None else []
+    cpu = _cpu()
+    return list(cpu.supported_isas()) if cpu is not None else []
 
 
 #: ``_C_cuda`` behind CUDA-graph replay (:func:`graphed_cuda_kernel`)

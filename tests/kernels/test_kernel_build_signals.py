@@ -23,6 +23,7 @@ CHILD = """
 import sys
 sys.modules["rnn_ablations._C"] = None   # no installed module: the first-use build runs
 import rnn_ablations
+rnn_ablations.kernel_available()         # the kernel's first use (the import loads nothing)
 """
 
 
