@@ -94,7 +94,7 @@ def test_only_the_listed_places_name_an_output_rule():
     assert switching == {"rnn_ablations/csrc/common/kernel_spec.h"}, switching
     comparing = {p.relative_to(ROOT).as_posix() for p in (ROOT / "rnn_ablations").rglob("*.py")
                  # (whether a cell has memory, output rule "content" or not, is no rule's own)
-                 if re.search(r"\.output\s*(==|!=|\bin\b)(?!\s*OUT_CONTENT\b)", p.read_text())}
+                 if re.search(r"\.output\s*(==|!=|\bin\b)(?!\s*SPEC_OUT_CONTENT\b)", p.read_text())}
     assert comparing <= LISTED, f"modules that compare an output rule but are not listed: " \
                                 f"{sorted(comparing - LISTED)}"
 
@@ -123,6 +123,74 @@ def test_every_kernel_family_runs_the_shared_templates():
     assert not re.search(r"\bScanOutput\b|\bscan_layout\s*\(|OUTPUT_CODES",
                          "".join(p.read_text() for p in _sources())
                          + (ROOT / "rnn_ablations" / "kernels" / "scan.py").read_text())
+
+
+# ------------------------------------------------------------ a rule that is not an output rule
+def _rule_places():
+    """(file, [names]) of each row of CONTRIBUTING.md's list of non-output rule places."""
+    m = re.search(r"<!-- non-output rule places[^>]*-->\n(.*?)<!-- end of non-output rule places -->",
+                  TEXT, re.S)
+    assert m, "CONTRIBUTING.md has no list of non-output rule places between its markers"
+    rows = []
+    for line in m.group(1).strip().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "file" or set(cells[0]) <= set("-: "):
+            continue
+        path = re.fullmatch(r"`([^`]+)`", cells[0])
+        place = re.fullmatch(r"`([^`]+)`", cells[1])
+        assert path and place and len(cells) == 3, f"not a row of file | place | what: {line!r}"
+        rows.append((path.group(1), place.group(1)))
+    return rows
+
+
+RULE_PLACES = _rule_places()
+
+
+def _defines_anywhere(path: str, name: str) -> bool:
+    """``name`` is defined in ``path``: a function, method, class or constant (Python), or a
+    function, struct or constant (C++)."""
+    text = (ROOT / path).read_text()
+    if path.endswith(".py"):
+        return re.search(rf"^\s*(def\s+{name}\s*\(|class\s+{name}\b|{name}\s*[:=])", text,
+                         re.M) is not None
+    return re.search(rf"([\w*&]\s+{name}\s*[(:{{=]|struct\s+{name}\b)", text) is not None
+
+
+def test_the_non_output_rule_count_is_the_list():
+    stated = re.search(r"A new content activation is \*\*(\d+) edits in (\d+) files\*\*",
+                       TEXT)
+    assert stated, "CONTRIBUTING.md states no count of places for a new non-output rule"
+    assert len(set(RULE_PLACES)) == len(RULE_PLACES), "a place is listed twice"
+    assert (int(stated.group(1)), int(stated.group(2))) == (
+        len(RULE_PLACES), len({p for p, _ in RULE_PLACES}))
+
+
+@pytest.mark.parametrize("path,name", RULE_PLACES, ids=[f"{p}:{n}" for p, n in RULE_PLACES])
+def test_every_listed_non_output_place_exists(path, name):
+    assert (ROOT / path).is_file(), f"{path} is listed in CONTRIBUTING.md but does not exist"
+    assert _defines_anywhere(path, name), \
+        f"CONTRIBUTING.md lists {name} in {path}; it is not defined there"
+
+
+#: how the sources read the content activation: the row's field, the decoded flag, the bit,
+#: the template argument of the shared maths
+_READS_ACTIVATION = re.compile(r"\bcontent_activation\b|\bcontent_tanh\b|\bkSpecContentTanh\b|"
+                               r"\bContentTanh\b|SPEC_FIELDS\[\"content_tanh\"\]")
+
+
+def test_only_the_listed_files_read_the_content_activation():
+    """Every source file of the package that reads the content activation (the row's field, the
+    decoded flag or its bit) is in the list, so a new activation added at the listed places
+    reaches every reader: the list misses no file (as it missed the CUDA launcher's decoder and
+    the export loop's layout before they were listed)."""
+    pkg = ROOT / "rnn_ablations"
+    reading = {p.relative_to(ROOT).as_posix() for p in pkg.rglob("*")
+               if p.suffix in (".py", ".h", ".cpp", ".cu", ".cuh")
+               and "__pycache__" not in p.parts and _READS_ACTIVATION.search(p.read_text())}
+    listed = {p for p, _ in RULE_PLACES}
+    assert reading and reading <= listed, \
+        f"files that read the content activation but are not listed: {sorted(reading - listed)}"
+    assert listed <= reading, f"listed files that do not read it: {sorted(listed - reading)}"
 
 
 # --------------------------------------------------------------------------- rows from the fields
