@@ -247,6 +247,18 @@ def test_shipped_configs_name_only_what_the_wheel_has():
             assert not _CHECKOUT_ONLY.search(text), f"{path.name}:{number}: {line}"
 
 
+def test_command_help_names_only_what_the_wheel_has():
+    import argparse
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert "speed" in sub.choices
+    for name, command in sub.choices.items():
+        text = command.format_help()
+        found = _CHECKOUT_ONLY.search(text)
+        assert not found, f"`rnn-ablations {name} --help` names {found.group(0)!r}:\n{text}"
+
+
 @pytest.mark.parametrize("command,argv,module,extra", [
     ("ablate", ["ablate", "--out", "unused"], "tqdm", 'pip install "$PKG[lm]"'),
     ("ablate", ["ablate", "--out", "unused"], "matplotlib", 'pip install "$PKG[lm]"'),

@@ -4,14 +4,14 @@ All models are timed in the same process, in interleaved rounds (every model onc
 that a change in machine load hits all of them alike); the reported time is the median over
 rounds and the ratio is ``time(nn.LSTM) / time(variant)`` (> 1 = faster than nn.LSTM).
 
-    python benchmarks/speed.py --shapes experiments --threads 2
+    rnn-ablations speed --shapes experiments --threads 2 --out DIR
         # the experiments' shapes, train and inference, every variant against nn.LSTM of the
-        # same configuration; writes benchmarks/results/speed_cpu_experiments.{json,md} with the
-        # machine (CPU model, AVX-512 or not, the kernel's vector path)
-    python benchmarks/speed.py --shapes experiments --threads 2 --directions both
+        # same configuration; writes DIR/speed_cpu_experiments.{json,md} with the machine (CPU
+        # model, AVX-512 or not, the kernel's vector path); without --out it prints the table
+    rnn-ablations speed --shapes experiments --threads 2 --directions both
         # also each bidirectional variant with its directions one after the other
         # ("<variant> [sequential directions]"), for an A/B of the concurrent directions
-    python benchmarks/speed.py --shapes experiments --threads 2 --isas avx512 avx2
+    rnn-ablations speed --shapes experiments --threads 2 --isas avx512 avx2
         # every variant once per CPU kernel vector path ("<variant> [avx2]"), interleaved in the
         # same rounds, for an A/B of the AVX-512 path against the AVX2 one
 """

@@ -219,28 +219,68 @@ def _plot(results: List[Dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _ok(p, limit: float) -> bool:
+    return p is not None and math.isfinite(p) and p <= limit
+
+
+def _divergence_line(results: List[Dict]) -> str:
+    """The figure's line under the panels for the diverged runs: what the red marks mean, with
+    each run's final validation perplexity and the epoch from which it stayed diverged."""
+    parts = []
+    for r in results:
+        if not diverged(r):
+            continue
+        since = diverged_since(r)
+        final = r.get("valid_ppl")
+        value = _fmt_ppl(final) if final is not None else "n/a"
+        parts.append(f"{_SHORT.get(r['variant'], r['variant']).replace(chr(10), ' ')} "
+                     f"{value}" + (f" from epoch {since}" if since is not None else ""))
+    if not parts:
+        return ""
+    limit = {_limit(r) for r in results if diverged(r)}
+    what = (f"the vocabulary size ({next(iter(limit)):g})" if len(limit) == 1
+            and all(r.get("vocab_size") for r in results if diverged(r)) else "the limit")
+    return (f"red: diverged, the validation perplexity not finite or above {what} at the end "
+            f"({'; '.join(parts)}); the run's other numbers are as measured")
+
+
 def ablation_figure(results: List[Dict], title: str):
-    """The figure of results.png: perplexity (a dot plot on an axis fitted to the values, broken when −GATES is
-    far from the rest; each point labelled with its difference to the best), agreement accuracy
-    when the corpus has it, and training speed; diverged runs are marked in red."""
+    """The figure of results.png: every number of the table.  Perplexity (valid and test as
+    points on an axis fitted to the values, broken when −GATES is far from the rest; each point
+    labelled with its value, valid also with its difference to the best), agreement accuracy
+    when the corpus has it, training speed with each bar's value and the recurrent parameters
+    under each name (the learning rate in the title when every run shares it, else under the
+    names).  A diverged run's validation perplexity is a red mark at the top of the panel with its
+    value; its other numbers are drawn as measured, and a line under the panels says what red
+    means.  Legends sit under the panels, clear of the labels."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.transforms import blended_transform_factory
 
     red = "#c03030"
+    valid_colour, test_colour = "#4878a8", "#c07820"
     labels = [_SHORT.get(r["variant"], r["variant"]) for r in results]
     xs = list(range(len(results)))
     bad = [diverged(r) for r in results]
+    limits = [_limit(r) for r in results]
     has_test = any(r.get("test_ppl") is not None for r in results)
     has_acc = any(r.get("valid_long_range_acc") is not None for r in results)
-    ok_ppls = [p for r, b in zip(results, bad) if not b
-               for p in (r["valid_ppl"], r.get("test_ppl")) if p is not None and math.isfinite(p)]
+    lrs = {r["hyper_parameters"]["learning_rate"] for r in results}
+    # the points: every valid perplexity of a run that did not diverge, and every test
+    # perplexity that is finite and not above the limit (a diverged run's included)
+    points = {"valid_ppl": [(x, r["valid_ppl"]) for x, r, b in zip(xs, results, bad) if not b],
+              "test_ppl": [(x, r.get("test_ppl")) for x, r, lim in zip(xs, results, limits)
+                           if _ok(r.get("test_ppl"), lim)]}
+    ok_ppls = [p for pts in points.values() for _, p in pts]
     split = _split_axis(ok_ppls) if ok_ppls else None
 
     n_panels = 3 if has_acc else 2
-    fig = plt.figure(figsize=(5.2 * n_panels, 5.0))
-    gs = fig.add_gridspec(3, n_panels, height_ratios=[1, 1, 1], hspace=0.08, wspace=0.28)
+    ratios = [1.45] + [1.0] * (n_panels - 1)
+    fig = plt.figure(figsize=(5.0 * sum(ratios), 5.8))
+    gs = fig.add_gridspec(3, n_panels, height_ratios=[1, 1, 1], width_ratios=ratios,
+                          hspace=0.08, wspace=0.22)
     if split:
         ax_hi = fig.add_subplot(gs[0, 0])
         ax_lo = fig.add_subplot(gs[1:, 0], sharex=ax_hi)
@@ -249,27 +289,28 @@ def ablation_figure(results: List[Dict], title: str):
         ax_lo = fig.add_subplot(gs[:, 0])
         ax_hi = None
         ppl_axes = [ax_lo]
-    best = min((r["valid_ppl"] for r, b in zip(results, bad) if not b), default=None)
-    series = [("valid", "valid_ppl", "o", "#4878a8", -0.13)]
+
+    def axis_of(p):
+        return ax_hi if (split and p >= min(split[1])) else ax_lo
+
+    best = min((p for _, p in points["valid_ppl"]), default=None)
+    series = [("valid_ppl", "o", valid_colour, -0.12)]
     if has_test:
-        series.append(("test", "test_ppl", "D", "#e0a040", 0.13))
+        series.append(("test_ppl", "D", test_colour, 0.12))
+    for key, marker, colour, dx in series:
+        for ax in ppl_axes:
+            ax.plot([x + dx for x, _ in points[key]], [p for _, p in points[key]], marker,
+                    color=colour, ms=6.5, linestyle="none", zorder=3)
+        for x, p in points[key]:
+            if key == "valid_ppl":   # left of the point: the value and its difference to the best
+                text, xy, off, ha = (f"{p:.2f}\n({'best' if p == best else f'+{p - best:.2f}'})",
+                                     (x + dx, p), -5, "right")
+            else:                    # right of the point: the value
+                text, xy, off, ha = f"{p:.2f}", (x + dx, p), 5, "left"
+            axis_of(p).annotate(text, xy, xytext=(off, 0), textcoords="offset points", ha=ha,
+                                va="center", fontsize=7, color=colour if key == "test_ppl" else "k")
     for ax in ppl_axes:
-        for name, key, marker, colour, dx in series:
-            pts = [(x + dx, r.get(key)) for x, r, b in zip(xs, results, bad)
-                   if not b and r.get(key) is not None]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color=colour, ms=7,
-                        label=name, linestyle="none", zorder=3)
         ax.grid(axis="y", color="#dddddd", linewidth=0.6, zorder=0)
-    # value labels (valid), with the difference to the best valid perplexity
-    for x, r, b in zip(xs, results, bad):
-        if b:
-            continue
-        p = r["valid_ppl"]
-        ax = ax_hi if (split and p >= min(split[1])) else ax_lo
-        delta = "best" if p == best else f"+{p - best:.2f}"
-        ax.annotate(f"{p:.2f}\n({delta})", (x - 0.13, p), xytext=(-6, 0), textcoords="offset points",
-                    ha="right", va="center", fontsize=7.5)
     if split:
         ax_lo.set_ylim(*_limits(split[0]))
         ax_hi.set_ylim(*_limits(split[1]))
@@ -287,63 +328,85 @@ def ablation_figure(results: List[Dict], title: str):
         ax_lo.set_ylim(*_limits(ok_ppls))
     top_ax = ax_hi if split else ax_lo
     trans = blended_transform_factory(top_ax.transData, top_ax.transAxes)
-    for x, r, b in zip(xs, results, bad):
-        if b:
-            p = r.get("valid_ppl")
-            val = _fmt_ppl(p) if p is not None else "n/a"
-            since = diverged_since(r)
-            val += f"\nfrom epoch {since}" if since is not None else ""
-            top_ax.plot([x], [0.97], marker="^", color=red, ms=9, transform=trans, clip_on=False)
-            top_ax.text(x, 0.90, f"diverged\nvalid ppl\n{val}", transform=trans, ha="center",
-                        va="top", fontsize=7.5, color=red)
-    ax_lo.set_xlim(-0.95, len(xs) - 0.5)
+    for x, r, b, lim in zip(xs, results, bad, limits):
+        if not b:
+            continue
+        p = r.get("valid_ppl")
+        val = _fmt_ppl(p) if p is not None else "n/a"
+        since = diverged_since(r)
+        val += f"\nfrom epoch {since}" if since is not None else ""
+        t = r.get("test_ppl")
+        if t is not None and not _ok(t, lim):   # not drawn as a point: its value here
+            val += f"\ntest ppl {_fmt_ppl(t)}"
+        top_ax.plot([x - 0.12], [0.97], marker="^", color=red, ms=9, transform=trans,
+                    clip_on=False)
+        top_ax.text(x - 0.12, 0.90, f"diverged\nvalid ppl\n{val}", transform=trans,
+                    ha="center", va="top", fontsize=7, color=red)
+    ax_lo.set_xlim(-0.85, len(xs) - 0.3)
     ax_lo.set_xticks(xs, labels, fontsize=8)
     ax_lo.set_ylabel("perplexity (lower is better)"
                      + (", log scale" if ax_lo.get_yscale() == "log" else ""))
     top_ax.set_title("perplexity" + (" (axis broken)" if split else "") + "\n"
-                     "label: valid ppl (difference to the best)", fontsize=9)
-    if ax_lo.get_legend_handles_labels()[0]:
-        ax_lo.legend(fontsize=8, loc="best")
+                     "valid: value (difference to the best valid); test: value", fontsize=9)
+    handles = [Line2D([], [], marker="o", color=valid_colour, linestyle="none", label="valid")]
+    if has_test:
+        handles.append(Line2D([], [], marker="D", color=test_colour, linestyle="none",
+                              label="test"))
+    if any(bad):
+        handles.append(Line2D([], [], marker="^", color=red, linestyle="none",
+                              label="valid, diverged"))
+    under = dict(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8,
+                 frameon=False)
+    ax_lo.legend(handles=handles, **under)
 
     col = 1
     if has_acc:
         ax = fig.add_subplot(gs[:, col])
         col += 1
         w = 0.38 if has_test else 0.6
-        for k, (name, key, colour) in enumerate((("valid", "valid_long_range_acc", "#4878a8"),
-                                                 ("test", "test_long_range_acc", "#e0a040"))):
+        for k, (name, key, colour) in enumerate((("valid", "valid_long_range_acc", valid_colour),
+                                                 ("test", "test_long_range_acc", test_colour))):
             if name == "test" and not has_test:
                 continue
             off = (k - 0.5) * w if has_test else 0.0
             vals = [r.get(key) for r in results]
             ax.bar([x + off for x in xs], [100 * v if v is not None else 0 for v in vals], w,
-                   color=[red if b else colour for b in bad], label=name,
-                   hatch=None, zorder=2)
+                   color=[red if b else colour for b in bad], label=name, zorder=2)
             for x, v in zip(xs, vals):
                 if v is not None:
                     ax.text(x + off, 100 * v + 1, f"{100 * v:.1f}", ha="center", va="bottom",
-                            fontsize=7)
-        ax.set_ylim(0, 108)
+                            fontsize=6.5, rotation=90 if has_test else 0)
+        ax.set_ylim(0, 112)
         ax.set_ylabel("agreement accuracy, % (higher is better)")
         ax.set_xticks(xs, labels, fontsize=8)
         ax.set_title("long-range agreement: next-token accuracy\nat the agreeing verbs", fontsize=9)
         ax.grid(axis="y", color="#dddddd", linewidth=0.6, zorder=0)
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(**dict(under, ncol=2))
     ax = fig.add_subplot(gs[:, col])
-    ax.bar(xs, [r["train_words_per_sec"] for r in results], 0.6,
-           color=[red if b else "#60a060" for b in bad], zorder=2)
+    speeds = [r["train_words_per_sec"] for r in results]
+    ax.bar(xs, speeds, 0.6, color=[red if b else "#60a060" for b in bad], zorder=2)
+    for x, v in zip(xs, speeds):
+        ax.text(x, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, max(speeds) * 1.1 if max(speeds) > 0 else 1)
     ax.set_ylabel("training words / s")
-    ax.set_xticks(xs, labels, fontsize=8)
-    ax.set_title("training speed", fontsize=9)
+    names = [f"{lab}\n{r['recurrent_params'] / 1e6:.3f}M"
+             + ("" if len(lrs) == 1 else f"\nlr {r['hyper_parameters']['learning_rate']:g}")
+             for lab, r in zip(labels, results)]
+    ax.set_xticks(xs, names, fontsize=8)
+    ax.set_title("training speed (words/s)\nunder each name: its recurrent parameters"
+                 + ("" if len(lrs) == 1 else " and lr"), fontsize=9)
     ax.grid(axis="y", color="#dddddd", linewidth=0.6, zorder=0)
-    if any(bad):
-        fig.text(0.5, 0.005, "red: diverged run (validation perplexity not finite or above the "
-                 "vocabulary size)", ha="center", va="bottom", fontsize=8, color=red)
     width = fig.get_figwidth()
+    note = _divergence_line(results)
+    if note:
+        fig.text(0.5, 0.008, "\n".join(textwrap.wrap(note, int(width * 15))), ha="center",
+                 va="bottom", fontsize=8, color=red)
+    if len(lrs) == 1:
+        title = f"{title}; lr {next(iter(lrs)):g}"
     lines = textwrap.wrap(title, int(width * 11))
     fig.suptitle("\n".join(lines), fontsize=10)
     top = 1 - (0.6 + 0.17 * len(lines)) / fig.get_figheight()
-    fig.subplots_adjust(left=0.8 / width, right=1 - 0.15 / width, top=top, bottom=0.13)
+    fig.subplots_adjust(left=0.8 / width, right=1 - 0.15 / width, top=top, bottom=0.2)
     return fig
 
 

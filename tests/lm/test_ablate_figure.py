@@ -71,3 +71,64 @@ def test_results_png_is_written(tmp_path):
     img = matplotlib.image.imread(str(paths["results.png"]))
     assert img.shape[1] > 1200 and img[..., :3].std() > 0.1
     assert not math.isnan(img.mean())
+
+
+# the main job's run (docs/reproduction.md): identity RAN diverged on valid, its test ppl is 3.21
+MAIN_JOB = [dict(r, history=[]) for r in EMBEDDED[:4]] + [
+    dict(_result("identity_ran", 1.29e7, 3.21, 0.883), test_long_range_acc=0.918,
+         history=[{"epoch": e, "valid_ppl": 1e7 if e >= 8 or e == 4 else 3.3}
+                  for e in range(1, 11)]),
+    dict(_result("lstm_minus_srnn_minus_hidden", 3.24, 3.21, 0.921), history=[])]
+for _r, _wps in zip(MAIN_JOB, (65803, 188633, 80216, 102497, 98853, 89398)):
+    _r["train_words_per_sec"] = float(_wps)
+
+
+def _drawn(fig):
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def test_every_number_of_the_table_is_on_the_figure():
+    fig = ablation_figure(MAIN_JOB, "main job")
+    texts = "\n".join(_texts(fig) + [t.get_text() for ax in fig.axes
+                                     for t in ax.get_xticklabels()] + [fig._suptitle.get_text()])
+    for r in MAIN_JOB:
+        if not diverged(r):
+            assert f"{r['valid_ppl']:.2f}" in texts, r["variant"]
+        assert f"{r['test_ppl']:.2f}" in texts, r["variant"]     # identity RAN's 3.21 too
+        for key in ("valid_long_range_acc", "test_long_range_acc"):
+            assert f"{100 * r[key]:.1f}" in texts, (r["variant"], key)
+        assert f"{r['train_words_per_sec']:,.0f}" in texts, r["variant"]   # the speed's values
+        assert f"{r['recurrent_params'] / 1e6:.3f}M" in texts
+    assert "lr 1" in fig._suptitle.get_text()            # every run's learning rate
+    # identity RAN's test point is drawn on the perplexity axis
+    lo = fig.axes[1]
+    assert any(abs(y - 3.21) < 1e-9 for line in lo.lines for y in line.get_ydata())
+    matplotlib.pyplot.close(fig)
+
+
+def test_the_divergence_is_explained_on_the_figure_in_one_line():
+    fig = ablation_figure(MAIN_JOB, "main job")
+    notes = [t.get_text() for t in fig.texts if t is not fig._suptitle]
+    assert len(notes) == 1 and notes[0].count("\n") == 0, notes
+    assert "identity RAN 1.29e+07 from epoch 8" in notes[0]
+    assert "vocabulary size (53)" in notes[0] and "other numbers are as measured" in notes[0]
+    matplotlib.pyplot.close(fig)
+
+
+@pytest.mark.parametrize("results", [EMBEDDED, MAIN_JOB], ids=["embedded", "main_job"])
+def test_no_label_is_covered_by_a_legend(results):
+    fig = ablation_figure(results, "x")
+    renderer = _drawn(fig)
+    legends = [ax.get_legend().get_window_extent(renderer) for ax in fig.axes
+               if ax.get_legend() is not None]
+    assert legends
+    labels = [t for ax in fig.axes for t in ax.texts + ax.get_xticklabels() if t.get_text()]
+    points = [ax.transData.transform(xy) for ax in fig.axes for line in ax.lines
+              if line.get_transform() == ax.transData for xy in line.get_xydata()]
+    for box in legends:
+        for t in labels:
+            assert not box.overlaps(t.get_window_extent(renderer)), t.get_text()
+        for x, y in points:
+            assert not box.contains(x, y)
+    matplotlib.pyplot.close(fig)
