@@ -3,8 +3,10 @@
 ``rnn-ablations kernels build`` compiles the CPU kernel ``rnn_ablations._C`` for the installed
 torch into the cache (``RNN_ABLATIONS_CACHE``, default ``~/.cache/rnn_ablations``) unless the
 package was installed with one or the cache already holds it, and says which; what the first
-``import rnn_ablations`` would otherwise do (:mod:`rnn_ablations.kernels.loader`).  Without a
-compiler it fails with one line that says so.  ``rnn-ablations kernels precompile-cuda [--arch
+layer call that runs on the CPU kernel would otherwise do (:mod:`rnn_ablations.kernels.loader`;
+the import and the other commands load no kernel).  Without a compiler it fails with one line
+that says so and what to install (a build that failed before in the same environment is tried
+again here).  ``rnn-ablations kernels precompile-cuda [--arch
 sm_XY] [--jobs N] [--all] [--force]`` is ``python -m rnn_ablations.kernels.cuda.precompile``: the
 NVRTC programs of the CUDA kernels, compiled into their cache.
 """
@@ -31,17 +33,29 @@ def build(out=None) -> int:
     if _env.kernel_disabled():
         raise ValueError(f"{_env.kernel_switch_set()} is set, which turns the compiled kernel off; "
                          "unset it to build the kernel")
-    from ..kernels import registry  # noqa: F401  loading it is the build (the first-use path)
+    from ..kernels import loader, registry
 
+    # loading it is the build (the first-use path, its messages and its lock); a failure is
+    # said once, below, without the advice to run this command
+    registry.load_cpu_kernel(report=False, retry_failed=True)
     cpu = registry.cpu_kernel()
     if cpu is None:
-        why = " ".join(str(registry.cpu_kernel_error()).split())
-        print(f"rnn-ablations kernels build: error: {why}", file=sys.stderr)
+        failure = loader.last_failure
+        if failure is None:  # switched off for the CPU (RNN_ABLATIONS_NO_CPU_KERNEL)
+            why = str(registry.cpu_kernel_error())
+        else:
+            installed, what, fix = failure
+            why = (f"the CPU kernel is not available ({installed}; {what}). To fix: "
+                   f"{fix.replace(loader.THEN_BUILD, '')}; until then layers run on the generic "
+                   "PyTorch path (same numbers, slower)")
+        print(f"rnn-ablations kernels build: error: {' '.join(why.split())}", file=sys.stderr)
         return 1
     import torch
 
     source = registry.cpu_kernel_source()
     where = _SOURCES.get(source, source)
+    if source == "compiled" and loader.last_load_seconds is not None:
+        where += f" in {loader.last_load_seconds:.0f} s"
     print(f"CPU kernel for torch {torch.__version__}: {cpu.raw.__file__} ({where}; vector "
           f"path {registry.kernel_isa()})", file=out)
     return 0

@@ -53,9 +53,12 @@ logger = logging.getLogger("rnn_ablations")
 
 MODULE = __package__.rpartition(".")[0] + "._C"  # rnn_ablations._C
 RECORD = "build.json"
-_FIX = ("install a C++ compiler and the Python headers (e.g. `apt install g++ python3-dev`), then "
-        "run `rnn-ablations kernels build` (or import rnn_ablations again); set "
-        "RNN_ABLATIONS_NO_KERNEL=1 to use the generic path without this warning")
+#: the fix's second half, after what to install: what builds the kernel then (the command
+#: ``rnn-ablations kernels build`` leaves it out of its own error)
+THEN_BUILD = (", then run `rnn-ablations kernels build` (or the next layer call compiles it); set "
+              "RNN_ABLATIONS_NO_KERNEL=1 to use the generic path without this warning")
+_FIX = ("install a C++ compiler and the Python headers (e.g. `apt install g++ python3-dev`)"
+        + THEN_BUILD)
 
 
 class KernelCacheError(RuntimeError):
@@ -609,22 +612,31 @@ def _from_cache() -> Tuple[ModuleType, str]:
                 f"loading the module just compiled, {path}, failed ({exc2})") from exc2
 
 
-#: seconds the last :func:`load_cpu_kernel` took (what the kernel adds to ``import rnn_ablations``)
+#: seconds the last :func:`load_cpu_kernel` took (what the kernel adds to its first use)
 last_load_seconds: Optional[float] = None
+#: the last failure of :func:`load_cpu_kernel` in parts: ``(why the installed module is not
+#: used, what failed, the fix)``, or None
+last_failure: Optional[Tuple[str, str, str]] = None
 
 
-def load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
+def load_cpu_kernel(report: bool = True,
+                    retry_failed: bool = False) -> Tuple[Optional[ModuleType], Optional[str], str]:
     """``(module or None, why not, where from)``; where from is ``"installed"``, ``"cache"``,
-    ``"compiled"`` or ``""``."""
+    ``"compiled"`` or ``""``.  ``report=False``: a failure is not logged (the caller says it,
+    from :data:`last_failure`); ``retry_failed``: compile even where a build failed before in this
+    environment (``rnn-ablations kernels build``)."""
     global last_load_seconds
     start = time.perf_counter()
     try:
-        return _load_cpu_kernel()
+        return _load_cpu_kernel(report, retry_failed)
     finally:
         last_load_seconds = time.perf_counter() - start
 
 
-def _load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
+def _load_cpu_kernel(report: bool = True,
+                     retry_failed: bool = False) -> Tuple[Optional[ModuleType], Optional[str], str]:
+    global last_failure
+    last_failure = None
     if _kernel_disabled():  # read first: nothing is loaded (a ValueError for a bad value)
         return None, (f"{_env.kernel_switch_set()} is set: no compiled kernel is loaded, the "
                       "generic path runs"), ""
@@ -637,9 +649,10 @@ def _load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
     folder = None
     try:
         folder = _cache_dir()
-        remembered = None if cached_module(folder)[0] else _remembered_failure(folder)
+        remembered = (None if retry_failed or cached_module(folder)[0]
+                      else _remembered_failure(folder))
         if remembered is not None:  # warned when it failed; not retried in this environment
-            msg = (f"{remembered} (remembered from an earlier import: not compiled again until "
+            msg = (f"{remembered} (remembered from an earlier use: not compiled again until "
                    f"the compiler, the Python headers or torch change, or {FAILED} is deleted "
                    f"from {folder})")
             logger.info(msg)
@@ -659,7 +672,9 @@ def _load_cpu_kernel() -> Tuple[Optional[ModuleType], Optional[str], str]:
                f"generic PyTorch path (same numbers, slower). To fix: {fix}.")
         if isinstance(exc, _BuildFailed) and folder is not None:
             _remember_failure(folder, msg)
-            msg += (" (Later imports do not compile again, and say nothing, until the compiler, "
-                    "the Python headers or torch change.)")
-        logger.warning(msg)
+            msg += (" (Later processes do not compile again, and say nothing, until the "
+                    "compiler, the Python headers or torch change.)")
+        last_failure = (why, what, fix)
+        if report:
+            logger.warning(msg)
         return None, msg, ""

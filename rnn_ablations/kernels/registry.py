@@ -48,17 +48,19 @@ _CPU_GLOBALS = ("_C", "_KERNEL_ERROR", "_KERNEL_SOURCE")
 _CUDA_GLOBALS = ("_C_cuda", "_CUDA_KERNEL_ERROR")
 
 
-def load_cpu_kernel() -> None:
+def load_cpu_kernel(report: bool = True, retry_failed: bool = False) -> None:
     """Load the CPU kernel once per process (thread-safe; a concurrent caller waits): the module
     installed with the package, the cached one, or a first-use build (kernels/loader.py: with
-    its messages and its lock between processes).  Called by every reader of the kernel."""
+    its messages and its lock between processes).  Called by every reader of the kernel;
+    ``report`` and ``retry_failed`` are the loader's (``rnn-ablations kernels build`` says a
+    failure itself, and tries again where a build failed before)."""
     global _C, _KERNEL_ERROR, _KERNEL_SOURCE
     if _loaded["cpu"]:
         return
     with _load_lock:
         if _loaded["cpu"]:
             return
-        module, error, source = loader.load_cpu_kernel()
+        module, error, source = loader.load_cpu_kernel(report=report, retry_failed=retry_failed)
         kernel = None
         if module is not None:
             # its computing entry points as registered operators, with the module's calling

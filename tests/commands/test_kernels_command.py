@@ -44,6 +44,12 @@ def test_build_without_a_compiler_says_so_in_one_line(tmp_path):
     assert "no C++ compiler" in errors[0] and "apt install g++ python3-dev" in errors[0]
     assert "compiling the CPU kernel" not in proc.stderr, proc.stderr
     assert "no-build-isolation" not in proc.stderr and "Traceback" not in proc.stderr
+    # said once, and not sending the user to the command that just failed
+    assert proc.stderr.count("no C++ compiler") == 1, proc.stderr
+    assert "`rnn-ablations kernels build`" not in proc.stderr, proc.stderr
+    # a second run tries again (the failure the first remembered does not stop it)
+    again = _run(code, tmp_path, CC="/nonexistent/cc", CXX="/nonexistent/c++")
+    assert again.returncode == 1 and again.stderr.count("no C++ compiler") == 1, again.stderr
 
 
 def test_build_refuses_while_the_kernel_is_switched_off(tmp_path):
