@@ -164,7 +164,7 @@ class _Training:
             "corpus": {"fingerprint": self.fingerprint, "source": corpus.source,
                        "spec": self.corpus_spec, "vocab_size": len(corpus.vocab)},
             "vocab": corpus.vocab.words,
-            "model": {k: t.cpu() for k, t in self.model.state_dict().items()},
+            "model": _cpu_state_dict(self.model),
             "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
             "state": st, "generator": self.gen.get_state().cpu(),
             "torch_rng": torch.get_rng_state(), "partial": part, "history": self.history,
@@ -534,3 +534,15 @@ def train_lm(variant: str, config: LMConfig, corpus: Corpus, out_dir=None, *,
         run.stopped_result(why)
         return None
     return run.final_result()
+
+
+def _cpu_state_dict(model: torch.nn.Module):
+    """``model.state_dict()`` with every tensor on the CPU, and its metadata kept (the layers'
+    variant and highway records: without them loading a variant whose shapes fit another one,
+    ran or identity_ran, warns that the variant cannot be told apart)."""
+    sd = model.state_dict()
+    out = type(sd)((k, t.cpu()) for k, t in sd.items())
+    meta = getattr(sd, "_metadata", None)
+    if meta is not None:
+        out._metadata = meta
+    return out
