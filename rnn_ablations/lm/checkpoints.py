@@ -18,16 +18,19 @@ import json
 import logging
 import os
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Dict
 
 import torch
 
+from ..rnn import AblatedRNN
 from .configs import LMConfig
 from .model import LanguageModel
 
 __all__ = ["CHECKPOINT", "RESULT", "LOG", "LOSSES", "RUN_FILES", "FORMAT", "CHECKSUM",
            "load_checkpoint", "verify_checkpoint", "save_checkpoint", "model_from_checkpoint",
+           "load_model_state",
            "check_resume", "write_atomic", "write_json"]
 
 _logger = logging.getLogger(__name__)
@@ -163,12 +166,31 @@ def save_checkpoint(ckpt: Dict, path: Path) -> None:
     write_atomic(path, lambda f: f.write(buffer.getbuffer()))
 
 
+def load_model_state(model: LanguageModel, ckpt: Dict) -> None:
+    """Load ``ckpt["model"]`` into ``model`` with the checkpoint's ``variant`` as the variant
+    record of every :class:`~rnn_ablations.AblatedRNN` layer.  The state dict's own record (its
+    metadata) is gone from the checkpoints the trainer writes (it saves a copy moved to the CPU)
+    and from any copy or cast (``{k: v.float() ...}``); without a record a ``ran`` or
+    ``identity_ran`` layer could only check its shapes, which both share, and would warn."""
+    state = ckpt["model"]
+    metadata = dict(getattr(state, "_metadata", None) or {})
+    for name, module in model.named_modules():
+        if isinstance(module, AblatedRNN):
+            record = dict(metadata.get(name, {}))
+            record.setdefault(AblatedRNN.METADATA_VARIANT, ckpt["variant"])
+            record.setdefault(AblatedRNN.METADATA_HIGHWAY, module.highway)
+            metadata[name] = record
+    recorded = OrderedDict(state)
+    recorded._metadata = metadata
+    model.load_state_dict(recorded)
+
+
 def model_from_checkpoint(ckpt: Dict, device=None) -> LanguageModel:
     """The trained model of a loaded checkpoint, on ``device`` (default: the CPU)."""
     cfg = LMConfig.from_dict(ckpt["config"])
     model = LanguageModel(ckpt["variant"], len(ckpt["vocab"]), cfg.hidden_size, cfg.num_layers,
                           cfg.dropout, cfg.init_scale, cfg.forget_bias)
-    model.load_state_dict(ckpt["model"])
+    load_model_state(model, ckpt)
     return model.to(device or "cpu")
 
 
