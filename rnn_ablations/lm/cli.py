@@ -14,6 +14,8 @@ from typing import Dict, Tuple
 
 import torch
 
+from ..validation import (check_int_range, check_nonnegative_int, check_positive_float,
+                          check_positive_int, cli_type)
 from ..variants import VARIANTS, get_variant
 from .ablate import parse_variants, run_ablation
 from .checkpoints import CHECKPOINT, load_checkpoint, model_from_checkpoint
@@ -54,39 +56,16 @@ def _file_errors(func):
     return run
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+#: the options' argparse types (the checks of rnn_ablations/validation.py)
+_positive_int = cli_type(check_positive_int)
+_nonneg_int = cli_type(check_nonnegative_int)
+_positive_float = cli_type(check_positive_float, parse=float)
 
 
 def _seed_type(low: int):
     """The argparse type of a seed from ``low`` to MAX_SEED (torch's generators' range; the
     dropout generator gets seed + 1)."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-        if not low <= v <= MAX_SEED:
-            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {MAX_SEED} (what "
-                                             f"torch's generators take), got {v}")
-        return v
-    return parse
+    return cli_type(check_int_range, low=low, high=MAX_SEED, why="what torch's generators take")
 
 
 def _parse_set(items) -> Dict:
@@ -324,16 +303,6 @@ def _cmd_params(args) -> int:
     return 0
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return v
-
-
 def _ptb_from_environment(synthetic_default: bool = False):
     """``RNN_ABLATIONS_PTB`` (the default --data of `reproduce ptb` and `lm train`), checked: a
     folder.  ``synthetic_default``: the command trains on the embedded corpus without data
@@ -382,16 +351,31 @@ def _cmd_reproduce(args) -> int:
     return 0 if all(r.get("status") != "failed" for r in res["rows"]) else 1
 
 
+_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
 def add_subparser(subparsers) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
-    # lm ------------------------------------------------------------------------------------
+    """The sub-commands ``lm`` (``train``, ``evaluate``), ``ablate``, ``params`` and
+    ``reproduce`` (``ptb``), one function each."""
+    _add_lm(subparsers)
+    _add_ablate(subparsers)
+    _add_params(subparsers)
+    _add_reproduce(subparsers)
+
+
+def _add_lm(subparsers) -> None:
     lm = subparsers.add_parser(
         "lm", help="train / evaluate the PTB language model with one variant",
         description="The word-level language model of Zaremba et al. (2014) with any variant "
                     "as its recurrent layers (configs small/medium/large of the papers, tiny, "
-                    "synthetic).", formatter_class=fmt)
+                    "synthetic).", formatter_class=_FORMAT)
     lm_sub = lm.add_subparsers(dest="lm_command", metavar="{train,evaluate}")
     lm_sub.required = True
+    _add_lm_train(lm_sub)
+    _add_lm_evaluate(lm_sub)
+
+
+def _add_lm_train(lm_sub) -> None:
     tr = lm_sub.add_parser(
         "train", help="train one language model",
         description="Train one language model; prints a progress bar (perplexity, words/s, the "
@@ -402,7 +386,7 @@ def add_subparser(subparsers) -> None:
                     "point). Ctrl-C finishes the current window, writes a checkpoint and prints the "
                     "command that continues the run.\n\n"
                     "Multi-process: torchrun --nproc-per-node N $(which rnn-ablations) lm train …",
-        formatter_class=fmt)
+        formatter_class=_FORMAT)
     tr.add_argument("--variant", required=True, help=f"one of {_VARIANT_HELP} (or an alias)")
     tr.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory")
     _add_common(tr, "small with --data, synthetic without")
@@ -420,6 +404,9 @@ def add_subparser(subparsers) -> None:
                                               "default: $RNN_ABLATIONS_PTB, else the embedded "
                                               "synthetic corpus")
     tr.set_defaults(func=_cmd_train, _parser=tr, _command_words=("lm", "train"))
+
+
+def _add_lm_evaluate(lm_sub) -> None:
     ev = lm_sub.add_parser(
         "evaluate", help="perplexity of a trained model on valid/test",
         description="Perplexity of a checkpoint on the valid/test split of the data it was "
@@ -436,7 +423,8 @@ def add_subparser(subparsers) -> None:
     ev.add_argument("--json", default=None, metavar="FILE", help="also write the numbers as JSON")
     ev.set_defaults(func=_cmd_evaluate)
 
-    # ablate --------------------------------------------------------------------------------
+
+def _add_ablate(subparsers) -> None:
     ab = subparsers.add_parser(
         "ablate", help="the ablation study: train every variant, print and save the table",
         description="Train every variant (or --variants) under the same config and seed; print "
@@ -449,7 +437,7 @@ def add_subparser(subparsers) -> None:
                     "agreement over long distances, generated from a seed) with the 'synthetic' "
                     "config: a few minutes on 2 CPU cores. With --data DIR it runs on PTB-format "
                     "text with the 'small' config unless --config says otherwise.",
-        formatter_class=fmt)
+        formatter_class=_FORMAT)
     ab.add_argument("--variants", nargs="+", default=None, metavar="VARIANT",
                     help=f"subset of {_VARIANT_HELP} (default: all)")
     ab.add_argument("--out", default="ablation_results", metavar="DIR",
@@ -457,7 +445,8 @@ def add_subparser(subparsers) -> None:
     _add_common(ab, "synthetic without --data, small with it")
     ab.set_defaults(func=_cmd_ablate, _parser=ab, _command_words=("ablate",))
 
-    # params --------------------------------------------------------------------------------
+
+def _add_params(subparsers) -> None:
     pa = subparsers.add_parser(
         "params", help="recurrent parameter counts of every variant (RAN paper, Table 1)",
         description="Parameter counts of the recurrent layers for the configs' sizes (or "
@@ -471,13 +460,18 @@ def add_subparser(subparsers) -> None:
                     help="input size of the first layer (default: = hidden size)")
     pa.set_defaults(func=_cmd_params)
 
-    # reproduce -----------------------------------------------------------------------------
+
+def _add_reproduce(subparsers) -> None:
     rp = subparsers.add_parser(
         "reproduce", help="the papers' PTB table: every variant trained concurrently, test "
                           "perplexity beside the papers'",
-        description="Reproduce a table of the papers at their scale.", formatter_class=fmt)
+        description="Reproduce a table of the papers at their scale.", formatter_class=_FORMAT)
     rp_sub = rp.add_subparsers(dest="reproduce_target", metavar="{ptb}")
     rp_sub.required = True
+    _add_reproduce_ptb(rp_sub)
+
+
+def _add_reproduce_ptb(rp_sub) -> None:
     pt = rp_sub.add_parser(
         "ptb", help="PTB language model, config medium or large (tiny/small for a quick look)",
         description="Train every variant (default: lstm srnn lstm_minus_srnn ran identity_ran) "
@@ -491,7 +485,7 @@ def add_subparser(subparsers) -> None:
                     "--timing STEPS times STEPS steps of every run at once and prints the "
                     "projected wall time of the full run instead of training.\n\n"
                     "  rnn-ablations reproduce ptb --config medium --data data/ptb --out ptb_medium",
-        formatter_class=fmt)
+        formatter_class=_FORMAT)
     pt.add_argument("--config", default="medium", choices=("tiny", "small", "medium", "large"),
                     help="hyper-parameter set (default medium, the papers' PTB table)")
     pt.add_argument("--data", default=None, metavar="DIR",
