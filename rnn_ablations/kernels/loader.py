@@ -388,13 +388,15 @@ def _run_build(folder: str, out: str, build_temp: str, log_path: str,
              out, "--build-temp", build_temp],
             cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             pass_fds=() if lock_fd is None else (lock_fd,))
-        start, expected = time.time(), _expected_seconds()
+        start = time.time()
+        files = max(1, len(_build.cpu_sources()))
         while True:
             try:
                 return proc.wait(timeout=PROGRESS_EVERY)
             except subprocess.TimeoutExpired:
-                logger.warning("rnn_ablations: still compiling the CPU kernel: %.0f s of about "
-                               "%.0f s (log: %s)", time.time() - start, expected, log_path)
+                logger.warning("rnn_ablations: still compiling the CPU kernel: %s (log: %s)",
+                               progress(time.time() - start,
+                                        _compiled_since(build_temp, start), files), log_path)
             except BaseException:  # Ctrl-C, SystemExit: the build stops with this process
                 _stop_group(proc)
                 raise
@@ -402,25 +404,129 @@ def _run_build(folder: str, out: str, build_temp: str, log_path: str,
 
 #: seconds between two progress messages of a first-use build (or of a wait for another one)
 PROGRESS_EVERY = 30.0
-#: a first build's expected time when no earlier build on this machine recorded one
-_DEFAULT_SECONDS = 150.0
+#: CPU seconds the compilers spend on the kernel (every file and the link) where no build in the
+#: cache has recorded its own (``build.json``'s ``cpu_seconds``): measured on a 2-core AMD EPYC
+#: (g++ 12, torch 2.13); a faster CPU takes less
+_DEFAULT_CPU_SECONDS = 95.0
+#: the largest file's share of that work (``csrc/bindings.cpp``, which includes torch's whole
+#: C++ API): one compiler runs it, so no number of cores makes a build shorter than it
+_LARGEST_SHARE = 0.35
 BUILDING = "building.json"
 
 
-def _expected_seconds() -> float:
-    """How long a build takes here: the slowest recorded in the cache (``build.json``'s
-    ``seconds``) or, before any, :data:`_DEFAULT_SECONDS`."""
-    seen = []
+def _recorded_cpu_seconds() -> Optional[float]:
+    """The compilers' CPU seconds of the latest build recorded in the cache (any torch or
+    sources: the work is nearly the same), or None."""
+    latest = None
     try:
         for entry in os.listdir(cache_root()):
             try:
                 with open(os.path.join(cache_root(), entry, RECORD)) as f:
-                    seen.append(float(json.load(f)["seconds"]))
+                    record = json.load(f)
+                stamp, cpu = os.path.getmtime(f.name), float(record["cpu_seconds"])
             except (OSError, ValueError, KeyError, TypeError):
-                pass
+                continue
+            if cpu > 0 and (latest is None or stamp > latest[0]):
+                latest = (stamp, cpu)
     except OSError:
         pass
-    return max(seen) if seen else _DEFAULT_SECONDS
+    return latest[1] if latest else None
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _load() -> float:
+    """The 1-minute load average (runnable processes), 0 where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - Windows
+        return 0.0
+
+
+def _build_jobs(cores: int) -> int:
+    """Compilers the build runs at once: ``MAX_JOBS``, else ninja's default (cores + 2, 3 on two
+    cores, 2 on one) where ninja is installed, else 1 (setuptools compiles one file at a time)."""
+    jobs = os.environ.get("MAX_JOBS", "")
+    if jobs.isdigit() and int(jobs) > 0:
+        return int(jobs)
+    if shutil.which("ninja") is None:
+        return 1
+    return {1: 2, 2: 3}.get(cores, cores + 2)
+
+
+def estimate_seconds(cpu_seconds: Optional[float] = None, files: Optional[int] = None,
+                     cores: Optional[int] = None, load: Optional[float] = None,
+                     jobs: Optional[int] = None, building: int = 0,
+                     largest: bool = True) -> float:
+    """Wall seconds of compiling ``files`` files that take ``cpu_seconds`` of compiler time (the
+    whole build: the latest build recorded in the cache, else :data:`_DEFAULT_CPU_SECONDS`) on
+    ``cores`` cores whose 1-minute load is ``load``, ``building`` of those runnable processes
+    being this build's own compilers.  ``jobs`` compilers run at once, each getting a core, or
+    its share of the cores once more processes want one than there are cores; and no build is
+    shorter than its largest file (:data:`_LARGEST_SHARE`, while ``largest``: it is among the
+    files) on one compiler."""
+    from . import build as _build
+
+    work = cpu_seconds if cpu_seconds is not None else (
+        _recorded_cpu_seconds() or _DEFAULT_CPU_SECONDS)
+    files = max(1, files if files is not None else len(_build.cpu_sources()))
+    cores = max(1, cores or _cores())
+    others = max(0.0, (_load() if load is None else load) - building)
+    jobs = max(1, min(jobs or _build_jobs(cores), files))
+    share = min(1.0, cores / (others + jobs))  # of a core, for each compiler
+    wall = work / (jobs * share)
+    if largest:
+        full = cpu_seconds if cpu_seconds is not None and files == len(_build.cpu_sources()) \
+            else (_recorded_cpu_seconds() or _DEFAULT_CPU_SECONDS)
+        wall = max(wall, min(work, _LARGEST_SHARE * full) / share)
+    return wall
+
+
+def _expected_seconds() -> float:
+    """How long a whole build takes here now (:func:`estimate_seconds`)."""
+    return estimate_seconds()
+
+
+#: the largest file's name (:data:`_LARGEST_SHARE`)
+_LARGEST = "bindings"
+
+
+def _compiled_since(build_temp: str, start: float) -> list:
+    """The names of the object files the build has written into ``build_temp`` since
+    ``start``."""
+    done = []
+    for root, _, names in os.walk(build_temp):
+        for name in names:
+            if name.endswith((".o", ".obj")):
+                try:
+                    if os.path.getmtime(os.path.join(root, name)) >= start - 1:
+                        done.append(name)
+                except OSError:
+                    pass
+    return done
+
+
+def progress(elapsed: float, done: list, files: int) -> str:
+    """A progress line's middle: the time so far, the files compiled (``done``: their object
+    files' names), and the time left at the present load (the work left: the largest file's
+    share while it is not compiled, the files not yet compiled at an equal share of the rest)."""
+    left_files = max(0, files - len(done))
+    if left_files == 0:
+        return f"{elapsed:.0f} s, all {files} files compiled, linking"
+    whole = _recorded_cpu_seconds() or _DEFAULT_CPU_SECONDS
+    largest = not any(name.startswith(_LARGEST) for name in done)
+    rest = whole * (1 - _LARGEST_SHARE) * (left_files - largest) / max(1, files - 1)
+    work = rest + (whole * _LARGEST_SHARE if largest else 0.0)
+    jobs = min(_build_jobs(_cores()), left_files)
+    left = estimate_seconds(cpu_seconds=work, files=left_files, jobs=jobs, building=jobs,
+                            largest=largest)
+    return (f"{elapsed:.0f} s, {len(done)} of {files} files compiled, about {left:.0f} s to go "
+            "at the present load")
 
 
 def _lock_waiting(fcntl, lock, folder: str) -> None:
@@ -455,7 +561,18 @@ def _lock_waiting(fcntl, lock, folder: str) -> None:
                            "CPU kernel (%.0f s)", last - start)
 
 
-def _publish(folder: str, built: str, seconds: float) -> str:
+def _children_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's finished child processes and theirs: the
+    build's compilers, once it has returned."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return 0.0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _publish(folder: str, built: str, seconds: float, cpu_seconds: float = 0.0) -> str:
     """Move the module ``built`` (in a temporary folder inside ``folder``) into place with its
     record, each flushed to disk and then renamed, so that no reader sees a partial file."""
     name = os.path.basename(built)
@@ -463,7 +580,8 @@ def _publish(folder: str, built: str, seconds: float) -> str:
         os.fsync(f.fileno())
     size, sha = _digest(built)
     record = {"module": name, "size": size, "sha256": sha, "torch": torch.__version__,
-              "python": sys.version.split()[0], "seconds": round(seconds, 1)}
+              "python": sys.version.split()[0], "seconds": round(seconds, 1),
+              "cpu_seconds": round(cpu_seconds, 1), "cores": _cores(), "load": round(_load(), 1)}
     fd, temp_record = tempfile.mkstemp(prefix=".build-", suffix=".json", dir=folder)
     os.chmod(temp_record, 0o644)  # mkstemp's 0600 would hide the record from other users
     with os.fdopen(fd, "w") as f:
@@ -516,9 +634,9 @@ def _compile(folder: str) -> str:
                                "compiling it again (%s)", damaged, folder)
             else:
                 logger.warning("rnn_ablations: compiling the CPU kernel for torch %s (once, about "
-                               "%.0f s here; cached in %s; RNN_ABLATIONS_NO_KERNEL=1 skips it and "
-                               "runs the generic path)", torch.__version__, _expected_seconds(),
-                               folder)
+                               "%.0f s here: %d cores, load %.1f; cached in %s; "
+                               "RNN_ABLATIONS_NO_KERNEL=1 skips it and runs the generic path)",
+                               torch.__version__, _expected_seconds(), _cores(), _load(), folder)
             try:
                 with open(os.path.join(folder, BUILDING), "w") as f:
                     json.dump({"pid": os.getpid(), "started": time.time()}, f)
@@ -529,7 +647,7 @@ def _compile(folder: str) -> str:
             open(log_path, "w").close()
             out = tempfile.mkdtemp(prefix=".out-", dir=folder)
             try:
-                start = time.time()
+                start, cpu_start = time.time(), _children_cpu_seconds()
                 reused = os.path.isdir(build_temp)
                 rc = _run_build(folder, out, build_temp, log_path, lock.fileno())
                 if rc != 0 and reused:  # the object files kept from an earlier build may be bad
@@ -551,7 +669,8 @@ def _compile(folder: str) -> str:
                 if not built:
                     raise _BuildFailed(
                         f"{what} failed: the build produced no module (log: {log_path})", fix)
-                return _publish(folder, os.path.join(out, built[0]), time.time() - start)
+                return _publish(folder, os.path.join(out, built[0]), time.time() - start,
+                                _children_cpu_seconds() - cpu_start)
             finally:
                 shutil.rmtree(out, ignore_errors=True)
                 try:

@@ -50,7 +50,7 @@ def test_cache_root():
 
 def _kernel_file():
     from rnn_ablations.kernels import registry
-    return getattr(registry._C, "raw", registry._C).__file__
+    return registry.cpu_kernel().raw.__file__
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ x = torch.randn(5, 2, 3)
 out = m(x)[0]
 with ra.use_backend("generic"):
     ref = m(x)[0]
-print(json.dumps({"source": registry._KERNEL_SOURCE, "error": registry._KERNEL_ERROR,
+print(json.dumps({"source": registry.cpu_kernel_source(), "error": registry.cpu_kernel_error(),
                   "loaded": "rnn_ablations._C" in sys.modules, "file": ra.__file__,
                   "available": ra.kernel_available(), "equal": bool(torch.allclose(out, ref, atol=1e-5))}))
 """
@@ -203,9 +203,16 @@ def test_failed_first_use_build_is_remembered(tmp_path):
 
 
 def test_first_use_build_reports_progress(tmp_path, monkeypatch, caplog):
-    """A build says every PROGRESS_EVERY seconds how long it has run of how long it takes."""
+    """A build says every PROGRESS_EVERY seconds how long it has run, how many files it has
+    compiled (the object files it wrote) and how long the rest takes at the present load."""
     script = tmp_path / "slow_build.py"
-    script.write_text("import time; time.sleep(1.5)\n")
+    script.write_text(
+        "import os, sys, time\n"
+        "temp = sys.argv[sys.argv.index('--build-temp') + 1]\n"
+        "os.makedirs(temp, exist_ok=True)\n"
+        "for name in ('bindings.o', 'scan.o'):\n"
+        "    open(os.path.join(temp, name), 'w').close()\n"
+        "time.sleep(1.5)\n")
     monkeypatch.setattr(_build, "__file__", str(script))
     monkeypatch.setattr(_kernel_loader, "PROGRESS_EVERY", 0.4)
     monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path / "cache"))
@@ -214,7 +221,41 @@ def test_first_use_build_reports_progress(tmp_path, monkeypatch, caplog):
                                        str(tmp_path / "build.log"))
     assert rc == 0
     progress = [r.getMessage() for r in caplog.records if "still compiling" in r.getMessage()]
-    assert progress and "s of about 150 s" in progress[0], progress
+    files = len(_build.cpu_sources())
+    assert progress and f"2 of {files} files compiled, about " in progress[-1], progress
+    assert "s to go at the present load" in progress[-1], progress
+
+
+def test_build_estimate_follows_the_cores_the_load_and_the_recorded_build(tmp_path, monkeypatch):
+    """One estimate (:func:`loader.estimate_seconds`): the compilers' work shared by the jobs on
+    the cores left by the load, never below the largest file on one core; a build recorded in
+    the cache gives the work; the progress line's time to go shrinks as files are compiled."""
+    est = _kernel_loader.estimate_seconds
+    files = len(_build.cpu_sources())
+    # quiet, two cores, three compilers at once (2/3 of a core each): the largest file (35 % of
+    # 100 s) bounds it
+    assert est(cpu_seconds=100, files=files, cores=2, load=0, jobs=3) == pytest.approx(52.5)
+    assert est(cpu_seconds=100, files=files, cores=16, load=0, jobs=18) == pytest.approx(35.0)
+    assert est(cpu_seconds=100, files=files, cores=1, load=0, jobs=1) == pytest.approx(100.0)
+    # a loaded machine: each compiler gets its share of the cores
+    assert est(cpu_seconds=100, files=files, cores=2, load=5, jobs=3) == pytest.approx(140.0)
+    # the build's own compilers in the load are not counted as others
+    assert est(cpu_seconds=100, files=files, cores=2, load=3, jobs=3, building=3) == \
+        pytest.approx(52.5)
+    # no record in the cache: the default work; a recorded build's CPU seconds replace it
+    monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path / "cache"))
+    default = est(files=files, cores=2, load=0, jobs=3)
+    assert default == pytest.approx(_kernel_loader._DEFAULT_CPU_SECONDS * 0.35 * 1.5)
+    folder = tmp_path / "cache" / "cpu-x"
+    folder.mkdir(parents=True)
+    (folder / _kernel_loader.RECORD).write_text(json.dumps({"cpu_seconds": 40.0}))
+    assert est(files=files, cores=2, load=0, jobs=3) == pytest.approx(21.0)
+    monkeypatch.setattr(_kernel_loader, "_load", lambda: 0.0)
+    monkeypatch.setattr(_kernel_loader, "_cores", lambda: 2)
+    left = [float(_kernel_loader.progress(10, done, files).split("about ")[1].split(" s")[0])
+            for done in (["a.o"], ["bindings.o", "a.o"], ["bindings.o", "a.o", "b.o", "c.o"])]
+    assert left[0] > left[1] > left[2] > 0, left
+    assert _kernel_loader.progress(10, ["x.o"] * files, files).endswith("linking")
 
 
 def test_a_second_process_says_it_waits_for_the_build(tmp_path, monkeypatch, caplog):
