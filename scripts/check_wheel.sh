@@ -31,11 +31,23 @@ case "$whl" in *-py3-none-any.whl) ;; *) echo "check_wheel: expected a pure whee
 
 cd "$W"   # not the checkout: the installed package only
 export RNN_ABLATIONS_CACHE="$W/cache"
+# a fresh install answers at once: the import and the commands that run no layer compile nothing
+for cmd in "--help" "--version" "variants" "configs path onmt_toy_data" "kernels --help"; do
+  start=$EPOCHREALTIME
+  # shellcheck disable=SC2086  # the words of $cmd are the command's arguments
+  out=$("$W/venv/bin/rnn-ablations" $cmd 2>&1) || { echo "check_wheel: rnn-ablations $cmd failed: $out"; exit 1; }
+  if grep -q "compiling the CPU kernel" <<<"$out" || [ -n "$(ls -A "$RNN_ABLATIONS_CACHE" 2>/dev/null)" ]; then
+    echo "check_wheel: rnn-ablations $cmd built the kernel: $out"; exit 1
+  fi
+  echo "check_wheel: rnn-ablations $cmd answered in $(awk "BEGIN { printf \"%.1f\", $EPOCHREALTIME - $start }") s from an empty cache"
+done
+"$W/venv/bin/python" -c "import rnn_ablations, sys; assert 'torch._dynamo' not in sys.modules"
+[ -z "$(ls -A "$RNN_ABLATIONS_CACHE" 2>/dev/null)" ] || { echo "check_wheel: import rnn_ablations built the kernel"; exit 1; }
 "$W/venv/bin/python" - <<'PY'
 import torch
 import rnn_ablations as ra
 from rnn_ablations.kernels import registry
-assert ra.kernel_available(), registry._KERNEL_ERROR
+assert ra.kernel_available(), registry._KERNEL_ERROR   # the first use: compiled now
 assert registry._KERNEL_SOURCE == "compiled", registry._KERNEL_SOURCE
 m = ra.AblatedRNN("ran", 8, 16, bidirectional=True)
 x = torch.randn(5, 3, 8)
@@ -47,7 +59,7 @@ torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 print("check_wheel: kernel compiled on first use and used; ISA", ra.kernel_isa(),
       "of", ra.supported_kernel_isas())
 PY
-"$W/venv/bin/python" -c "import rnn_ablations as ra; from rnn_ablations.kernels import backend; assert registry._KERNEL_SOURCE == 'cache', registry._KERNEL_SOURCE"
+"$W/venv/bin/python" -c "import rnn_ablations as ra; from rnn_ablations.kernels import registry; assert registry._KERNEL_SOURCE == 'cache', registry._KERNEL_SOURCE"
 built=$("$W/venv/bin/rnn-ablations" kernels build)   # the explicit build step: the cache holds it now
 grep -q "already in the cache" <<<"$built" || { echo "check_wheel: rnn-ablations kernels build: $built"; exit 1; }
 test -f "$("$W/venv/bin/rnn-ablations" configs path bidaf_srnn)"
