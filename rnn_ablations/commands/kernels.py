@@ -68,14 +68,7 @@ def _build(args) -> int:
 def _precompile(args) -> int:
     from ..kernels.cuda import precompile
 
-    argv: List[str] = []
-    for flag in ("all", "force"):
-        if getattr(args, flag):
-            argv.append("--" + flag)
-    for option in ("arch", "jobs"):
-        if getattr(args, option) is not None:
-            argv += ["--" + option, str(getattr(args, option))]
-    return precompile.main(argv)
+    return precompile.run(args, args.precompile_parser)
 
 
 def add_subparser(subparsers) -> None:
@@ -97,10 +90,6 @@ def add_subparser(subparsers) -> None:
              "(python -m rnn_ablations.kernels.cuda.precompile)",
         description="python -m rnn_ablations.kernels.cuda.precompile: compile the CUDA kernels' "
                     "NVRTC programs into their cache (~/.cache/rnn_ablations/cuda/).")
-    c.add_argument("--all", action="store_true", help="every instantiation (the default set)")
-    c.add_argument("--arch", default=None, help="target architecture, e.g. sm_90 (default: the "
-                                                "local GPU)")
-    c.add_argument("--jobs", default=None, help="programs compiled at once (default: the CPU "
-                                                "count)")
-    c.add_argument("--force", action="store_true", help="compile even what the cache holds")
-    c.set_defaults(func=_precompile)
+    from ..kernels.cuda import precompile
+    precompile.add_arguments(c)  # the module's own options (--arch repeated or listed)
+    c.set_defaults(func=_precompile, precompile_parser=c)

@@ -26,8 +26,8 @@ MAIN = "import sys; from rnn_ablations.cli import main; sys.exit(main(['kernels'
 
 def test_build_names_the_module_it_has(tmp_path):
     from rnn_ablations.kernels import registry
-    if registry._C is None:
-        pytest.skip(f"no CPU kernel here: {registry._KERNEL_ERROR}")
+    if registry.cpu_kernel() is None:
+        pytest.skip(f"no CPU kernel here: {registry.cpu_kernel_error()}")
     proc = _run(MAIN, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "CPU kernel for torch" in proc.stdout and ".so" in proc.stdout, proc.stdout
@@ -57,10 +57,31 @@ def test_build_refuses_while_the_kernel_is_switched_off(tmp_path):
     assert proc.returncode == 2 and "unset it to build the kernel" in proc.stderr, proc.stderr
 
 
-def test_precompile_cuda_forwards_its_options(monkeypatch):
+def test_precompile_cuda_reads_its_options_as_the_module_does(monkeypatch, capsys):
+    """The command and ``python -m rnn_ablations.kernels.cuda.precompile`` share one parser
+    definition: --arch repeated or listed compiles every architecture named (each once), and a
+    wrong value is reported with the usage of the command that was run."""
     from rnn_ablations.kernels.cuda import precompile
     seen = []
-    monkeypatch.setattr(precompile, "main", lambda argv=None: seen.append(argv) or 0)
-    assert cli.main(["kernels", "precompile-cuda", "--arch", "sm_90", "--jobs", "2",
-                     "--force"]) == 0
-    assert seen == [["--force", "--arch", "sm_90", "--jobs", "2"]]
+    monkeypatch.setattr(precompile, "precompile",
+                        lambda arch, jobs=1, force=False, out=None: seen.append((arch, jobs,
+                                                                                force)) or 0)
+    assert cli.main(["kernels", "precompile-cuda", "--arch", "sm_80", "--arch", "sm_90",
+                     "--jobs", "2", "--force"]) == 0
+    assert seen == [(80, 2, True), (90, 2, True)]
+    seen.clear()
+    assert cli.main(["kernels", "precompile-cuda", "--arch", "sm_80,sm_90", "--arch",
+                     "sm_90"]) == 0
+    assert [a for a, _, _ in seen] == [80, 90]
+    seen.clear()
+    assert precompile.main(["--arch", "sm_80", "--arch", "sm_86"]) == 0
+    assert [a for a, _, _ in seen] == [80, 86]
+    seen.clear()
+    capsys.readouterr()
+    for bad in (["--arch", "hopper"], ["--jobs", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["kernels", "precompile-cuda"] + bad)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "kernels precompile-cuda" in err and "python -m" not in err, err
+    assert seen == []

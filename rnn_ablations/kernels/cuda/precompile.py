@@ -26,8 +26,8 @@ import sys
 import time
 from typing import List, Optional
 
-from . import cache, nvrtc
-from .programs import all_programs
+# cache, nvrtc and programs are imported by the functions that compile: the command line's
+# parser (add_arguments) is built without them
 
 __all__ = ["main", "precompile"]
 
@@ -73,6 +73,8 @@ def precompile(arch: int, jobs: int = 1, force: bool = False, out=None) -> int:
     """Compile every program for ``arch``; print the table (to ``out``, default the current
     ``sys.stdout``); return the number of failures."""
     out = sys.stdout if out is None else out
+    from . import cache, nvrtc
+    from .programs import all_programs
     progs = all_programs()
     target, cubin = cache.target_for(arch)
     print(f"NVRTC {'.'.join(map(str, nvrtc.version()))}, target {target} "
@@ -105,9 +107,9 @@ def precompile(arch: int, jobs: int = 1, force: bool = False, out=None) -> int:
     return failures
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rnn_ablations.kernels.cuda.precompile",
-                                 description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of this command, on ``ap`` (this module's parser and ``rnn-ablations kernels
+    precompile-cuda``'s: one definition, so both read them alike)."""
     ap.add_argument("--all", action="store_true",
                     help="every instantiation (the default set)")
     ap.add_argument("--arch", type=_parse_arch, action="append", default=None,
@@ -117,7 +119,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="programs compiled at once (default: the CPU count)")
     ap.add_argument("--force", action="store_true",
                     help="compile even what the cache holds (cold times)")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """Compile for the parsed ``args`` (of :func:`add_arguments`); a wrong value is reported by
+    ``ap.error`` (the usage of the command that was run)."""
     if args.jobs < 1:
         ap.error("--jobs must be >= 1")
     if args.arch is not None:
@@ -126,6 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             archs += [a for a in group if a not in archs]
     else:
         archs = _local_archs()
+    from . import nvrtc
     failed = 0
     for arch in archs:
         try:
@@ -137,6 +144,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"architectures {', '.join(f'sm_{a}' for a in archs)}: "
               f"{'all compiled' if not failed else f'{failed} failure(s)'}")
     return 1 if failed else 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rnn_ablations.kernels.cuda.precompile",
+                                 description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    return run(ap.parse_args(argv), ap)
 
 
 if __name__ == "__main__":
