@@ -90,11 +90,17 @@ def _plan_cases():
         for hidden, proj_weight in ((3, 36), (650, 640_000)):
             cases.append(dict(base, directions=directions, threads=threads, needs_grad=grad,
                               steps=steps, hidden=hidden, proj_weight=proj_weight))
+    # a large no-gradient call (streamed) and proj_size: fields of LayerCall beyond the grid
+    for rec_blocks, dtype, projected in ((4, "f32", False), (0, "f32", False), (4, "bf16", False),
+                                         (4, "f32", True), (0, "f32", True)):
+        cases.append(dict(base, rec_blocks=rec_blocks, dtype=dtype, needs_grad=False,
+                          extra=dict(steps=4096, proj_width=1536, projected=projected)))
     return cases
 
 
 def _key(case):
-    return "|".join(f"{k}={case[k]}" for k in AXES)
+    extra = "".join(f"|{k}={v}" for k, v in sorted(case.get("extra", {}).items()))
+    return "|".join(f"{k}={case[k]}" for k in AXES) + extra
 
 
 def _decide(case):
@@ -103,14 +109,16 @@ def _decide(case):
                      proj_weight=case["proj_weight"], directions=case["directions"],
                      needs_grad=case["needs_grad"], threads=case["threads"],
                      autocast_dtype=DTYPES.get(case["autocast"]), uniform=case["uniform"],
-                     scan_layout=case["scan_layout"])
+                     scan_layout=case["scan_layout"])._replace(**case.get("extra", {}))
     try:
         plan = plan_layer(Options(**SETTINGS[case["settings"]]), call, KERNEL_SETS[case["kernels"]])
     except (RuntimeError, ValueError) as exc:
         return {"error": type(exc).__name__ + ": " + str(exc).split(":")[0]}
     return {"runner": plan.runner, "isa": plan.isa, "chunk": plan.chunk, "onednn": plan.onednn,
             "graphs": plan.graphs, "persistent": list(plan.persistent),
-            "warning": plan.warning[0] if plan.warning else None}
+            "warning": plan.warning[0] if plan.warning else None,
+            "bf16_on_f32": plan.bf16_on_f32, "bf16_gemm": plan.bf16_gemm, "stream": plan.stream,
+            "step_gemm": list(plan.step_gemm)}
 
 
 def test_the_plan_names_the_golden_runner_for_every_case():
