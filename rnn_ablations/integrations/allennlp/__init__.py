@@ -9,7 +9,9 @@
 * the ``reduce_on_plateau_torch2`` learning-rate scheduler (:mod:`.schedulers`): AllenNLP's
   ``reduce_on_plateau`` fails on torch 2.x, the BiDAF configs use this one;
 * and it makes a config's ``initializer`` treat a ``stacked_bidirectional_<variant>`` encoder
-  as the ``stacked_bidirectional_lstm`` it replaces (:mod:`.initializers`).
+  as the ``stacked_bidirectional_lstm`` it replaces (:mod:`.initializers`), and a config whose
+  ``"sparse": true`` embeddings this torch cannot clip (``"grad_norm"``) stop before training
+  with one line saying to set ``"sparse": false`` (:mod:`.trainer_checks`).
 
 ``allennlp train config.jsonnet --include-package rnn_ablations`` imports it (AllenNLP imports every
 submodule of the named package).  ``import rnn_ablations`` alone does not need AllenNLP: it imports
@@ -53,8 +55,10 @@ if ALLENNLP_IMPORT_ERROR is None:
     from .predictors import DrQAPredictor  # noqa: E402
     from .schedulers import ReduceOnPlateauTorch2  # noqa: E402
     from .initializers import install as _install_initializers  # noqa: E402
+    from .trainer_checks import install as _install_trainer_checks  # noqa: E402
 
     _install_initializers()  # a config's initializer treats a stacked drop-in as the stock one
+    _install_trainer_checks()  # "sparse": true with grad_norm: one line before training
 else:
     # Without AllenNLP this package imports but exposes nothing: its submodules subclass
     # AllenNLP's classes, so the package hides them (an empty __path__) from tools that import
