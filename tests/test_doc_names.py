@@ -136,7 +136,8 @@ _AMBIGUOUS = {"rnn_ablations", "cli", "core", "data", "model", "configs", "param
               "plan", "functional", "analysis", "checkpoints", "trainer", "interrupt",
               "distributed", "evaluation", "synthetic", "rundir", "corpora", "schedulers",
               "predictors", "encoders", "loaders", "embedded", "machine", "speed", "aliases",
-              "validation", "reproduce", "ablate", "onmt", "allennlp", "host", "main", "rnn"}
+              "validation", "reproduce", "ablate", "onmt", "allennlp", "host", "main", "rnn",
+              "encoder", "options", "translate"}
 
 #: compiled modules (built, not tracked): the CPU kernel
 BUILT = {"rnn_ablations._C"}
