@@ -97,6 +97,40 @@ def fresh_cuda_selfcheck():
     selfcheck.set_enabled(None)
 
 
+_UNCHANGED = object()
+
+
+@pytest.fixture
+def given_kernels(monkeypatch):
+    """``given_kernels(cpu=..., cuda=...)``: the run layer's kernels for the test are the
+    objects given (a counting wrapper, a stand-in; ``None`` for no kernel), through the
+    registry's accessors (``registry.cpu_kernel()``, ``cuda_kernel()``,
+    ``graphed_cuda_kernel()``, which wraps the CUDA one given); the registry's own after the
+    test.  The one place the tests set the registry's loaded kernels (every other read goes
+    through its accessors)."""
+    from rnn_ablations.kernels import registry
+
+    def give(cpu=_UNCHANGED, cuda=_UNCHANGED):
+        if cpu is not _UNCHANGED:
+            registry.load_cpu_kernel()
+            monkeypatch.setattr(registry, "_C", cpu)
+        if cuda is not _UNCHANGED:
+            registry.load_cuda_kernel()
+            monkeypatch.setattr(registry, "_C_cuda", cuda)
+    return give
+
+
+@pytest.fixture
+def cpu_kernel():
+    """The loaded CPU kernel (``registry.cpu_kernel()``), or the test skips with the reason."""
+    from rnn_ablations.kernels import registry
+    kernel = registry.cpu_kernel()
+    if kernel is None:
+        pytest.skip(f"the compiled CPU kernel is not built ({registry.cpu_kernel_error()}): "
+                    f"{_SETUP}")
+    return kernel
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -70,9 +70,9 @@ class CountingKernel:
 
 
 @pytest.fixture
-def counting(monkeypatch):
-    kernel = CountingKernel(ra.kernels.registry._C)
-    monkeypatch.setattr(ra.kernels.backend, "_C", kernel)
+def counting(cpu_kernel, given_kernels):
+    kernel = CountingKernel(cpu_kernel)
+    given_kernels(cpu=kernel)
     return kernel
 
 

@@ -17,7 +17,8 @@ from rnn_ablations import plan as run_plan
 from rnn_ablations.kernels import registry
 from rnn_ablations.plan import stream_steps
 
-pytestmark = pytest.mark.skipif(registry._C is None, reason="the CPU kernel is not built")
+pytestmark = pytest.mark.skipif(registry.cpu_kernel() is None,
+                                reason="the CPU kernel is not built")
 
 STEP_VARIANTS = ["lstm", "srnn", "lstm_minus_srnn", "ran", "identity_ran"]
 

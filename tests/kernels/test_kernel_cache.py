@@ -46,8 +46,8 @@ for variant in ra.VARIANTS:
         results.append((out.detach(), xi.grad))
     for a, b in zip(*results):
         worst = max(worst, (a - b).abs().max().item())
-print(json.dumps({"source": registry._KERNEL_SOURCE, "error": registry._KERNEL_ERROR,
-                  "file": getattr(registry._C, "__file__", None), "worst": worst}))
+print(json.dumps({"source": registry.cpu_kernel_source(), "error": registry.cpu_kernel_error(),
+                  "file": getattr(registry.cpu_kernel(), "__file__", None), "worst": worst}))
 """
 
 
@@ -280,6 +280,7 @@ def test_this_checkout_s_module_records_its_sources():
     the loader took it (so the digest of the files now is the same)."""
     from rnn_ablations.kernels import build as _build, registry
 
-    if registry._KERNEL_SOURCE != "installed":
-        pytest.skip(f"the kernel in use did not come from the install ({registry._KERNEL_SOURCE!r})")
-    assert registry._C.raw.sources_digest == _build.sources_digest()
+    if registry.cpu_kernel_source() != "installed":
+        pytest.skip("the kernel in use did not come from the install "
+                    f"({registry.cpu_kernel_source()!r})")
+    assert registry.cpu_kernel().raw.sources_digest == _build.sources_digest()

@@ -12,13 +12,14 @@ from rnn_ablations import plan as run_plan
 from rnn_ablations.kernels import registry
 
 pytestmark = pytest.mark.skipif(
-    registry._C is None or not getattr(registry._C, "library_gemm", lambda: False)(),
+    registry.cpu_kernel() is None
+    or not getattr(registry.cpu_kernel(), "library_gemm", lambda: False)(),
     reason="the CPU kernel is not built, or this torch links no MKL packed GEMM")
 
 
 @pytest.fixture
 def library_everywhere(monkeypatch):
-    isa = registry._C.kernel_isa()
+    isa = registry.cpu_kernel().kernel_isa()
     monkeypatch.setattr(run_plan, "POLICY", dataclasses.replace(
         run_plan.POLICY, library_step_gemm=((isa, 0, 0),)))
     yield
@@ -28,7 +29,7 @@ def library_everywhere(monkeypatch):
 def _reset():
     """The kernel back to its own GEMM (the next plan's thresholds are given where they
     differ from what the kernel holds)."""
-    registry._C.set_library_step_gemm(-1, -1)
+    registry.cpu_kernel().set_library_step_gemm(-1, -1)
 
 
 @pytest.mark.parametrize("variant", ["lstm", "srnn", "ran"])
@@ -55,20 +56,20 @@ def test_library_step_gemm_matches_generic(variant, schedule, bidirectional, lib
                 + [p.grad.clone() for p in model.parameters()])
 
     got = run("kernel")
-    assert registry._C.library_step_gemm() == [0, 0]
+    assert registry.cpu_kernel().library_step_gemm() == [0, 0]
     ref = run("generic")
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_policy_reaches_the_kernel(monkeypatch):
-    isa = registry._C.kernel_isa()
+    isa = registry.cpu_kernel().kernel_isa()
     monkeypatch.setattr(run_plan, "POLICY", dataclasses.replace(
         run_plan.POLICY, library_step_gemm=((isa, 123, 456),)))
     try:
         with torch.no_grad(), options(backend="kernel"):
             AblatedRNN("lstm", 3, 4)(torch.randn(2, 1, 3))
-        assert registry._C.library_step_gemm() == [123, 456]
+        assert registry.cpu_kernel().library_step_gemm() == [123, 456]
         assert run_plan.library_step_thresholds(run_plan.POLICY, "no such path") == (-1, -1)
     finally:
         _reset()
@@ -80,4 +81,4 @@ def test_bad_entries_are_refused():
     with pytest.raises(ValueError, match="library_step_gemm"):
         dataclasses.replace(run_plan.POLICY, library_step_gemm=(("avx2", 0),))
     with pytest.raises(RuntimeError, match="set_library_step_gemm"):
-        registry._C.set_library_step_gemm(-2, 0)
+        registry.cpu_kernel().set_library_step_gemm(-2, 0)

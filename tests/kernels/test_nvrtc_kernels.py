@@ -216,8 +216,8 @@ def test_nvrtc_kernels_not_in_use_says_why_without_a_device(monkeypatch):
     if torch.version.cuda is None:
         assert "this torch has no CUDA" in cuda.unavailable_reason()
         assert not registry.cuda_kernel_available()
-        assert "this torch has no CUDA" in registry._CUDA_KERNEL_ERROR
-        assert "built" not in registry._CUDA_KERNEL_ERROR
+        assert "this torch has no CUDA" in registry.cuda_kernel_error()
+        assert "built" not in registry.cuda_kernel_error()
         monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "no CUDA device is visible" in cuda.unavailable_reason()

@@ -1,17 +1,22 @@
 """The CUDA kernel's operators (rnn_ablations.kernels.cuda.ops) where no GPU is: their registration for the
 CUDA dispatch key and their fake kernels, on fake CUDA tensors (``FakeTensorMode`` makes CUDA
-tensors without a device).  The CUDA implementations themselves run in tests/kernels/test_cuda.py
-(``-k operator``) on a GPU machine.
+tensors without a device); and on a GPU, the layers' calls of the CUDA implementations, each
+passing ``opcheck``, and a compiled or exported model running them.
 
-The registration runs in a child process against a stand-in for ``rnn_ablations._C_cuda`` whose
+The registration runs in a child process against a stand-in for the CUDA kernels' module whose
 entry points fail when called: under a fake mode the dispatcher must answer from the fake
 kernels, never call the kernel."""
 import json
 
 import pytest
-from conftest import run_python
+import torch
+from torch.library import opcheck
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from rnn_ablations import kernel_available
+import rnn_ablations as ra
+from _cuda_cases import STEP_VARIANTS, needs_cuda_kernel, no_tf32, requires_cuda  # noqa: F401
+from conftest import run_python
+from rnn_ablations import AblatedRNN, VARIANTS, kernel_available
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="the CPU kernel is not built "
                                 "(the shared operator schemas are defined with it)")
@@ -104,3 +109,89 @@ def test_fake_results_have_the_kernels_shapes_and_dtypes(report):
         P = (R + got["X"]) * H
         assert got["persistent_backward"] == [[[T, B, P], dtype], [[R * H, H], dtype],
                                               [[B, H], dtype], [[B, H], dtype]], key
+
+
+# --------------------------------------------------------------------------- on a GPU
+class _RecordOps(TorchDispatchMode):
+    """Keeps every call of an rnn_ablations operator with copies of its arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "rnn_ablations":
+            self.calls.setdefault(func, []).append(
+                (tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args),
+                 dict(kwargs)))
+        return func(*args, **kwargs)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("recurrence", ["steps", "persistent"])
+def test_cuda_operators_opcheck(recurrence):
+    """The layers' CUDA calls go through the operators, and each passes ``opcheck`` (schema,
+    fake kernel against the kernel's results, traceability)."""
+    rec = _RecordOps()
+    for variant in STEP_VARIANTS:
+        for bidirectional in (False, True):
+            for highway in (False, True):
+                torch.manual_seed(0)
+                rnn = AblatedRNN(variant, 5, 8, num_layers=2, bidirectional=bidirectional,
+                                 highway=highway).cuda()
+                x = torch.randn(6, 3, 5, device="cuda", requires_grad=True)
+                with ra.options(backend="kernel", cuda_graphs=False,
+                                cuda_recurrence=recurrence, persistent_backward=True), rec:
+                    out, _ = rnn(x)
+                    out.square().sum().backward()
+                    with torch.no_grad():
+                        rnn(x)
+    names = {f._schema.name.split("::")[1] for f in rec.calls}
+    want = ({"persistent_forward", "persistent_backward"} if recurrence == "persistent"
+            else {"plain_forward", "plain_backward"})
+    assert want <= names, names
+    for func, calls in rec.calls.items():
+        seen = set()
+        for args, kwargs in calls:
+            key = tuple(a if isinstance(a, (bool, int)) else
+                        tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
+            if key not in seen:
+                seen.add(key)
+                opcheck(func, args, kwargs)
+
+
+@requires_cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_cuda_compile_fullgraph_equals_eager(variant, bidirectional):
+    """``torch.compile(fullgraph=True)`` of a CUDA layer holds the kernel operators and gives the
+    eager forward and gradients."""
+    torch.manual_seed(0)
+    rnn = AblatedRNN(variant, 5, 8, num_layers=2, bidirectional=bidirectional).cuda()
+    x = torch.randn(7, 3, 5, device="cuda")
+
+    def run(f):
+        rnn.zero_grad()
+        out, (h, c) = f(x)
+        (out.square().sum() + h.sum() + c.sum()).backward()
+        return [out.detach(), h.detach(), c.detach()] + [p.grad.clone() for p in rnn.parameters()]
+
+    with ra.options(backend="kernel"):
+        want = run(rnn)
+        torch._dynamo.reset()
+        got = run(torch.compile(rnn, fullgraph=True, backend="aot_eager"))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@requires_cuda
+@needs_cuda_kernel
+def test_cuda_export_runs_the_operators():
+    torch.manual_seed(0)
+    rnn = AblatedRNN("ran", 5, 8, num_layers=2, bidirectional=True).cuda().eval()
+    x = torch.randn(7, 3, 5, device="cuda")
+    with ra.options(backend="kernel"):
+        want = rnn(x)[0]
