@@ -10,7 +10,7 @@
 # machine; CPUS=0,1 picks them by hand.  Steps, logs in OUT_DIR:
 #   env    cpu_env.txt: the CPUs used and the machine (rnn_ablations.commands.machine: the CPU
 #          model and vector flags, torch, the kernel's vector paths and the one in use);
-#   tests  cpu_isa_tests.log: every test of tests/test_core.py that runs a vector path against the
+#   tests  cpu_isa_tests.log: every test of tests/kernels/test_cpu_kernel.py that runs a vector path against the
 #          float64 generic path or checks the path choice (-k "isa or packed"), each path the
 #          CPU supports (avx512, avx2, the AVX-512 blocking emulated with AVX2, portable);
 #   speed  speed_cpu_experiments_<isa>.{json,md}: benchmarks/speed.py --shapes experiments
@@ -71,7 +71,7 @@ EOF
 } 2>&1 | tee "$out/cpu_env.txt"
 [ $? -eq 0 ] || exit 3
 
-"${pin[@]}" "$py" -m pytest -q -p no:cacheprovider -rs tests/test_core.py -k "isa or packed" 2>&1 \
+"${pin[@]}" "$py" -m pytest -q -p no:cacheprovider -rs tests/kernels/test_cpu_kernel.py -k "isa or packed" 2>&1 \
     | tee "$out/cpu_isa_tests.log"
 rc=$?
 echo "== tests: exit $rc ($(( $(date +%s) - t0 )) s)"

@@ -22,7 +22,7 @@
 #               persistent), each family's first-use check passed, and the eager step loop's
 #               microseconds per step (with its driver launches per step); stops the check
 #               (exit 1) otherwise, so that no speed table times another path;
-#   tests       tests/kernels/test_cuda.py (every test of the NVRTC kernels, graphs, persistent
+#   tests       tests/kernels/test_cuda*.py and test_ops_cuda.py (every test of the NVRTC kernels, graphs, persistent
 #               kernels, bfloat16 / float16);
 #   speed       speed_cuda_<gpu>.{json,md}: B=32, T=64, H=256/650, one layer, ran / lstm /
 #               lstm_minus_srnn_minus_hidden in float32 and bfloat16, graphs on, against cuDNN's
@@ -38,7 +38,7 @@
 # `precompile`).  PYTHON picks the interpreter (default python3).
 # DEVICE=cpu: a dry run on a machine without a GPU: no gate, no install; precompile for
 # GPU_CHECK_ARCH (default sm_90), in_use on the CUDA emulation (tests/cuda_emulation: the device
-# code compiled by g++ and run on the CPU), tests/kernels/test_cuda.py (its CPU tests), a CPU speed table
+# code compiled by g++ and run on the CPU), tests/kernels/test_cuda*.py (their CPU tests), a CPU speed table
 # of one shape; it exercises the script, not the GPU.
 set -o pipefail
 out=${1:-benchmarks/results}
@@ -172,8 +172,8 @@ if [ -n "$cpu_pid" ] && want tests; then
         note "INFO  tests: without the CPU kernel (not built within ${cpu_kernel_limit} s): the operator tests fail"
     fi
 fi
-want tests && step "tests/kernels/test_cuda.py" 120 gpu_tests.log \
-    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/kernels/test_cuda.py
+want tests && step "tests/kernels/test_cuda*.py" 120 gpu_tests.log \
+    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/kernels/test_cuda.py tests/kernels/test_cuda_half.py tests/kernels/test_cuda_graphs.py tests/kernels/test_cuda_recurrence.py tests/kernels/test_ops_cuda.py
 
 # the GPU's model for the result names: "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200
 gpu=$("$py" -c "

@@ -3,7 +3,7 @@
 # in this order, run from the repo root on the device machine:
 #
 #   1. check   benchmarks/gpu_check.sh: the run-time compile of the CUDA kernels (timed),
-#              tests/kernels/test_cuda.py and the standard speed tables against eager and graph-captured
+#              tests/kernels/test_cuda*.py and the standard speed tables against eager and graph-captured
 #              cuDNN (GPU_CHECK_BUDGET seconds, default 200).  Skipped, said so, while the
 #              checkout has no `python -m rnn_ablations.kernels.cuda.precompile` (the gpu_check.sh
 #              of an nvcc build would spend the loan building).

@@ -10,7 +10,7 @@
 #   Needs the CPU kernel built for the machine's Python and torch (carry
 #   rnn_ablations/_C.cpython-312-*.so built with the same torch, or it is built here first).
 # - GPU side, on all the other CPUs: the CUDA kernels compiled at run time (no nvcc build:
-#   benchmarks/gpu_setup.sh, timed), tests/kernels/test_minus_hidden.py -k cuda, then benchmarks/gpu_check.sh's steps
+#   benchmarks/gpu_setup.sh, timed), tests/kernels/test_scan.py -k cuda, then benchmarks/gpu_check.sh's steps
 #   ($GPU_CHECK_STEPS, default "tests tests_nographs persistent speed autocast experiments
 #   long_bi") in what is left of the
 #   budget, then benchmarks/speed_minus_hidden.py --device cuda --shapes gpu.
@@ -55,8 +55,8 @@ gpu env PYTHON="$py" CPU_KERNEL=build bash -c 'source benchmarks/gpu_setup.sh &&
     _ "$work/gpu/setup" > "$work/gpu/setup_console.log" 2>&1
 say "CUDA kernels: $(grep -E "CUDA kernels|package's CUDA kernels" "$work/gpu/setup_console.log" | tr '\n' ' ')"
 gpu timeout --kill-after=10 $(( $(left) > 120 ? 90 : 30 )) "$py" -m pytest -q -p no:cacheprovider -rs \
-    tests/kernels/test_minus_hidden.py -k cuda > "$work/gpu/minus_hidden_tests.log" 2>&1
-say "tests/kernels/test_minus_hidden.py -k cuda: exit $? ($(tail -n 1 "$work/gpu/minus_hidden_tests.log"))"
+    tests/kernels/test_scan.py -k cuda > "$work/gpu/minus_hidden_tests.log" 2>&1
+say "tests/kernels/test_scan.py -k cuda: exit $? ($(tail -n 1 "$work/gpu/minus_hidden_tests.log"))"
 mh_time=${MINUS_HIDDEN_SPEED_S:-60}
 GPU_CHECK_STEPS=${GPU_CHECK_STEPS:-tests tests_nographs persistent speed autocast experiments long_bi} \
     GPU_CHECK_BUDGET=$(( $(left) - mh_time - 30 )) gpu bash benchmarks/gpu_check.sh "$work/gpu" \

@@ -49,7 +49,7 @@ py::dict describe_scan_spec(int64_t spec, bool highway) {
 
 
 // C (M x N) [+]= A (M x K) * B through the packed step GEMM of the path in use, for the tests
-// (tests/test_core.py: every path against a float64 product at the panel and row-block tails).
+// (tests/kernels/test_cpu_kernel.py: every path against a float64 product at the panel and row-block tails).
 // B = w^T for w (N, K) when `transposed` (the forward step), else w (K, N) (the backward step);
 // a and c may have a row stride larger than their width (as the step's views of proj do).
 at::Tensor packed_matmul(const at::Tensor& a, const at::Tensor& w, bool transposed, at::Tensor c,

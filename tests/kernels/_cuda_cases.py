@@ -12,7 +12,7 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUD
 
 MEMORY_VARIANTS = [v for v in VARIANTS if get_variant(v).has_memory]
 #: the variants the step kernels (run_layer) run; lstm_minus_srnn_minus_hidden runs through the
-#: element-wise scan instead (its half-precision test is in tests/kernels/test_minus_hidden.py)
+#: element-wise scan instead (its half-precision test is in tests/kernels/test_scan.py)
 STEP_VARIANTS = [v for v in VARIANTS if get_variant(v).reads_hidden]
 #: the CUDA kernels are compiled at first use by NVRTC: where there is a GPU they are in use
 #: (test_cuda_kernels_are_in_use fails otherwise); nothing is skipped for a missing build

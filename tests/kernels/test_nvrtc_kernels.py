@@ -6,7 +6,7 @@ they agree, and that fail when they do not); the launcher's spec decoder agrees 
 kernel's (kernel_spec.h) on every variant; the cache is written atomically and survives a
 damaged file (a changed byte is caught by the SHA-256 in the entry's header).  Launch and
 numerics: tests/cuda_emulation (the device code and the host loops run on the CPU) and
-tests/kernels/test_cuda.py (on a GPU)."""
+tests/kernels/test_cuda*.py (on a GPU)."""
 import io
 import os
 import shutil
@@ -291,7 +291,7 @@ def test_nvrtc_gpu_check_stops_at_its_gate_without_the_cuda_kernels(tmp_path):
     script = os.path.join(root, "benchmarks", "gpu_check.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     if torch.cuda.is_available():
-        pytest.skip("a GPU is present: the gate passes here (tests/kernels/test_cuda.py runs the kernels)")
+        pytest.skip("a GPU is present: the gate passes here (tests/kernels/test_cuda*.py run the kernels)")
     env = dict(os.environ, PYTHON=sys.executable)
     done = subprocess.run(["bash", script, str(tmp_path)], cwd=root, env=env, capture_output=True,
                           text=True, timeout=600)
