@@ -136,7 +136,7 @@ def _persistent_ran(fn, backward=False):
 @needs_cuda_kernel
 def test_persistent_kernel_is_available():
     assert hasattr(registry.cuda_kernel(), "persistent_forward"), \
-        "rnn_ablations._C_cuda has no persistent kernel entry point"
+        "the CUDA kernel has no persistent kernel entry point"
 
 
 def _persistent_case(variant, highway, dtype, use_mask, padded, config, backward=False):

@@ -84,6 +84,25 @@ def test_the_loaded_kernels_are_instances():
         assert isinstance(cuda, (StepKernel, ScanKernel, interface.Capabilities))
 
 
+def test_the_tests_set_the_kernels_through_one_fixture():
+    """The tests read the loaded kernels through the registry's accessors and set them for a
+    test through conftest's ``given_kernels`` (the one place that touches the registry's
+    globals); the CUDA emulation's tests are their own (tests/cuda_emulation)."""
+    tests = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"registry\.(_C|_C_cuda|_graphed_cuda|_CUDA_KERNEL_ERROR|_KERNEL_ERROR|"
+                         r"_KERNEL_SOURCE)\b|\"(_C|_C_cuda|_graphed_cuda)\"")
+    found = []
+    for path in tests.rglob("*.py"):
+        rel = path.relative_to(tests)
+        if rel.parts[0] == "cuda_emulation" or rel.as_posix() in ("conftest.py",
+                                                                  "kernels/test_kernel_interface.py"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line.split("#")[0]):
+                found.append(f"{rel}:{n}")
+    assert not found, found
+
+
 def test_no_private_backend_global_is_read_outside_backend():
     """The run layer reaches the kernels through backend's accessor functions
     (``cpu_kernel()``, ``cuda_kernel()``, ``graphed_cuda_kernel()``, ``cuda_kernel_error()``)."""
