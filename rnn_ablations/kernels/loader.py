@@ -48,6 +48,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import _env
+from . import verified_file
 
 logger = logging.getLogger("rnn_ablations")
 
@@ -194,6 +195,10 @@ def installed_record_problem(path: str) -> Optional[str]:
     if hashlib.sha256(data).hexdigest() != sha:
         return (f"the kernel module {path} does not match the SHA-256 in its record "
                 f"(overwritten or damaged), so it is not loaded; {rebuild}")
+    broken = verified_file.elf_problem(data, f"the kernel module {path}") \
+        if path.endswith(".so") else None
+    if broken:
+        return f"{broken}, so it is not loaded; {rebuild}"
     # Refused before it is mapped, too: a module built for another torch (its ABI), or from
     # other sources (the digest the module carries as a string; a stale module, once loaded,
     # would stay the one that Python returns for this name, the cache's included).
@@ -305,13 +310,8 @@ def cached_module(folder: str) -> Tuple[Optional[str], Optional[str]]:
         if not present:
             return None, None
         return None, f"{present[0]} is not the module its record names ({name})"
-    actual_size, actual_sha = _digest(path)
-    if actual_size != size:
-        return None, (f"{path} is {actual_size} bytes, its record says {size} "
-                      "(truncated or overwritten)")
-    if actual_sha != sha:
-        return None, f"{path} does not match the SHA-256 in its record (overwritten or damaged)"
-    return path, None
+    problem = verified_file.record_problem(path, size, sha)
+    return (None, problem) if problem else (path, None)
 
 
 def _fsync_dir(folder: str) -> None:

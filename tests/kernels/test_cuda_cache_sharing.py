@@ -40,8 +40,21 @@ class FakeNvrtc:
     def compile_program(self, source, name, expressions, options, cubin=True):
         self.calls.append(name)
         seed = hashlib.sha256((name + " ".join(options)).encode()).digest()
-        payload = (b"\x7fELF" if cubin else b"//ptx") + seed * 64
-        return payload, ["_Z" + name.replace("[", "_").replace("]", "_").replace(",", "_")], ""
+        lowered = "_Z" + name.replace("[", "_").replace("]", "_").replace(",", "_")
+        body = seed * 64 + lowered.encode() + b"\0"
+        payload = fake_elf(body) if cubin else b"//ptx\n.entry " + body
+        return payload, [lowered], ""
+
+
+def fake_elf(body: bytes) -> bytes:
+    """A little-endian ELF64 file: its header, ``body``, and one section header (after the
+    body) describing the body's bytes."""
+    import struct
+    shoff = 64 + len(body)
+    head = (b"\x7fELF\x02\x01\x01" + b"\0" * 9
+            + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 1, 0))
+    section = struct.pack("<IIQQQQIIQQ", 0, 1, 0, 0, 64, len(body), 0, 0, 1, 0)
+    return head + body + section
 
 
 @pytest.fixture
@@ -198,7 +211,11 @@ def test_entry_records_the_sha256_of_its_payload(fake, shared_root):
     raw = open(_entry(shared_root), "rb").read()
     head = json.loads(raw.split(b"\n")[1])
     assert set(cache.HEADER_FIELDS) <= set(head)
-    assert head["sha256"] == hashlib.sha256(b.data).hexdigest() == b.sha256
+    assert b.sha256 == hashlib.sha256(b.data).hexdigest()
+    # the header's digest covers what says which program and entry point the payload is
+    fields = {k: head[k] for k in ("expression", "lowered", "kind", "target", "size")}
+    assert head["sha256"] == hashlib.sha256(json.dumps(fields, sort_keys=True).encode() + b"\n"
+                                            + b.data).hexdigest()
     assert head["size"] == len(b.data)
 
 
@@ -257,7 +274,7 @@ def test_header_without_a_field_is_a_damaged_entry(fake, shared_root, caplog, fi
 
 @pytest.mark.parametrize("damage,why", [
     (lambda p: open(p, "r+b").truncate(os.path.getsize(p) - 7), "truncated or overwritten"),
-    (lambda p: open(p, "wb").write(b"rnn_ablations-cuda-2\n{not json\n" + b"x" * 10),
+    (lambda p: open(p, "wb").write(cache._MAGIC + b"{not json\n" + b"x" * 10),
      "not JSON"),
     (lambda p: open(p, "wb").write(b"\x7fELF plain binary"), "not a cache entry"),
     (lambda p: _rewrite_header(p, lambda m: m.update(expression="other<int>")),
@@ -275,6 +292,52 @@ def test_other_damage_is_named_and_compiled_again(fake, shared_root, caplog, dam
     with caplog.at_level(logging.WARNING, logger="rnn_ablations"):
         _, source = cache.lookup(PROG, 90, quiet=True)
     assert source == "compiled" and len(fake.calls) == 1
+    said = _records(caplog, "compiling it again")
+    assert len(said) == 1 and why in said[0], caplog.text
+    assert cache.read_entry(path, PROG, "sm_90")[1] is None
+
+
+def _resign(meta, data):
+    fields = {k: meta[k] for k in ("expression", "lowered", "kind", "target", "size")}
+    meta["sha256"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode() + b"\n"
+                                    + data).hexdigest()
+
+
+def _rewrite_entry(path, change):
+    """Change the payload and the header, and write the header's size and SHA-256 to match (a
+    damage that the size and digest cannot see)."""
+    raw = open(path, "rb").read()
+    magic, head, data = raw.split(b"\n", 2)
+    meta = json.loads(head)
+    meta, data = change(meta, data)
+    meta["size"] = len(data)
+    _resign(meta, data)
+    with open(path, "wb") as f:
+        f.write(magic + b"\n" + json.dumps(meta).encode() + b"\n" + data)
+
+
+@pytest.mark.parametrize("damage,why", [
+    (lambda p: _rewrite_header(p, lambda m: m.update(lowered=m["lowered"] + "x")),
+     "its bytes or its header were changed"),
+    (lambda p: _rewrite_entry(p, lambda m, d: (dict(m, lowered="_Zother"), d)),
+     "names an entry point '_Zother' that its CUBIN does not hold"),
+    (lambda p: _rewrite_entry(p, lambda m, d: (m, d[:len(d) // 2])), "(truncated)"),
+], ids=["edited-name", "edited-name-resigned", "cut-resigned"])
+def test_an_edited_entry_point_or_a_cut_cubin_is_compiled_again(fake, shared_root, caplog,
+                                                                damage, why):
+    """The entry-point name is covered by the header's SHA-256 and must be in the payload, and
+    a CUBIN must be a whole ELF file: an entry edited or cut, even with its size and SHA-256
+    rewritten to match, is not handed to the driver (a wrong name would fail the family in
+    every process, a cut CUBIN would crash the process) but compiled again and replaced."""
+    first = cache.binary(PROG, 90, quiet=True)
+    path = _entry(shared_root)
+    damage(path)
+    cache._memory.clear()
+    fake.calls.clear()
+    with caplog.at_level(logging.WARNING, logger="rnn_ablations"):
+        got, source = cache.lookup(PROG, 90, quiet=True)
+    assert source == "compiled" and len(fake.calls) == 1
+    assert got.lowered == first.lowered and got.data == first.data
     said = _records(caplog, "compiling it again")
     assert len(said) == 1 and why in said[0], caplog.text
     assert cache.read_entry(path, PROG, "sm_90")[1] is None

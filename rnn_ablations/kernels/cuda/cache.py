@@ -4,12 +4,15 @@ kept on disk and read back by every later process, of any user that can read the
 Cache key: SHA-256 of the device sources (every header NVRTC reads), the compile options, the
 NVRTC version, the target architecture and the instantiation (its name expression).  Files:
 ``<cache>/cuda/<key>.bin`` holding a one-line JSON header (the entry point's lowered name, the
-binary's kind and target, its size and the SHA-256 of its bytes, what it was compiled from) and
-the CUBIN (or PTX) after it.  An entry is used only when its header has every field, names this
-program and target, and its payload has the recorded size and SHA-256: anything else (a
-truncated file, bytes overwritten in place, a header without a field) is reported in one line
-and the program is compiled again and stored over it.  Nothing unchecked reaches the driver's
-``cuModuleLoadData`` (:mod:`.driver`).
+binary's kind and target, its size, what it was compiled from, and a SHA-256 of the header's
+other fields and the payload together) and the CUBIN (or PTX) after it.  An entry is used only
+when its header has every field, names this program and target, its payload has the recorded
+size, the SHA-256 matches (so an edited entry-point name is refused like edited bytes), the
+entry-point name is in the payload, and a CUBIN is a whole ELF file (every segment and section
+inside it: :func:`rnn_ablations.kernels.verified_file.elf_problem`, so that a cut file whose
+size and SHA-256 were rewritten does not reach the driver): anything else is reported in one
+line and the program is compiled again and stored over it.  Nothing unchecked reaches the
+driver's ``cuModuleLoadData`` (:mod:`.driver`).
 
 A file is written to a temporary name in the same folder and renamed into place (``os.replace``,
 atomic): there is no lock file, so an interrupted compile leaves nothing that blocks the next
@@ -39,6 +42,7 @@ import time
 from typing import Dict, List, Optional, Set, Tuple
 
 from ... import _env
+from .. import verified_file
 from . import nvrtc
 from .programs import CSRC, Program, sources_digest
 
@@ -47,7 +51,7 @@ __all__ = ["cache_dir", "options_for", "target_for", "binary", "lookup", "Binary
 
 logger = logging.getLogger("rnn_ablations")
 
-_MAGIC = b"rnn_ablations-cuda-2\n"
+_MAGIC = b"rnn_ablations-cuda-3\n"
 #: the header fields every entry must have
 HEADER_FIELDS = ("expression", "lowered", "kind", "target", "size", "sha256")
 _lock = threading.Lock()
@@ -57,6 +61,13 @@ _stats = {"compiled": 0, "from_disk": 0, "seconds": 0.0, "damaged": 0}
 _unwritable: Set[str] = set()
 _unreadable: Set[str] = set()
 _UNREADABLE = "cannot be read by this user (permission denied)"
+
+
+def _entry_digest(meta: dict, data: bytes) -> str:
+    """The SHA-256 an entry records: of its header's fields that say what the payload is (the
+    program, its entry point's name, kind, target and size) and of the payload."""
+    fields = {k: meta[k] for k in ("expression", "lowered", "kind", "target", "size")}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode() + b"\n" + data).hexdigest()
 
 
 class Binary:
@@ -150,11 +161,18 @@ def read_entry(path: str, prog: Program, target: str
     if len(data) != meta["size"]:
         return None, (f"holds {len(data)} bytes, its header says {meta['size']} (truncated or "
                       "overwritten)")
-    digest = hashlib.sha256(data).hexdigest()
+    digest = _entry_digest(meta, data)
     if digest != meta["sha256"]:
         return None, (f"does not match the SHA-256 in its header ({digest[:12]}..., recorded "
-                      f"{str(meta['sha256'])[:12]}...: its bytes were changed)")
-    return Binary(data, meta["lowered"], meta["kind"], meta["target"], 0.0, digest), None
+                      f"{str(meta['sha256'])[:12]}...: its bytes or its header were changed)")
+    if kind == "cubin":
+        broken = verified_file.elf_problem(data, "its CUBIN")
+        if broken:
+            return None, broken
+    if meta["lowered"].encode() not in data:
+        return None, (f"names an entry point {meta['lowered'][:80]!r} that its "
+                      f"{meta['kind'].upper()} does not hold")
+    return Binary(data, meta["lowered"], meta["kind"], meta["target"], 0.0), None
 
 
 def _warn_unwritable(folder: str, exc: OSError) -> None:
@@ -171,8 +189,8 @@ def _warn_unwritable(folder: str, exc: OSError) -> None:
 
 def _write(path: str, prog: Program, b: Binary) -> None:
     meta = {"expression": prog.expression, "lowered": b.lowered, "kind": b.kind,
-            "target": b.target, "size": len(b.data), "sha256": b.sha256,
-            "seconds": round(b.seconds, 3)}
+            "target": b.target, "size": len(b.data), "seconds": round(b.seconds, 3)}
+    meta["sha256"] = _entry_digest(meta, b.data)
     folder = os.path.dirname(path)
     tmp = os.path.join(folder, f".tmp-{os.getpid()}-{threading.get_ident()}-"
                                f"{os.urandom(4).hex()}.bin")
