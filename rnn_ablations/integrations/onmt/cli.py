@@ -1,5 +1,6 @@
 """``rnn-ablations onmt-train`` / ``onmt-translate`` / ``onmt-build-vocab``: OpenNMT-py's own
-commands with the rnn_ablations encoders registered first.
+commands with the package registered first (the encoders, the option checks, the fix that
+lets `-beam_size 5 -replace_unk` run: :func:`rnn_ablations.integrations.onmt.register`).
 
 Normally not needed: the start-up hook (``rnn_ablations_hooks.pth``) registers the encoders
 whenever ``onmt`` is imported, so the plain ``onmt_train -encoder_type bran`` works.  These
@@ -7,8 +8,9 @@ wrappers are for interpreters that do not process ``.pth`` files (``python -S``,
 or frozen setups, ``RNN_ABLATIONS_NO_HOOKS=1``).  Every argument after the sub-command is passed
 to OpenNMT-py unchanged, ``-h`` included::
 
-    python -S -m rnn_ablations.cli onmt-train -config onmt_configs/multi30k_bran.yaml
-    rnn-ablations onmt-translate -model run/model_step_100.pt -src src.txt -output pred.txt
+    python -S -m rnn_ablations.cli onmt-train -config $(rnn-ablations configs path multi30k_bran)
+    rnn-ablations onmt-translate -model run/model_step_100.pt -src src.txt -output pred.txt \
+        -beam_size 5 -replace_unk
 
 ``onmt-train`` also registers the encoders in the worker processes that multi-GPU training
 spawns (they would not inherit a registration done here).
