@@ -504,9 +504,11 @@ class AblatedRNN(nn.Module):
                 raise ValueError(f"mask has shape {tuple(mask.shape)} but the input has batch "
                                  f"{batch} and seq_len {seq_len}: it must be (batch, seq_len)")
             traced = torch.compiler.is_compiling()
+            if mask.dtype != torch.bool and mask.is_floating_point():
+                raise ValueError(f"mask must be boolean (or 0/1 integers), got {mask.dtype}")
+            if mask.is_meta:  # no values: the shapes are those of full rows (as nn.LSTM's)
+                return None
             if mask.dtype != torch.bool:
-                if mask.is_floating_point():
-                    raise ValueError(f"mask must be boolean (or 0/1 integers), got {mask.dtype}")
                 if traced:
                     torch._assert_async(((mask == 0) | (mask == 1)).all(),
                                         "mask must be boolean (or 0/1 integers)")
@@ -532,6 +534,8 @@ class AblatedRNN(nn.Module):
                                  f"{tuple(lengths.shape)}")
             if lengths.is_floating_point() or lengths.dtype == torch.bool:
                 raise ValueError(f"lengths must be integers, got {lengths.dtype}")
+            if lengths.is_meta:  # no values: the shapes are those of full rows
+                return None
         lengths = lengths.to("cpu", torch.int64)
         if torch.compiler.is_compiling():
             # a traced graph cannot branch on the values: it checks them when it runs
@@ -625,6 +629,8 @@ class AblatedRNN(nn.Module):
             if mask is not None or lengths is not None:
                 raise ValueError("a PackedSequence carries its own lengths: do not pass mask or lengths")
             # nn.LSTM takes hx in the original batch order, as we do
+            if input.data.is_meta:
+                return self._forward_meta_packed(input, hx)
             x, lengths = pad_packed_sequence(input, batch_first=False)
         else:
             if not isinstance(input, torch.Tensor):
@@ -657,6 +663,23 @@ class AblatedRNN(nn.Module):
         elif self.batch_first:
             output = output.transpose(0, 1)
         return output, (h_n, c_n)
+
+    def _forward_meta_packed(self, input: PackedSequence, hx):
+        """A PackedSequence on the meta device (no values: its batch order cannot be read):
+        the outputs' shapes, as nn.LSTM gives them, from the padded shape its batch sizes say,
+        the output packed with the input's batch sizes and orders."""
+        bs = input.batch_sizes
+        seq_len, batch = int(bs.numel()), int(bs[0]) if bs.numel() else 0
+        x = input.data.new_empty((seq_len, batch, input.data.shape[-1]))
+        self.check_input(x)
+        h0, c0 = self._initial_state(hx, batch, x)
+        output, h_n, c_n = self._run(x, None, h0, c0)
+        cast = _autocast_output_dtype(x)
+        if cast is not None:
+            output, h_n, c_n = output.to(cast), h_n.to(cast), c_n.to(cast)
+        data = output.new_empty((input.data.shape[0], output.shape[-1]))
+        return (PackedSequence(data, bs, input.sorted_indices, input.unsorted_indices),
+                (h_n, c_n))
 
     def layer_input(self, x: torch.Tensor, layer: int,
                     lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
