@@ -8,7 +8,14 @@ test_cuda_emulation.py then fails:
     generic path;
 (c) the persistent forward kernel without its grid barrier (built from a copy of csrc with the
     call removed): a block reads h_{t-1} before the other blocks wrote it, and some run of a few
-    differs from the generic path (blocks are concurrent OS threads: the race is real).
+    differs from the generic path (blocks are concurrent OS threads: the race is real);
+(d) a grid barrier that waits for one arrival too many: the emulation's watchdog fails the
+    launch in seconds (a GPU would hang);
+(e) (slow) every planted bug of mutations.MUTATIONS, each in a child process: the test named
+    for it fails (the mutation table, benchmarks/results/cuda_emulation_mutations.md);
+(f) (slow) the emulation built with AddressSanitizer (RNN_ABLATIONS_EMULATION_ASAN=1, libasan
+    preloaded in a child process) passes the kernel tests, and names the line of an
+    out-of-bounds write planted in the step kernel.
 """
 import importlib.util
 import inspect
@@ -21,7 +28,7 @@ import torch
 
 from rnn_ablations.kernels.cuda import host, programs
 
-from . import emulator
+from . import emulator, mutations
 from . import test_cuda_emulation as checks
 
 
@@ -94,6 +101,75 @@ def test_a_missing_grid_barrier_is_caught(emulation_device, tmp_path):
     assert wrong_runs(emulation_device, 2) == 0  # the real kernel
     device = unbarriered_device(tmp_path)
     assert wrong_runs(device, 5) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [m.name for m in mutations.MUTATIONS if not m.equivalent])
+def test_each_planted_bug_is_caught(name):
+    """The bug planted alone: the first of its checks that fails is a test of this suite;
+    a bug only a GPU shows (memory ordering, the L2 load, the PTX rounding) passes them."""
+    m = mutations.BY_NAME[name]
+    r = mutations.run_child(name)
+    if m.hardware:
+        assert r["caught"] is None, (
+            f"{name} is marked as visible on a GPU only, but {r['caught']} caught it: "
+            f"{r['error']} (remove its hardware note in mutations.py)")
+    else:
+        assert r["caught"], f"{name} ({m.what}) was caught by none of {m.checks}: {r['error']}"
+
+
+def _asan_available():
+    import subprocess as sp
+    try:
+        emulator.asan_runtime()
+    except RuntimeError as exc:
+        return str(exc)
+    done = sp.run([emulator.CXX, "-fsanitize=address", "-x", "c++", "-", "-o", os.devnull],
+                  input="int main() { return 0; }", capture_output=True, text=True)
+    return None if done.returncode == 0 else f"{emulator.CXX} -fsanitize=address fails"
+
+
+OOB_WRITE = ("  c_out[b * H + j] = c;\n  h_out[b * H + j] = static_cast<T>(h);\n}",
+             "  c_out[b * H + j] = c;\n  h_out[b * H + j] = static_cast<T>(h);\n"
+             "  if (idx == n * H - 1) c_out[n * H + 64] = c;\n}")
+
+
+@pytest.mark.slow
+def test_the_asan_build_passes_and_names_an_out_of_bounds_write(tmp_path):
+    import subprocess as sp
+    why = _asan_available()
+    if why:
+        pytest.skip(f"AddressSanitizer: {why}")
+    env = emulator.asan_environment()
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = sp.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                   "cuda_emulation/test_cuda_emulation.py", "-k",
+                   "step_kernel_equals_generic_float32 or persistent_kernels_equal_generic or "
+                   "scan_kernel_equals_generic"], cwd=tests, env=env, capture_output=True,
+                  text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    csrc = tmp_path / "csrc"
+    shutil.copytree(programs.CSRC, csrc)
+    path = csrc / "cuda" / "step_kernel.cuh"
+    text = path.read_text()
+    assert text.count(OOB_WRITE[0]) == 1, f"update OOB_WRITE: not found in {path}"
+    path.write_text(text.replace(*OOB_WRITE))
+    script = (
+        "import torch, sys\n"
+        "from cuda_emulation import emulator\n"
+        "from cuda_emulation import test_cuda_emulation as c\n"
+        "from rnn_ablations.kernels.cuda import host, programs\n"
+        f"d = emulator.EmulatedDevice(csrc={str(csrc)!r}, progs=[p for p in "
+        "programs.all_programs() if p.name == 'step_forward[float32]'])\n"
+        "x = c._layer('lstm', False, torch.float32, padded=False, mask=False)\n"
+        "with emulator.installed(d):\n"
+        "    host.plain_forward(x['v'].kernel_spec, False, x['proj'], x['w_hh'], x['h0'], "
+        "x['c0'], x['bs'], x['mask'], True)\n")
+    done = sp.run([sys.executable, "-c", script], cwd=tests, env=env, capture_output=True,
+                  text=True, timeout=600)
+    assert done.returncode != 0 and "heap-buffer-overflow" in done.stderr, done.stderr[-3000:]
+    assert "step_kernel.cuh:" in done.stderr, done.stderr[-3000:]
 
 
 if __name__ == "__main__":  # how often the race shows (from tests/):
