@@ -40,6 +40,20 @@ The decisions, in order:
 6. **scan** (cells that read no h_{t-1}): ``Plan.fused_scan``: the projection, the scan and the
    backward in one node (the kernel adds the bias), where the kernel has that interface and no
    autocast is active and every parameter has the input's dtype and device.
+7. **bfloat16 on the CPU** (``Plan.bf16_on_f32``, ``Plan.bf16_gemm``): a bfloat16 call (input
+   or parameters, or float32 under CPU bfloat16 autocast) runs on the float32 kernels, planned
+   as the float32 call they run; its input projection's GEMM in bfloat16 where
+   ``Policy.bf16_gemm`` says and the runner projects itself.  The same in eager and traced
+   calls.
+8. **streaming** (``Plan.stream``, runners ``cpu_streamed`` / ``scan_streamed``): a large
+   no-gradient CPU call computes its projections a chunk of steps at a time (:func:`_stream`).
+9. **step-GEMM library** (``Plan.step_gemm``): :func:`library_step_thresholds` of the policy for
+   the kernel's vector path.
+10. **CUDA first-use check** (``Plan.check``, ``Plan.cuda_checked``): :func:`decide` reads the
+    verdict of every family a CUDA plan runs (``kernels/cuda/selfcheck.py`` ``verdict``); a
+    family that failed is not available (``plan_layer``'s ``cuda_failed``): the generic path,
+    or an error with ``backend="kernel"``.
+11. **proj_size** (``LayerCall.projected``): the runner ``generic_projected``.
 """
 from __future__ import annotations
 
@@ -121,20 +135,21 @@ class Policy:
     max_step_macs_inference: with 2+ threads, the plain schedule (and directions one after the
     other) from this many multiply-adds per step GEMM (B x R*H x H), training / no gradient;
     onednn_min_weight: the input projection on oneDNN from this many weight entries;
-    stream_min_bytes / stream_chunk_bytes: a no-gradient forward on the plain CPU schedule whose
-    input projections of all steps (per direction) reach ``stream_min_bytes`` computes them a
-    chunk of at most ``stream_chunk_bytes`` at a time (:func:`.kernels.projection.stream_steps`;
+    stream_min_bytes / stream_chunk_bytes: a no-gradient forward on a CPU kernel (step or scan
+    cell) whose input projections of all steps (per direction) reach ``stream_min_bytes``
+    computes them a chunk of at most ``stream_chunk_bytes`` at a time (:func:`stream_steps`;
     peak memory, ``benchmarks/inference_memory.py``);
     bf16_gemm: a bfloat16 CPU call's input projection in bfloat16 (``"on"``), in float32
     (``"off"``) or in bfloat16 where the CPU has bfloat16 GEMM instructions (AVX512-BF16 or
-    AMX) and in float32 elsewhere (``"auto"``; :func:`.kernels.projection.bf16_gemm_applies`);
+    AMX) and in float32 elsewhere (``"auto"``; :func:`bf16_gemm_applies`);
     library_step_gemm: per vector path of the CPU kernel, ``(isa, train_min_macs,
     inference_min_macs)``: the float32 step GEMM (B x R*H x H) through MKL's packed GEMM, which
     picks its code per CPU, from this many multiply-adds per step in training / in a
     no-gradient forward, -1 never (the kernel's own packed GEMM); a path not listed never
     (:func:`library_step_thresholds`; measured by ``benchmarks/step_gemm_library.py``).  The
-    kernel takes it at each eager layer call; a ``torch.compile`` graph's calls run with what the
-    last eager call gave it."""
+    plan carries them (``Plan.step_gemm``) and the CPU runner gives them to the kernel where it
+    holds others, at each eager layer call; a ``torch.compile`` graph's calls run with what the
+    kernel holds (the extension is not called while a graph is traced)."""
 
     min_steps: int = 4
     max_step_macs: int = 24_000_000
