@@ -173,7 +173,7 @@ if [ -n "$cpu_pid" ] && want tests; then
     fi
 fi
 want tests && step "tests/kernels/test_cuda*.py" 120 gpu_tests.log \
-    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/kernels/test_cuda.py tests/kernels/test_cuda_half.py tests/kernels/test_cuda_graphs.py tests/kernels/test_cuda_recurrence.py tests/kernels/test_ops_cuda.py
+    "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" -rs tests/kernels/test_cuda.py tests/kernels/test_cuda_conversions.py tests/kernels/test_cuda_half.py tests/kernels/test_cuda_graphs.py tests/kernels/test_cuda_recurrence.py tests/kernels/test_ops_cuda.py
 
 # the GPU's model for the result names: "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200
 gpu=$("$py" -c "

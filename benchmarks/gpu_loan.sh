@@ -51,7 +51,8 @@
 # Environment: RNN_ABLATIONS_PTB (.data/ptb, carried), DEVICE (cuda; cpu with CONFIG=tiny checks
 # the script without a GPU, end to end: gpu_check.sh's dry run with the kernels on the CUDA
 # emulation, a tiny PTB call and a CPU speed table), CONFIG (medium), GPU_CHECK_BUDGET, SPEED_S, SPEED_ARGS (more options
-# of speed_variable_length.py), STAGES (default "check ptb1 speed").
+# of speed_variable_length.py), STAGES (default "check ptb1 speed"), CHECK_GATE (1: ptb1 and speed
+# run only after a check that passed; 0: whatever it said).
 set -o pipefail
 out=${1:?usage: bash benchmarks/gpu_loan.sh OUT [BUDGET_SECONDS]}
 budget=${2:-560}
@@ -69,6 +70,7 @@ export WORK=${WORK:-runs/gpu_work}
 mkdir -p "$out" "$state/logs"
 if [ "${RESUME:-0}" != 1 ]; then   # a fresh start: no marks, no table, no logs of an earlier one
     rm -rf "$state"/done_* "$state"/ptb1_* "$state"/speed "$state"/gpu_check "$state/started_ptb1" \
+        "$state/check_rc" \
         "$state/summary.txt" "$state"/ptb_*_gpu.* "$state"/logs/*
 fi
 exec > >(tee -a "$state/logs/gpu_loan.log") 2>&1
@@ -124,11 +126,21 @@ if want check; then
         DEVICE=$device GPU_CHECK_BUDGET=$(( b - 10 )) run_within "$b" bash benchmarks/gpu_check.sh \
             "$state/gpu_check" > "$state/logs/gpu_check.log" 2>&1
         rc=$?
+        echo "$rc" > "$state/check_rc"
         say "check: benchmarks/gpu_check.sh exit $rc in $(( $(date +%s) - t )) s (budget $b s)$(
             [ $rc = 124 ] && echo ": STOPPED at its budget")"
         sed 's/^/    /' "$state/gpu_check/gpu_check_summary.txt" 2>/dev/null | tee -a "$state/summary.txt"
     fi
     touch "$state/done_check"
+fi
+# The later stages time and train with the package's CUDA kernels: they run only when the check
+# passed (exit 0) or was not run in this loan's stages; a failed or unfinished check (a kernel
+# that differs from the generic path, a conversion that is not torch's, a family that failed its
+# first-use check) stops them, and the summary says so (CHECK_GATE=0 runs them anyway).
+if [ -f "$state/check_rc" ] && [ "$(cat "$state/check_rc")" != 0 ] && [ "${CHECK_GATE:-1}" != 0 ]; then
+    say "ptb1, speed: SKIPPED: the check failed (benchmarks/gpu_check.sh exit $(cat "$state/check_rc"); see logs/gpu_check.log); CHECK_GATE=0 runs them anyway"
+    stages=" ${stages// ptb1 / } "
+    stages=" ${stages// speed / } "
 fi
 
 # ---- 2. PTB call 1
