@@ -631,6 +631,8 @@ class AblatedRNN(nn.Module):
             # nn.LSTM takes hx in the original batch order, as we do
             if input.data.is_meta:
                 return self._forward_meta_packed(input, hx)
+            if not torch.compiler.is_compiling() and stack_runner() == "layers":
+                return self._forward_packed(input, hx)
             x, lengths = pad_packed_sequence(input, batch_first=False)
         else:
             if not isinstance(input, torch.Tensor):
@@ -663,6 +665,32 @@ class AblatedRNN(nn.Module):
         elif self.batch_first:
             output = output.transpose(0, 1)
         return output, (h_n, c_n)
+
+    def _forward_packed(self, input: PackedSequence, hx):
+        """A PackedSequence, eagerly: its rows are already sorted by length (the packing's
+        order), so they are padded in that order (one copy of the input, not a second one to
+        reorder it), run as an ordered batch, and the output packed from that order (no sort);
+        only the states are reordered (hx into the sorted order, h_n and c_n back)."""
+        bs = input.batch_sizes
+        x, lengths = torch._pad_packed_sequence(input.data, bs, False, 0.0, int(bs.numel()))
+        self.check_input(x)
+        batch = x.shape[1]
+        h0, c0 = self._initial_state(hx, batch, x)
+        if input.sorted_indices is not None:
+            h0 = h0.index_select(1, input.sorted_indices)
+            c0 = c0.index_select(1, input.sorted_indices)
+        lengths = self.normalize_lengths(batch, x.shape[0], lengths=lengths)
+        output, h_n, c_n = self._run(x, lengths, h0, c0)
+        del x
+        cast = _autocast_output_dtype(output)
+        if cast is not None:
+            output, h_n, c_n = output.to(cast), h_n.to(cast), c_n.to(cast)
+        data, _ = torch._pack_padded_sequence(output, lengths, False)
+        if input.unsorted_indices is not None:
+            h_n = h_n.index_select(1, input.unsorted_indices)
+            c_n = c_n.index_select(1, input.unsorted_indices)
+        return (PackedSequence(data, bs, input.sorted_indices, input.unsorted_indices),
+                (h_n, c_n))
 
     def _forward_meta_packed(self, input: PackedSequence, hx):
         """A PackedSequence on the meta device (no values: its batch order cannot be read):
