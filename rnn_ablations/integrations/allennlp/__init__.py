@@ -11,7 +11,8 @@
 * and it makes a config's ``initializer`` treat a ``stacked_bidirectional_<variant>`` encoder
   as the ``stacked_bidirectional_lstm`` it replaces (:mod:`.initializers`), and a config whose
   ``"sparse": true`` embeddings this torch cannot clip (``"grad_norm"``) stop before training
-  with one line saying to set ``"sparse": false`` (:mod:`.trainer_checks`).
+  with one line saying to set ``"sparse": false`` (:mod:`.trainer_checks`), and a loaded
+  archive keeps its encoders' variant record (:mod:`.archives`).
 
 ``allennlp train config.jsonnet --include-package rnn_ablations`` imports it (AllenNLP imports every
 submodule of the named package).  ``import rnn_ablations`` alone does not need AllenNLP: it imports
@@ -56,9 +57,11 @@ if ALLENNLP_IMPORT_ERROR is None:
     from .schedulers import ReduceOnPlateauTorch2  # noqa: E402
     from .initializers import install as _install_initializers  # noqa: E402
     from .trainer_checks import install as _install_trainer_checks  # noqa: E402
+    from .archives import install as _install_archives  # noqa: E402
 
     _install_initializers()  # a config's initializer treats a stacked drop-in as the stock one
     _install_trainer_checks()  # "sparse": true with grad_norm: one line before training
+    _install_archives()  # a loaded archive keeps its encoders' variant record
 else:
     # Without AllenNLP this package imports but exposes nothing: its submodules subclass
     # AllenNLP's classes, so the package hides them (an empty __path__) from tools that import
