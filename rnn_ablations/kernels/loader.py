@@ -441,11 +441,14 @@ def _cores() -> int:
 
 
 def _load() -> float:
-    """The 1-minute load average (runnable processes), 0 where the OS has none."""
+    """The load (runnable processes): the mean of the 1- and 5-minute load averages (the one
+    follows a change sooner, the other keeps a burst from swinging the estimate), 0 where the OS
+    has none."""
     try:
-        return os.getloadavg()[0]
+        one, five, _ = os.getloadavg()
     except (AttributeError, OSError):  # pragma: no cover - Windows
         return 0.0
+    return (one + five) / 2
 
 
 def _build_jobs(cores: int) -> int:
@@ -513,18 +516,26 @@ def _compiled_since(build_temp: str, start: float) -> list:
 
 def progress(elapsed: float, done: list, files: int) -> str:
     """A progress line's middle: the time so far, the files compiled (``done``: their object
-    files' names), and the time left at the present load (the work left: the largest file's
-    share while it is not compiled, the files not yet compiled at an equal share of the rest)."""
+    files' names), and the time left at the present load: the work left (the largest file's
+    share while it is not compiled, the other files not yet compiled at an equal share of the
+    rest), less what the compilers running now have done of it (the CPU time the build had at
+    this load since it started, beyond the files it finished, up to those files' work)."""
     left_files = max(0, files - len(done))
     if left_files == 0:
         return f"{elapsed:.0f} s, all {files} files compiled, linking"
     whole = _recorded_cpu_seconds() or _DEFAULT_CPU_SECONDS
     largest = not any(name.startswith(_LARGEST) for name in done)
-    rest = whole * (1 - _LARGEST_SHARE) * (left_files - largest) / max(1, files - 1)
-    work = rest + (whole * _LARGEST_SHARE if largest else 0.0)
-    jobs = min(_build_jobs(_cores()), left_files)
-    left = estimate_seconds(cpu_seconds=work, files=left_files, jobs=jobs, building=jobs,
-                            largest=largest)
+    per_file = whole * (1 - _LARGEST_SHARE) / max(1, files - 1)
+    work = per_file * (left_files - largest) + (whole * _LARGEST_SHARE if largest else 0.0)
+    cores = _cores()
+    jobs = min(_build_jobs(cores), left_files)
+    share = min(1.0, cores / (max(0.0, _load() - jobs) + jobs))
+    running = per_file * (jobs - largest) + (whole * _LARGEST_SHARE if largest else 0.0)
+    credit = min(running, max(0.0, elapsed * jobs * share - (whole - work)))
+    left = estimate_seconds(cpu_seconds=max(work - credit, 0.02 * whole), files=left_files,
+                            jobs=jobs, building=jobs, largest=False)
+    if largest:  # one compiler runs the largest file: not sooner than its rest on one core
+        left = max(left, max(0.0, whole * _LARGEST_SHARE - elapsed * share) / share)
     return (f"{elapsed:.0f} s, {len(done)} of {files} files compiled, about {left:.0f} s to go "
             "at the present load")
 
