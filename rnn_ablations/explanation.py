@@ -14,9 +14,10 @@ compares them)::
     >>> m = ra.AblatedRNN("lstm", 64, 64)
     >>> with torch.no_grad():
     ...     print(ra.explain(m, torch.randn(1000, 1000, 64)))
-    layer call 1: lstm, 1 direction, T=1000 B=1000 d_in=64 H=64, float32 on cpu, no gradient
+    layer call 1: lstm, 1 direction, T=1000 B=1000 d_in=64 H=64, float32 on cpu, no gradient, ...
       path: cpu (the compiled CPU kernel); runner cpu_streamed
       ...
+      streaming: 16 steps per chunk (input projections a chunk at a time)
 
 ``rnn-ablations explain`` prints the same for a shape (:mod:`rnn_ablations.commands.explain`).
 """
