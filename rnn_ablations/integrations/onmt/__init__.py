@@ -87,17 +87,19 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .encoder_types import CLASS_NAMES as _CLASS_NAMES
+
 __all__ = [
     "AblatedRNNEncoder", "ENCODER_TYPES", "ENCODER_CLASSES", "INIT_CHOICES", "DEFAULT_INIT",
     "register", "is_registered", "check_model_opts", "check_train_from", "encoder_type_for",
-    "require_onmt", "INSTALL_HINT", "ONMT_IMPORT_ERROR", "prepare_checkpoint",
+    "require_onmt", "INSTALL_HINT", "ONMT_IMPORT_ERROR", "prepare_checkpoint", "CLASS_NAMES",
     "expand_data_paths", "OnmtUsageError",
 ]
 
 #: the public names and the module of the package that defines each
 _HOMES = {
     "ENCODER_TYPES": "encoder_types", "INIT_CHOICES": "encoder_types",
-    "DEFAULT_INIT": "encoder_types", "INSTALL_HINT": "encoder_types",
+    "DEFAULT_INIT": "encoder_types", "INSTALL_HINT": "encoder_types", "CLASS_NAMES": "encoder_types",
     "OnmtUsageError": "encoder_types", "encoder_type_for": "encoder_types",
     "require_onmt": "encoder_types",
     "check_model_opts": "options", "check_train_from": "options", "expand_data_paths": "options",
@@ -105,6 +107,9 @@ _HOMES = {
     "AblatedRNNEncoder": "encoder", "ENCODER_CLASSES": "encoder", "ONMT_IMPORT_ERROR": "encoder",
     "is_registered": "encoder",
 }
+# the per-type encoder classes (AblatedBiRanEncoder, ...)
+_HOMES.update({name: "encoder" for name in _CLASS_NAMES.values()})
+__all__ += list(_CLASS_NAMES.values())
 
 
 def register() -> None:
@@ -125,15 +130,9 @@ def __getattr__(name):
     # the names live in the package's modules, imported at first use: torch and OpenNMT-py
     # are imported only when an encoder, a check or the registration is used
     home = _HOMES.get(name)
-    if home is None and not name.startswith("__"):
-        home = "encoder"    # the per-type encoder classes (AblatedBiRanEncoder, ...)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"{__name__}.{home}")
-    try:
-        value = getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
     globals()[name] = value
     return value
 

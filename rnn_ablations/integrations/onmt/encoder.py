@@ -38,8 +38,8 @@ from ...rnn import AblatedRNN
 from ...validation import check_positive_int, check_prob
 from ...variants import get_variant
 from . import checkpoints, options, translate
-from .encoder_types import (DEFAULT_INIT, ENCODER_TYPES, INIT_CHOICES, OnmtUsageError,
-                            require_onmt)
+from .encoder_types import (CLASS_NAMES, DEFAULT_INIT, ENCODER_TYPES, INIT_CHOICES,
+                            OnmtUsageError, require_onmt)
 
 __all__ = ["AblatedRNNEncoder", "ENCODER_CLASSES", "ONMT_IMPORT_ERROR", "register_now",
            "is_registered"]
@@ -171,16 +171,10 @@ class AblatedRNNEncoder(EncoderBase):
                 f"bridge={self.use_bridge}, ablated_init={self.ablated_init!r}")
 
 
-def _class_name(encoder_type: str) -> str:
-    variant, bidirectional = ENCODER_TYPES[encoder_type]
-    camel = "".join(part.capitalize() for part in variant.split("_"))
-    return f"Ablated{'Bi' if bidirectional else ''}{camel}Encoder"
-
-
 #: encoder type -> encoder class (module-level classes, so they can be pickled)
 ENCODER_CLASSES: Dict[str, type] = {}
 for _name in ENCODER_TYPES:
-    _cls_name = _class_name(_name)
+    _cls_name = CLASS_NAMES[_name]
     _cls = type(_cls_name, (AblatedRNNEncoder,), {
         "encoder_type": _name,
         "__module__": PUBLIC_MODULE,

@@ -8,7 +8,7 @@ from typing import Dict, Tuple
 from .. import ONMT_INSTALL_HINT as INSTALL_HINT
 from ...variants import VARIANTS, get_variant
 
-__all__ = ["ENCODER_TYPES", "INIT_CHOICES", "DEFAULT_INIT", "INSTALL_HINT", "OnmtUsageError",
+__all__ = ["ENCODER_TYPES", "CLASS_NAMES", "INIT_CHOICES", "DEFAULT_INIT", "INSTALL_HINT", "OnmtUsageError",
            "encoder_type_for", "require_onmt"]
 
 #: ``-ablated_init`` choices (see the package's docstring).
@@ -21,6 +21,16 @@ for _v in VARIANTS:
     ENCODER_TYPES[_v] = (_v, False)
 for _v in VARIANTS:
     ENCODER_TYPES["b" + _v] = (_v, True)
+
+
+def _class_name(encoder_type: str) -> str:
+    variant, bidirectional = ENCODER_TYPES[encoder_type]
+    camel = "".join(part.capitalize() for part in variant.split("_"))
+    return f"Ablated{'Bi' if bidirectional else ''}{camel}Encoder"
+
+
+#: encoder type -> the name of its encoder class (``bran`` -> ``AblatedBiRanEncoder``)
+CLASS_NAMES: Dict[str, str] = {t: _class_name(t) for t in ENCODER_TYPES}
 
 
 class OnmtUsageError(ValueError):
