@@ -130,10 +130,97 @@ class _Named:
         return self._args[self._at[item]]
 
 
-def define(name: str, device: str, implementation, fake=None) -> None:
-    """Define ``rnn_ablations::<name>`` with its schema from :data:`schema.SCHEMAS` (once),
-    register ``implementation`` for ``device`` (``"CPU"`` / ``"CUDA"``) and, with the
-    definition, ``fake(a)`` (``a``: the call's arguments by name) as its fake kernel.
+# -- the fake kernels: fake(a), a the call's arguments by name --------------------------------
+def _in_place_fake(a):
+    out, h_n, c_n, _, cs, hin = _forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train)
+    return out, h_n, c_n, cs, hin
+
+
+def _pipelined_fake(x, w_ih, w_hh, h0, highway, train):
+    T, B, H, R = _sizes(x, w_hh)
+    X = w_ih.shape[0] // H - R
+    return _forward_shapes(x, w_hh, h0, highway, train) + (
+        h0.new_empty(T, B, X * H) if X > 0 else _empty(h0),)
+
+
+def _pipelined_grads_fake(x, w_ih, w_hh, h0, c0, need_dx, need_dw, need_bias):
+    H = w_hh.shape[1]
+    R = w_hh.shape[0] // H
+    return (x.new_empty(x.shape) if need_dx else _empty(x),
+            w_ih.new_empty(w_ih.shape) if need_dw else _empty(x),
+            x.new_empty(R * H) if need_bias else _empty(x),
+            w_hh.new_empty(w_hh.shape) if need_dw else _empty(x),
+            h0.new_empty(h0.shape), c0.new_empty(c0.shape))
+
+
+def _directions_forward_fake(a):
+    flat = []
+    for p, w, h in zip((a.proj_0, a.proj_1), a.w_hh, a.h0):
+        out, h_n, c_n, _, cs, hin = _forward_shapes(p, w, h, a.highway, a.train)
+        flat += [out, h_n, c_n, cs, hin]
+    return tuple(flat)
+
+
+def _like_layout(proj: Tensor, width: int, dtype=None) -> Tensor:
+    T, B = proj.shape[0], proj.shape[1]
+    dtype = proj.dtype if dtype is None else dtype
+    if not proj.is_contiguous() and proj.transpose(0, 1).is_contiguous():
+        return proj.new_empty(B, T, width, dtype=dtype).transpose(0, 1)
+    return proj.new_empty(T, B, width, dtype=dtype)
+
+
+def _scan_fake(a):
+    D, _, H = a.c0.shape
+    acc = accumulation_dtype(a.proj.dtype)  # the memories cs, as a forward saves them
+    return (_like_layout(a.proj, D * H), a.c0.new_empty(a.c0.shape), a.c0.new_empty(a.c0.shape),
+            _like_layout(a.proj, D * H, acc) if a.save else a.proj.new_empty(0, dtype=acc))
+
+
+def _persistent_fake(a):
+    """``plain_forward``'s fake results, but ``gates`` empty unless ``train``."""
+    out, h_n, c_n, gates, cs, hin = _forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train)
+    return out, h_n, c_n, gates if a.train else gates.new_empty(0), cs, hin
+
+
+def _grads_like(a):
+    return tuple(t.new_empty(t.shape) for t in (a.proj, a.w_hh, a.h0, a.c0))
+
+
+#: operator -> its fake kernel (the shapes and dtypes of its results), for every operator of the
+#: schema table
+_FAKES = {
+    "plain_forward": lambda a: _forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train),
+    "plain_forward_": _in_place_fake,
+    "plain_backward": _grads_like,
+    "pipelined_forward": lambda a: _pipelined_fake(a.x, a.w_ih, a.w_hh, a.h0, a.highway,
+                                                   a.train),
+    "pipelined_backward": lambda a: _pipelined_grads_fake(a.x, a.w_ih, a.w_hh, a.h0, a.c0,
+                                                          a.need_dx, a.need_dw, a.need_bias),
+    "plain_directions_forward_": _directions_forward_fake,
+    "plain_directions_backward": lambda a: [t.new_empty(t.shape) for p, w, h, c in zip(
+        a.proj, a.w_hh, a.h0, a.c0) for t in (p, w, h, c)],
+    "pipelined_directions_forward": lambda a: [
+        t for x, wi, w, h in zip(a.x, a.w_ih, a.w_hh, a.h0)
+        for t in _pipelined_fake(x, wi, w, h, a.highway, a.train)],
+    "pipelined_directions_backward": lambda a: [
+        t for x, wi, w, h, c in zip(a.x, a.w_ih, a.w_hh, a.h0, a.c0)
+        for t in _pipelined_grads_fake(x, wi, w, h, c, a.need_dx, a.need_dw, a.need_bias)],
+    "scan_forward": _scan_fake,
+    "scan_backward": lambda a: (
+        _like_layout(a.proj, a.proj.shape[2]), a.g_cn.new_empty(a.g_cn.shape),
+        a.proj.new_empty(a.proj.shape[2]) if a.bias_grad else _empty(a.proj)),
+    "weight_grad": lambda a: a.g.new_empty(a.g.shape[1], a.x.shape[1]),
+    "persistent_forward": _persistent_fake,
+    "persistent_backward": _grads_like,
+}
+_DEFINED = set()  # the operators defined in this process
+
+
+def define(name: str, device: str, implementation) -> None:
+    """Register ``implementation`` as ``rnn_ablations::<name>``'s kernel for ``device``
+    (``"CPU"`` / ``"CUDA"``), defining the operator first where this process has not: its
+    schema from :data:`schema.SCHEMAS`, its fake kernel from ``_FAKES``.  So either device's
+    kernel, loaded first, defines the operators it implements.
 
     Defined on a ``torch.library.Library`` rather than with ``torch.library.custom_op``: the
     dispatcher then calls the implementation directly, where a ``custom_op`` adds a Python
@@ -141,82 +228,62 @@ def define(name: str, device: str, implementation, fake=None) -> None:
     which a compiled graph pays per operator).  The operators need no autograd kernel of their
     own: the layers call them inside their ``torch.autograd.Function``s (grad mode off) or
     inside compiled graphs, whose backward calls the backward operators."""
-    if fake is not None:
+    if name not in _DEFINED:
+        fake = _FAKES[name]
         _LIBRARY.define(name + schema.SCHEMAS[name])
         torch.library.register_fake("rnn_ablations::" + name, lib=_LIBRARY)(
             lambda *args, **kwargs: fake(_Named(name, args, kwargs)))
+        _DEFINED.add(name)
     _LIBRARY.impl(name, implementation, device)
 
 
 def register(raw) -> None:
-    """Register the operators for the compiled module ``raw`` (``rnn_ablations._C``); once per
-    process (the operators stay bound to the first module).  Each implementation forwards its
-    arguments as they come (``raw``'s entry points take the operator's arguments, in the
-    schema's order) and reads by position only what it uses."""
+    """Register the CPU implementations for the compiled module ``raw`` (``rnn_ablations._C``);
+    once per process (the operators stay bound to the first module).  Each implementation
+    forwards its arguments as they come (``raw``'s entry points take the operator's arguments,
+    in the schema's order) and reads by position only what it uses."""
     global _registered
     if _registered is not None:
         return
     _registered = raw
     at = {name: schema.positions(name) for name in OPERATORS}
 
-    def cpu(name, fake):
+    def cpu(name):
         def deco(fn):
             _IMPLEMENTATIONS[name] = fn
-            define(name, "CPU", fn, fake)
+            define(name, "CPU", fn)
             return fn
         return deco
 
     # -- the plain kernel ------------------------------------------------------------------
     BS = at["plain_forward"]["batch_sizes"]
 
-    @cpu("plain_forward", lambda a: _forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train))
+    @cpu("plain_forward")
     def plain_forward(*args):
         out, h_n, c_n, gates, cs, hin = raw.plain_forward(*args, False)
         _fill_padding(args[BS], gates, cs, hin)
         return out, h_n, c_n, gates, cs, hin
 
-    def _in_place_fake(a):
-        out, h_n, c_n, _, cs, hin = _forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train)
-        return out, h_n, c_n, cs, hin
-
-    @cpu("plain_forward_", _in_place_fake)
+    @cpu("plain_forward_")
     def plain_forward_(*args):
         out, h_n, c_n, _, cs, hin = raw.plain_forward(*args, True)
         _fill_padding(args[BS], cs, hin)
         return out, h_n, c_n, cs, hin
 
-    @cpu("plain_backward", lambda a: tuple(t.new_empty(t.shape)
-                                           for t in (a.proj, a.w_hh, a.h0, a.c0)))
+    @cpu("plain_backward")
     def plain_backward(*args):
         return tuple(raw.plain_backward(*args))
 
     # -- the pipelined kernel --------------------------------------------------------------
-    def _pipelined_fake(x, w_ih, w_hh, h0, highway, train):
-        T, B, H, R = _sizes(x, w_hh)
-        X = w_ih.shape[0] // H - R
-        return _forward_shapes(x, w_hh, h0, highway, train) + (
-            h0.new_empty(T, B, X * H) if X > 0 else _empty(h0),)
-
     BS_P = at["pipelined_forward"]["batch_sizes"]
 
-    @cpu("pipelined_forward",
-         lambda a: _pipelined_fake(a.x, a.w_ih, a.w_hh, a.h0, a.highway, a.train))
+    @cpu("pipelined_forward")
     def pipelined_forward(*args):
         r = raw.pipelined_forward(*args)
         _fill_padding(args[BS_P], *r[3:])
         return tuple(r)
 
-    def _pipelined_grads_fake(x, w_ih, w_hh, h0, c0, need_dx, need_dw, need_bias):
-        H = w_hh.shape[1]
-        R = w_hh.shape[0] // H
-        return (x.new_empty(x.shape) if need_dx else _empty(x),
-                w_ih.new_empty(w_ih.shape) if need_dw else _empty(x),
-                x.new_empty(R * H) if need_bias else _empty(x),
-                w_hh.new_empty(w_hh.shape) if need_dw else _empty(x),
-                h0.new_empty(h0.shape), c0.new_empty(c0.shape))
-
-    @cpu("pipelined_backward", lambda a: _pipelined_grads_fake(
-        a.x, a.w_ih, a.w_hh, a.h0, a.c0, a.need_dx, a.need_dw, a.need_bias))
+    @cpu("pipelined_backward")
     def pipelined_backward(*args):
         return tuple(raw.pipelined_backward(*args))
 
@@ -224,14 +291,7 @@ def register(raw) -> None:
     P0 = at["plain_directions_forward_"]["proj_0"]
     BS_D = at["plain_directions_forward_"]["batch_sizes"]
 
-    def _directions_forward_fake(a):
-        flat = []
-        for p, w, h in zip((a.proj_0, a.proj_1), a.w_hh, a.h0):
-            out, h_n, c_n, _, cs, hin = _forward_shapes(p, w, h, a.highway, a.train)
-            flat += [out, h_n, c_n, cs, hin]
-        return tuple(flat)
-
-    @cpu("plain_directions_forward_", _directions_forward_fake)
+    @cpu("plain_directions_forward_")
     def plain_directions_forward_(*args):
         # the raw entry takes the directions' projections as one list
         results = raw.plain_directions_forward(*args[:P0], [args[P0], args[P0 + 1]],
@@ -241,61 +301,39 @@ def register(raw) -> None:
         return tuple(t for out, h_n, c_n, _, cs, hin in results
                      for t in (out, h_n, c_n, cs, hin))
 
-    @cpu("plain_directions_backward", lambda a: [
-        t.new_empty(t.shape) for p, w, h, c in zip(a.proj, a.w_hh, a.h0, a.c0)
-        for t in (p, w, h, c)])
+    @cpu("plain_directions_backward")
     def plain_directions_backward(*args):
         return [t for r in raw.plain_directions_backward(*args) for t in r]
 
     BS_PD = at["pipelined_directions_forward"]["batch_sizes"]
 
-    @cpu("pipelined_directions_forward", lambda a: [
-        t for x, wi, w, h in zip(a.x, a.w_ih, a.w_hh, a.h0)
-        for t in _pipelined_fake(x, wi, w, h, a.highway, a.train)])
+    @cpu("pipelined_directions_forward")
     def pipelined_directions_forward(*args):
         results = raw.pipelined_directions_forward(*args)
         for r in results:
             _fill_padding(args[BS_PD], *r[3:])
         return [t for r in results for t in r]
 
-    @cpu("pipelined_directions_backward", lambda a: [
-        t for x, wi, w, h, c in zip(a.x, a.w_ih, a.w_hh, a.h0, a.c0)
-        for t in _pipelined_grads_fake(x, wi, w, h, c, a.need_dx, a.need_dw, a.need_bias)])
+    @cpu("pipelined_directions_backward")
     def pipelined_directions_backward(*args):
         return [t for r in raw.pipelined_directions_backward(*args) for t in r]
 
     # -- the element-wise scan -------------------------------------------------------------
-    def _like_layout(proj: Tensor, width: int, dtype=None) -> Tensor:
-        T, B = proj.shape[0], proj.shape[1]
-        dtype = proj.dtype if dtype is None else dtype
-        if not proj.is_contiguous() and proj.transpose(0, 1).is_contiguous():
-            return proj.new_empty(B, T, width, dtype=dtype).transpose(0, 1)
-        return proj.new_empty(T, B, width, dtype=dtype)
-
-    def _scan_fake(a):
-        D, _, H = a.c0.shape
-        acc = accumulation_dtype(a.proj.dtype)  # the memories cs, as a forward saves them
-        return (_like_layout(a.proj, D * H), a.c0.new_empty(a.c0.shape),
-                a.c0.new_empty(a.c0.shape),
-                _like_layout(a.proj, D * H, acc) if a.save else a.proj.new_empty(0, dtype=acc))
-
     BS_S = at["scan_forward"]["batch_sizes"]
 
-    @cpu("scan_forward", _scan_fake)
+    @cpu("scan_forward")
     def scan_forward(*args):
         args = schema.complete("scan_forward", args)
         out, h_n, c_n, cs = raw.scan_forward(*args)
         _fill_padding(args[BS_S], out, cs)
         return out, h_n, c_n, cs
 
-    @cpu("scan_backward", lambda a: (
-        _like_layout(a.proj, a.proj.shape[2]), a.g_cn.new_empty(a.g_cn.shape),
-        a.proj.new_empty(a.proj.shape[2]) if a.bias_grad else _empty(a.proj)))
+    @cpu("scan_backward")
     def scan_backward(*args):
         return tuple(raw.scan_backward(*schema.complete("scan_backward", args)))
 
     # -- the weight gradient ---------------------------------------------------------------
-    @cpu("weight_grad", lambda a: a.g.new_empty(a.g.shape[1], a.x.shape[1]))
+    @cpu("weight_grad")
     def weight_grad(*args):
         return raw.weight_grad(*args)
 
@@ -338,13 +376,9 @@ def scan_built(raw) -> bool:
     return hasattr(raw, "scan_forward") and getattr(raw, "scan_abi", 1) == SCAN_ABI
 
 
-def _operator_call(name: str, first: int = 2):
-    """A kernel method's implementation that calls operator ``name`` with the method's
-    arguments as they are (its first tensor at position ``first`` decides the route)."""
-    def call(self, args):
-        result = getattr(self._ops(args[first]), name)(*args)
-        return result if isinstance(result, Tensor) else list(result)
-    return call
+#: a kernel method that calls its operator with its arguments as they are (the first tensor
+#: decides the route): the call written out by schema.entry
+_AS_LIST = "list(self._ops({first}).{name}({args}))"
 
 
 def _directions_call(name: str, per_direction: int):
@@ -425,9 +459,9 @@ class CpuKernel:
         return getattr(self.raw, name)
 
     plain_forward = schema.entry("plain_forward", _plain_forward)
-    plain_backward = schema.entry("plain_backward", _operator_call("plain_backward"))
-    pipelined_forward = schema.entry("pipelined_forward", _operator_call("pipelined_forward"))
-    pipelined_backward = schema.entry("pipelined_backward", _operator_call("pipelined_backward"))
+    plain_backward = schema.entry("plain_backward", returns=_AS_LIST)
+    pipelined_forward = schema.entry("pipelined_forward", returns=_AS_LIST)
+    pipelined_backward = schema.entry("pipelined_backward", returns=_AS_LIST)
     plain_directions_forward = schema.entry("plain_directions_forward",
                                             _plain_directions_forward)
     plain_directions_backward = schema.entry(
@@ -436,9 +470,9 @@ class CpuKernel:
         "pipelined_directions_forward", _directions_call("pipelined_directions_forward", 7))
     pipelined_directions_backward = schema.entry(
         "pipelined_directions_backward", _directions_call("pipelined_directions_backward", 6))
-    scan_forward = schema.entry("scan_forward", _operator_call("scan_forward"))
-    scan_backward = schema.entry("scan_backward", _operator_call("scan_backward"))
-    weight_grad = schema.entry("weight_grad", _operator_call("weight_grad", first=0))
+    scan_forward = schema.entry("scan_forward", returns=_AS_LIST)
+    scan_backward = schema.entry("scan_backward", returns=_AS_LIST)
+    weight_grad = schema.entry("weight_grad", returns="self._ops({first}).{name}({args})")
 
 
 def _per_direction(flat: Sequence[Tensor], k: int) -> List[List[Tensor]]:

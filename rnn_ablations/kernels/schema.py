@@ -182,17 +182,26 @@ def complete(name: str, args: Sequence, kwargs: Optional[dict] = None) -> tuple:
     return tuple(out)
 
 
-def entry(method: str, implementation: Optional[Callable] = None, doc: str = "") -> Callable:
+def entry(method: str, implementation: Optional[Callable] = None, doc: str = "",
+          returns: Optional[str] = None) -> Callable:
     """A function ``method(self, <the parameters of ENTRIES[method]>)`` that returns
     ``implementation(self, args)`` with ``args`` the tuple of its parameters (defaults filled
-    in); without ``implementation`` (a protocol's declaration) it returns ``None``.  The
+    in), or the expression ``returns`` (``{first}``: the first tensor parameter's name,
+    ``{args}``: the parameters, ``{name}``: the method's: a call written out as by hand, with
+    no call in between); without either (a protocol's declaration) it returns ``None``.  The
     parameters are real (names, defaults): ``inspect.signature`` and keyword calls see them."""
     params = entry_arguments(method)
     names = [p.name for p in params]
     signature = ", ".join(p.name if p.default is NO_DEFAULT else f"{p.name}={p.default!r}"
                           for p in params)
     packed = ", ".join(names) + ("," if len(names) == 1 else "")
-    body = "return None" if implementation is None else f"return _implementation(self, ({packed}))"
+    if returns is not None:
+        first = next(p.name for p in params if p.type.startswith("Tensor"))
+        body = "return " + returns.format(first=first, args=", ".join(names), name=method)
+    elif implementation is not None:
+        body = f"return _implementation(self, ({packed}))"
+    else:
+        body = "return None"
     source = f"def {method}(self, {signature}):\n    {body}\n"
     namespace = {"_implementation": implementation}
     exec(compile(source, f"<rnn_ablations.kernels.schema: {method}>", "exec"), namespace)

@@ -52,31 +52,21 @@ def _no_memory_unless(train: bool, cs: Tensor) -> Tensor:
     return cs if train else cs.new_empty(0)
 
 
-def _persistent_fake(a):
-    """``plain_forward``'s fake results, but ``gates`` empty unless ``train``."""
-    out, h_n, c_n, gates, cs, hin = ops._forward_shapes(a.proj, a.w_hh, a.h0, a.highway, a.train)
-    return out, h_n, c_n, gates if a.train else gates.new_empty(0), cs, hin
-
-
 def register_cuda(raw) -> bool:
     """Register the CUDA implementations of ``raw`` (the module :mod:`rnn_ablations.kernels.cuda`
-    loads) and define the
-    CUDA-only operators; once per process.  False when the CPU operators are not registered
-    (no CPU kernel in this process): the shared schemas are defined with them, so the CUDA
-    kernel is then called as a module (:class:`CudaKernel` falls back to it)."""
+    loads), defining the operators this process has not defined yet (the CUDA-only ones, and
+    the shared ones where the CPU kernel is not loaded: their schemas and fake kernels come from
+    the table, :func:`rnn_ablations.kernels.ops.define`); once per process.  True."""
     global _registered
     if _registered is not None:
         return True
-    if ops._registered is None:
-        return False
     _registered = raw
 
-    def cuda(name, fake=None):
-        """``fn`` as the CUDA implementation of ``name``; a CUDA-only operator (``fake``
-        given) is defined here."""
+    def cuda(name):
+        """``fn`` as the CUDA implementation of ``name``."""
         def deco(fn):
             _IMPLEMENTATIONS[name] = fn
-            ops.define(name, "CUDA", fn, fake)
+            ops.define(name, "CUDA", fn)
             return fn
         return deco
 
@@ -99,29 +89,20 @@ def register_cuda(raw) -> bool:
         cuda("scan_forward")(forwarded("scan_forward"))
         cuda("scan_backward")(forwarded("scan_backward"))
     if hasattr(raw, "persistent_forward"):
-        cuda("persistent_forward", _persistent_fake)(forward("persistent_forward"))
-        cuda("persistent_backward", lambda a: tuple(
-            t.new_empty(t.shape) for t in (a.proj, a.w_hh, a.h0, a.c0)))(
-                forwarded("persistent_backward"))
+        cuda("persistent_forward")(forward("persistent_forward"))
+        cuda("persistent_backward")(forwarded("persistent_backward"))
     return True
-
-
-_STEP_ARGS = len(schema.arguments("plain_forward"))
 
 
 def _call(name: str):
     """A kernel method's implementation: operator ``name`` with the method's arguments (the
-    first ``n`` of them: ``plain_forward``'s ``in_place`` stays here), through the operator
-    where it is registered, else the module's own; every entry's first tensor is its third
-    argument (after spec and highway)."""
+    first ``n`` of them: ``plain_forward``'s ``in_place`` stays here); every entry's first
+    tensor is its third argument (after spec and highway)."""
     n = len(schema.arguments(name))
 
     def call(self, args):
         args = args[:n]
-        route = self._ops(args[2])
-        if route is None:
-            return getattr(self.raw, name)(*args)
-        return list(getattr(route, name)(*args))
+        return list(getattr(self._ops(args[2]), name)(*args))
     return call
 
 
@@ -132,9 +113,7 @@ class CudaKernel:
     (``persistent_plan``, …) is the module's own.
     A plain eager call runs the implementation directly (:func:`rnn_ablations.kernels.ops._plain_eager`);
     every other call goes through the operator, so what traces or intercepts operators
-    (``torch.compile``, ``torch.export``, a ``TorchDispatchMode``) sees it.  Where the
-    operators could not be registered (no CPU kernel in this process) every call goes to the
-    module."""
+    (``torch.compile``, ``torch.export``, a ``TorchDispatchMode``) sees it."""
 
     #: capabilities (``kernels/interface.py``): ``plain_forward`` returns the gates in a tensor
     #: of its own; ``scan`` / ``persistent`` are set per instance from the compiled entry points
@@ -149,8 +128,6 @@ class CudaKernel:
         self.persistent = hasattr(raw, "persistent_forward")
 
     def _ops(self, first: Tensor):
-        if not self.operators:
-            return None
         return self._direct if ops._plain_eager(first) else self._dispatched
 
     def __getattr__(self, name):
