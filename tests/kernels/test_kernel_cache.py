@@ -151,7 +151,7 @@ def test_overwritten_module_is_compiled_again(built_cache):
 def test_module_that_matches_its_record_but_does_not_load_is_compiled_again(built_cache):
     folder = _kernel_folder(built_cache)
     module = _assert_valid(folder)
-    module.write_bytes(b"\x7fELF garbage that dlopen refuses\n" * 8)
+    module.write_bytes(_elf(b"garbage that dlopen refuses\n" * 8, kind=1))
     record = json.loads((folder / "build.json").read_text())
     record["size"], record["sha256"] = _kernel_loader._digest(str(module))
     (folder / "build.json").write_text(json.dumps(record))
@@ -194,7 +194,15 @@ def test_read_only_cache_folder_warns_what_failed(tmp_path, monkeypatch, caplog)
 
 
 # ------------------------------------------------------------------ the record check (no compiler)
-def _fake_cache(folder, content=b"\x7fELF" + bytes(range(256)) * 40, name="_C.abi3.so"):
+def _elf(body: bytes, kind: int = 3) -> bytes:
+    """A little-endian ELF64 file of type ``kind`` (3: a shared object; 1: a relocatable object,
+    which dlopen refuses) whose headers lie inside it: the file header, then ``body``."""
+    import struct
+    return (b"\x7fELF\x02\x01\x01" + b"\0" * 9
+            + struct.pack("<HHIQQQIHHHHHH", kind, 62, 1, 0, 0, 0, 0, 64, 56, 0, 64, 0, 0) + body)
+
+
+def _fake_cache(folder, content=_elf(bytes(range(256)) * 40), name="_C.abi3.so"):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_bytes(content)
     size, sha = _kernel_loader._digest(str(folder / name))
@@ -241,11 +249,11 @@ def test_publish_replaces_module_and_record_together(tmp_path):
     old = _fake_cache(folder)
     out = folder / ".out-x"
     out.mkdir()
-    (out / old.name).write_bytes(b"\x7fELF new module" * 50)
+    (out / old.name).write_bytes(_elf(b"new module" * 50))
     final = _kernel_loader._publish(str(folder), str(out / old.name), 1.0)
     assert final == str(old)
     assert _kernel_loader.cached_module(str(folder)) == (str(old), None)
-    assert old.read_bytes() == b"\x7fELF new module" * 50
+    assert old.read_bytes() == _elf(b"new module" * 50)
     assert sorted(p.name for p in folder.iterdir()) == [".out-x", old.name, "build.json"]
 
 
