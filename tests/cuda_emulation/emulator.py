@@ -11,11 +11,14 @@ unchanged on CPU tensors.
   ``<cache>/cuda_emulation/<digest>/`` (``<cache>``: ``$RNN_ABLATIONS_CACHE``, else
   ``~/.cache/rnn_ablations``), the digest covering the device sources, ``emulation.h``, the
   generated source and the compiler's command, so a process builds once and later runs read it.
-* :class:`EmulatedDevice` answers the driver's questions as a small GPU would: cooperative
-  launch, ``SMS`` multiprocessors, ``SMEM_OPTIN`` bytes of shared memory a block may opt in to,
-  and an occupancy computed from the threads and shared memory a block asks for; a launch that
-  a GPU would refuse (too many threads, more shared memory than allowed, a cooperative grid
-  that cannot be resident) raises ``CudaDriverError``.
+* :class:`EmulatedDevice` answers the driver's questions as the GPU of its :class:`Profile`
+  would (:data:`PROFILES`: ``default`` 2 SMs, ``small`` 16 SMs, ``h100`` 132 SMs with 227 KiB
+  of shared memory per block): cooperative launch, its multiprocessors, the shared memory a
+  block may opt in to, and an occupancy computed from the threads and shared memory a block
+  asks for; a launch that a GPU would refuse (too many threads, more shared memory than
+  allowed, a cooperative grid that cannot be resident) raises ``CudaDriverError``, and so does
+  a launch whose spin wait outlasts the watchdog (``watchdog_s``).
+* ``RNN_ABLATIONS_EMULATION_ASAN=1`` builds with AddressSanitizer (:func:`asan_environment`).
 * :func:`installed` (a context manager) installs it and sets ``common.DEVICE_TYPE = "cpu"``, and
   restores both; ``tests/cuda_emulation/conftest.py`` has it as the fixture ``emulated_cuda``.
 """
