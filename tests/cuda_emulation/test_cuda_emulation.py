@@ -357,8 +357,8 @@ def test_backend_runs_the_cuda_step_scan_and_persistent_kernels(emulated_cuda, m
     the CUDA step, scan and persistent entry points in use, and each runs."""
     from rnn_ablations.kernels import registry
     from rnn_ablations.kernels.cuda import ops as ops_cuda
-    monkeypatch.setattr(backend, "_C_cuda", ops_cuda.CudaKernel(host))  # as backend loads it
-    monkeypatch.setattr(backend, "_kernels_cache", {})
+    monkeypatch.setattr(registry, "_C_cuda", ops_cuda.CudaKernel(host))  # as the registry loads it
+    monkeypatch.setattr(registry, "_kernels_cache", {})
     k = registry.kernels()
     assert k.cuda and k.cuda_scan and k.persistent, k
     assert host.scan_abi == registry.SCAN_ABI
