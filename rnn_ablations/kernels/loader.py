@@ -412,6 +412,16 @@ _DEFAULT_CPU_SECONDS = 80.0
 #: the largest file's share of that work (``csrc/bindings.cpp``: 21 of about 130 CPU seconds in a
 #: build timed under load): one compiler runs it, so no number of cores makes a build shorter
 _LARGEST_SHARE = 0.2
+#: how much more CPU time the same compile takes on cores shared with other work (caches and
+#: memory bandwidth shared): builds timed on 2 cores at a load of 7 to 11 took 1.8-2.1 times the
+#: work of a quiet one
+_CONTENDED = 0.9
+
+
+def _contention(others: float, cores: int) -> float:
+    """The factor on the compilers' CPU time when ``others`` runnable processes share the
+    ``cores``: 1 on a quiet machine, 1 + :data:`_CONTENDED` once they fill the cores."""
+    return 1.0 + _CONTENDED * min(1.0, others / max(1, cores))
 BUILDING = "building.json"
 
 
@@ -483,11 +493,12 @@ def estimate_seconds(cpu_seconds: Optional[float] = None, files: Optional[int] =
     others = max(0.0, (_load() if load is None else load) - building)
     jobs = max(1, min(jobs or _build_jobs(cores), files))
     share = min(1.0, cores / (others + jobs))  # of a core, for each compiler
+    work *= _contention(others, cores)
     wall = work / (jobs * share)
     if largest:
         full = cpu_seconds if cpu_seconds is not None and files == len(_build.cpu_sources()) \
             else (_recorded_cpu_seconds() or _DEFAULT_CPU_SECONDS)
-        wall = max(wall, min(work, _LARGEST_SHARE * full) / share)
+        wall = max(wall, min(work, _LARGEST_SHARE * full * _contention(others, cores)) / share)
     return wall
 
 
@@ -530,13 +541,15 @@ def progress(elapsed: float, done: list, files: int) -> str:
     work = per_file * (left_files - largest) + (whole * _LARGEST_SHARE if largest else 0.0)
     cores = _cores()
     jobs = min(_build_jobs(cores), left_files)
-    share = min(1.0, cores / (max(0.0, _load() - jobs) + jobs))
+    others = max(0.0, _load() - jobs)
+    share = min(1.0, cores / (others + jobs))
+    slower = _contention(others, cores)
     running = per_file * (jobs - largest) + (whole * _LARGEST_SHARE if largest else 0.0)
-    credit = min(running, max(0.0, elapsed * jobs * share - (whole - work)))
+    credit = min(running, max(0.0, elapsed * jobs * share / slower - (whole - work)))
     left = estimate_seconds(cpu_seconds=max(work - credit, 0.02 * whole), files=left_files,
                             jobs=jobs, building=jobs, largest=False)
     if largest:  # one compiler runs the largest file: not sooner than its rest on one core
-        left = max(left, max(0.0, whole * _LARGEST_SHARE - elapsed * share) / share)
+        left = max(left, max(0.0, whole * _LARGEST_SHARE * slower - elapsed * share) / share)
     return (f"{elapsed:.0f} s, {len(done)} of {files} files compiled, about {left:.0f} s to go "
             "at the present load")
 

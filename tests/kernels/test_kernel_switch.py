@@ -241,9 +241,14 @@ def test_build_estimate_follows_the_cores_the_load_and_the_recorded_build(tmp_pa
     assert est(cpu_seconds=100, files=files, cores=64, load=0, jobs=66) == \
         pytest.approx(max(100 / files, largest * 100))
     assert est(cpu_seconds=100, files=files, cores=1, load=0, jobs=1) == pytest.approx(100.0)
-    # a loaded machine: each compiler gets its share of the cores (2 of 5 + 3 runnable)
+    # a loaded machine: each compiler gets its share of the cores (2 of 5 + 3 runnable), and the
+    # same compile takes more CPU time on shared cores
+    slower = 1 + _kernel_loader._CONTENDED
     assert est(cpu_seconds=100, files=files, cores=2, load=5, jobs=3) == \
-        pytest.approx(max(100 / (3 * 0.25), largest * 100 / 0.25))
+        pytest.approx(max(100 * slower / (3 * 0.25), largest * 100 * slower / 0.25))
+    assert est(cpu_seconds=100, files=files, cores=2, load=1, jobs=3) == \
+        pytest.approx(max(100 * (1 + _kernel_loader._CONTENDED / 2) / (3 * 0.5),
+                          largest * 100 * (1 + _kernel_loader._CONTENDED / 2) / 0.5))
     # the build's own compilers in the load are not counted as others
     assert est(cpu_seconds=100, files=files, cores=2, load=3, jobs=3, building=3) == \
         pytest.approx(quiet)
