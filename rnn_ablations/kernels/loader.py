@@ -427,7 +427,8 @@ BUILDING = "building.json"
 
 def _recorded_cpu_seconds() -> Optional[float]:
     """The compilers' CPU seconds of the latest build recorded in the cache (any torch or
-    sources: the work is nearly the same), or None."""
+    sources: the work is nearly the same), as on quiet cores (its own load taken out), or
+    None."""
     latest = None
     try:
         for entry in os.listdir(cache_root()):
@@ -435,6 +436,10 @@ def _recorded_cpu_seconds() -> Optional[float]:
                 with open(os.path.join(cache_root(), entry, RECORD)) as f:
                     record = json.load(f)
                 stamp, cpu = os.path.getmtime(f.name), float(record["cpu_seconds"])
+                # the work on quiet cores (the estimate applies the load it meets)
+                cores = int(record.get("cores") or 1)
+                others = max(0.0, float(record.get("load") or 0.0) - _build_jobs(cores))
+                cpu /= _contention(others, cores)
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if cpu > 0 and (latest is None or stamp > latest[0]):
