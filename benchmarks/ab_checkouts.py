@@ -42,13 +42,14 @@ def call(f):
     else:
         with torch.inference_mode():
             f(x)
+clock = time.process_time if args.get("clock") == "cpu" else time.perf_counter
 ts = {"ours": [], "nn.LSTM": []}
 for r in range(args["warmup"] + args["rounds"]):
     for k in (("ours", "nn.LSTM") if r % 2 else ("nn.LSTM", "ours")):
-        t0 = time.perf_counter()
+        t0 = clock()
         call(m if k == "ours" else ref)
         if r >= args["warmup"]:
-            ts[k].append(time.perf_counter() - t0)
+            ts[k].append(clock() - t0)
 ours, lstm = (1e3 * statistics.median(ts[k]) for k in ("ours", "nn.LSTM"))
 print(json.dumps({"package": ra.__file__, "ours_ms": ours, "nn_lstm_ms": lstm,
                   "ratio": lstm / ours}))
@@ -71,7 +72,7 @@ def _run(checkout: Path, args: dict) -> dict:
 def _compare(a, shape_name, shape, variant, mode) -> dict:
     """One (shape, variant, mode): ``a.processes`` processes per checkout, alternating."""
     child = {"shape": list(shape), "variant": variant, "mode": mode, "rounds": a.rounds,
-             "warmup": a.warmup, "threads": a.threads}
+             "warmup": a.warmup, "threads": a.threads, "clock": a.clock}
     ratios = {"this": [], "other": []}
     for i in range(a.processes):
         order = (("this", REPO), ("other", a.other)) if i % 2 == 0 else \
@@ -82,7 +83,8 @@ def _compare(a, shape_name, shape, variant, mode) -> dict:
             print(f"{name:5s} ({checkout}): {variant} {mode} {r['ours_ms']:.1f} ms, nn.LSTM "
                   f"{r['nn_lstm_ms']:.1f} ms, ratio {r['ratio']:.2f}", flush=True)
     this, other = (statistics.median(ratios[k]) for k in ("this", "other"))
-    print(f"# {shape_name} {variant} {mode}, {a.threads} threads: ratio to nn.LSTM, median of "
+    print(f"# {shape_name} {variant} {mode}, {a.threads} threads, {a.clock} clock: ratio to "
+          f"nn.LSTM, median of "
           f"{a.processes} processes: this {this:.2f} "
           f"({min(ratios['this']):.2f}-{max(ratios['this']):.2f}), other {other:.2f} "
           f"({min(ratios['other']):.2f}-{max(ratios['other']):.2f})", flush=True)
@@ -106,6 +108,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall clock, or each process's CPU time (all its threads; with "
+                        "--threads 1 robust to other load on a shared machine)")
     p.add_argument("--out", type=Path, help="also write the rows to OUT.json and a table to "
                    "OUT.md (e.g. benchmarks/results/NAME)")
     a = p.parse_args(argv)
@@ -131,7 +136,7 @@ def main(argv=None) -> int:
             indent=1) + "\n")
         lines = [f"# A/B of two checkouts: ratio to nn.LSTM in each process, median of "
                  f"{a.processes} processes per checkout", "", f"Machine: {machine}. "
-                 f"Command: `{command}`.", "",
+                 f"Command: `{command}`; {a.threads} thread(s), {a.clock} clock.", "",
                  "| shape | variant | mode | this | other | this / other |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['shape']} | {r['variant']} | {r['mode']} | {r['this_median']:.2f} | "
                   f"{r['other_median']:.2f} | {r['this_over_other']:.3f} |" for r in rows]

@@ -57,9 +57,11 @@ def _label(variant: str, isa, isas) -> str:
     return variant if isa is None or len(isas) < 2 else f"{variant} [{isa}]"
 
 
-def measure(shapes, variants, repeats: int, warmup: int, device: str, isas=(None,)):
+def measure(shapes, variants, repeats: int, warmup: int, device: str, isas=(None,),
+            clock=time.perf_counter):
     """Rows of the result table; every model once per round, each of ours under every ISA of
-    ``isas`` (None: the kernel's current path)."""
+    ``isas`` (None: the kernel's current path); ``clock``: the wall clock, or
+    ``time.process_time`` (the process's CPU time, all threads)."""
     rows = []
     for name, layers, d_in, H, bi, B, T in shapes:
         torch.manual_seed(0)
@@ -87,11 +89,12 @@ def measure(shapes, variants, repeats: int, warmup: int, device: str, isas=(None
                 with (rnn_ablations.use_kernel_isa(isa) if isa else contextlib.nullcontext()):
                     for mode, step in (("train", train), ("inference", infer)):
                         _sync(device)
-                        t0 = time.perf_counter()
+                        t0 = clock()
                         step(m)
                         _sync(device)
                         if r >= warmup:
-                            times[(k, mode)].append(time.perf_counter() - t0)
+                            times[(k, mode)].append(clock() - t0)
+        bound = matmul_ratio(layers, d_in, H, bi)
         for mode in ("train", "inference"):
             ref = times[("nn.LSTM", mode)]
             for k, _, isa in runs:
@@ -101,8 +104,11 @@ def measure(shapes, variants, repeats: int, warmup: int, device: str, isas=(None
                              "bidirectional": bi, "batch": B, "seq_len": T, "model": k,
                              "kernel_isa": isa or (rnn_ablations.kernel_isa()
                                                    if device == "cpu" and k != "nn.LSTM" else None),
-                             "mode": mode, "matmul_ratio": matmul_ratio(layers, d_in, H, bi), "median_ms": 1e3 * statistics.median(ts),
+                             "mode": mode, "matmul_ratio": bound,
+                             "median_ms": 1e3 * statistics.median(ts),
                              "ratio_vs_nn_lstm": statistics.median(ref) / statistics.median(ts),
+                             "fraction_of_bound": (statistics.median(ref) / statistics.median(ts)
+                                                   / bound),
                              "ratio_min": min(ratios), "ratio_max": max(ratios)})
         print(f"  done: {name}", file=sys.stderr, flush=True)
     return rows
@@ -131,10 +137,13 @@ def format_table(rows, variants) -> str:
         r0 = by[(shape, "nn.LSTM", "train")]
         cells = [f"{shape}: {r0['layers']}, {r0['d_in']}, {r0['hidden']}, "
                  f"{'bi' if r0['bidirectional'] else 'uni'}, {r0['batch']}, {r0['seq_len']}"]
+        bound = matmul_ratio(r0['layers'], r0['d_in'], r0['hidden'], r0['bidirectional'])
         for v in variants:
             for mode in ("train", "inference"):
                 r = by[(shape, v, mode)]
-                cells.append(f"{r['ratio_vs_nn_lstm']:.2f}× ({r['ratio_min']:.2f}–{r['ratio_max']:.2f})")
+                cells.append(f"{r['ratio_vs_nn_lstm']:.2f}× ({r['ratio_min']:.2f}–"
+                             f"{r['ratio_max']:.2f}; {r['ratio_vs_nn_lstm'] / bound:.0%} of "
+                             f"{bound:.2f})")
         cells += [f"{by[(shape, 'nn.LSTM', m)]['median_ms']:.1f}" for m in ("train", "inference")]
         cells.append(f"{matmul_ratio(r0['layers'], r0['d_in'], r0['hidden'], r0['bidirectional']):.2f}")
         lines.append("| " + " | ".join(cells) + " |")
@@ -144,11 +153,16 @@ def format_table(rows, variants) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", choices=sorted(SHAPES), default="experiments")
+    p.add_argument("--shape-names", nargs="+", default=None,
+                   help="time only these rows of --shapes (e.g. DrQA 'PTB small LM')")
     p.add_argument("--variants", nargs="+", default=["lstm_minus_srnn_minus_hidden"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall clock, or the process's CPU time (with --threads 1: robust to "
+                        "other load on a shared machine)")
     p.add_argument("--isas", nargs="+", default=None,
                    help="CPU: time each variant under these vector paths of the kernel (e.g. "
                         "avx2 portable; default: the path in use)")
@@ -177,23 +191,39 @@ def main(argv=None) -> int:
     line = machine
     print(f"{line}; scan kernel {'compiled' if kernel else 'NOT available (generic path)'}",
           flush=True)
-    rows = measure(SHAPES[args.shapes], variants, args.repeats, args.warmup, args.device, isas)
+    if args.clock == "cpu" and args.device != "cpu":
+        p.error("--clock cpu measures CPU work; use the wall clock with --device cuda")
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    shapes = SHAPES[args.shapes]
+    if args.shape_names:
+        unknown = sorted(set(args.shape_names) - {s[0] for s in shapes})
+        if unknown:
+            p.error(f"--shape-names {unknown}: choose from {[s[0] for s in shapes]}")
+        shapes = [s for s in shapes if s[0] in args.shape_names]
+    rows = measure(shapes, variants, args.repeats, args.warmup, args.device, isas,
+                   clock)
     labels = [_label(v, isa, isas) for v in variants for isa in isas]
     table = format_table(rows, labels)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"speed_minus_hidden_{args.device}"
+    if args.clock == "cpu":
+        stem += "_cpu_clock"
     if args.shapes == "tiny":
         stem += "_tiny"
     meta = {**info, "scan_kernel": kernel,
             "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
-            "shapes": args.shapes, "command": " ".join(sys.argv), "rows": rows}
+            "shapes": args.shapes, "clock": args.clock, "command": " ".join(sys.argv),
+            "rows": rows}
     (args.out / f"{stem}.json").write_text(json.dumps(meta, indent=1))
-    (args.out / f"{stem}.md").write_text(f"{line}; {args.threads} threads; ratio = time(nn.LSTM) "
+    (args.out / f"{stem}.md").write_text(f"{line}; {args.threads} threads, {args.clock} clock; "
+                                         f"command `{meta['command']}`; ratio = time(nn.LSTM) "
                                          f"/ time(model), median of {args.repeats} interleaved "
-                                         f"rounds (min–max of the per-round ratios); matmul "
+                                         f"rounds (min–max of the per-round ratios; the "
+                                         f"share of the bound, the matmul ratio); matmul "
                                          f"ratio = multiply-adds of nn.LSTM / of "
-                                         f"LSTM − S-RNN − HIDDEN (see matmul_ratio)\n\n{table}\n")
+                                         f"LSTM − S-RNN − HIDDEN (see matmul_ratio), the FLOP "
+                                         f"bound of the speed-up\n\n{table}\n")
     return 0
 
 

@@ -158,7 +158,9 @@ class Policy:
     stream_min_bytes: int = 64 * 2**20
     stream_chunk_bytes: int = 16 * 2**20
     bf16_gemm: str = "auto"
-    library_step_gemm: Tuple[Tuple[str, int, int], ...] = ()
+    # avx512: never (the kernel's own packed GEMM was as fast or faster than MKL's at every
+    # experiment shape on AMD EPYC AVX-512: benchmarks/results/schedule_policy.md)
+    library_step_gemm: Tuple[Tuple[str, int, int], ...] = (("avx512", -1, -1),)
 
     def __post_init__(self) -> None:
         if self.bf16_gemm not in ("auto", "on", "off"):

@@ -137,6 +137,31 @@ def test_ab_checkouts_end_to_end(capsys, tmp_path):
     assert "no rnn_ablations package there" in capsys.readouterr().err
 
 
+@requires_kernel
+def test_fixed_cost_stages_end_to_end(capsys, tmp_path):
+    """``benchmarks/fixed_cost.py`` at a tiny setting: every stage of a step cell (down to the
+    C++ entry and the packing of w_hh where the path packs) and of the scan cell is timed, the
+    stages nest (the module costs at least its layer call), the statements are listed, and the
+    files name the machine."""
+    fc = _load("fixed_cost")
+    assert fc.main(["--shapes", "fixed cost", "--variants", "nn.LSTM", "lstm",
+                    "lstm_minus_srnn_minus_hidden", "--rounds", "1", "--calls", "2",
+                    "--threads", "1", "--statements", "--out", str(tmp_path / "fc")]) == 0
+    saved = json.loads((tmp_path / "fc.json").read_text())
+    stages = {(r["variant"], r["stage"]): r for r in saved["rows"]}
+    assert ("nn.LSTM", "module") in stages
+    for v in ("lstm", "lstm_minus_srnn_minus_hidden"):
+        for s in ("module", "run_layer_call", "plan", "runner", "kernel entry", "C++ entry"):
+            assert stages[(v, s)]["cpu_us_1thread"] > 0, (v, s)
+    from rnn_ablations.kernels import registry
+    assert (("lstm", "C++ pack w_hh") in stages) == bool(registry.cpu_kernel().packed_gemm())
+    assert stages[("lstm", "runner")]["runner"] == "cpu_plain"
+    assert stages[("lstm_minus_srnn_minus_hidden", "runner")]["runner"] == "fused_scan"
+    assert any(r["statement"].startswith("plan: decide") for r in saved["statements"])
+    md = (tmp_path / "fc.md").read_text()
+    assert saved["machine"] in md and "| fixed cost | lstm | cpu_plain | C++ entry |" in md
+
+
 @pytest.mark.slow  # runs a benchmark end to end (compiles two graphs)
 @requires_kernel
 def test_compile_speed_measures_both_modes():

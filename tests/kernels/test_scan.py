@@ -594,5 +594,16 @@ def test_speed_benchmark_runs_at_a_tiny_setting(tmp_path, one_thread):
     assert all(r["median_ms"] > 0 and r["ratio_vs_nn_lstm"] > 0 for r in meta["rows"])
     md = (tmp_path / "speed_minus_hidden_cpu_tiny.md").read_text()
     assert f"kernel vector path {ra.kernel_isa()}" in md and "nn.LSTM train ms" in md
+    # the FLOP bound beside each ratio: nn.LSTM's multiply-adds over the variant's, and the
+    # share of it the ratio reaches (tiny: 2 layers, d_in 8, H 6, bidirectional)
+    bound = bench.matmul_ratio(2, 8, 6, True)
+    assert bound == pytest.approx((8 + 6 + 12 + 6) / (8 + 12))
+    for r in meta["rows"]:
+        assert r["matmul_ratio"] == pytest.approx(bound)
+        assert r["fraction_of_bound"] == pytest.approx(r["ratio_vs_nn_lstm"] / bound)
+    assert f"of {bound:.2f})" in md
     with pytest.raises(SystemExit):
         bench.main(["--shapes", "tiny", "--isas", "sse9", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--shapes", "tiny", "--shape-names", "no such shape", "--out",
+                    str(tmp_path)])
