@@ -139,6 +139,7 @@ def _statements():
     h0 = torch.zeros(1, 1, 8)
     bs = torch.full((1,), 1, dtype=torch.int64)
     proj = torch.nn.functional.linear(xt, w_ih, b)
+    step_plan = plan_mod.decide(xt, params, h0, h0)
     return {
         "module: check_input": lambda: m.check_input(xt),
         "module: _initial_state (two new_zeros)": lambda: m._initial_state(None, 1, xt),
@@ -147,11 +148,10 @@ def _statements():
         "module: torch.stack of h_n (and again c_n)": lambda: torch.stack([h0[0]]),
         "module: _autocast_output_dtype": lambda: rnn_mod._autocast_output_dtype(xt),
         "module: transpose (batch_first, in and out)": lambda: x.transpose(0, 1),
-        "dispatch: _cpu_bfloat16": lambda: dispatch._cpu_bfloat16(xt, params),
         "dispatch: h0[d] / c0[d] (one of 2 per direction)": lambda: h0[0],
         "dispatch: c0.detach (cells without memory)": lambda: h0.detach(),
-        "dispatch: _stream_chunk": lambda: dispatch._stream_chunk(xt, params, h0, h0, [None]),
-        "dispatch: _sync_step_gemm": lambda: dispatch._sync_step_gemm(registry.kernels().isa),
+        "dispatch: _step_kernel (the plan's step-GEMM thresholds)": lambda: dispatch._step_kernel(
+            step_plan),
         "dispatch: registry.autocast_like": lambda: registry.autocast_like(proj, w_hh, h0[0],
                                                                           h0[0], None),
         "plan: decide (describe + call_settings + kept plan)": lambda: plan_mod.decide(

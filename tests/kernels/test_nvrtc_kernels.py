@@ -167,7 +167,7 @@ def test_nvrtc_cache_is_atomic_and_repairs_a_damaged_file(tmp_path, monkeypatch)
 
 def test_nvrtc_cache_entry_is_shared_and_its_payload_checked(tmp_path, monkeypatch, caplog):
     """With the real NVRTC: an entry is readable by other users under umask 022 and records the
-    SHA-256 of its CUBIN; 100 bytes flipped in place (same size) are caught before the CUBIN is
+    SHA-256 of its header's fields and its CUBIN; 100 bytes flipped in place (same size) are caught before the CUBIN is
     handed on, said in one line, and the program compiled again (tests/kernels/test_cuda_cache_sharing.py
     covers the rest with a stand-in compiler)."""
     import hashlib
@@ -186,8 +186,10 @@ def test_nvrtc_cache_entry_is_shared_and_its_payload_checked(tmp_path, monkeypat
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
     raw = bytearray(open(path, "rb").read())
     head_end = raw.index(b"\n", raw.index(b"\n") + 1) + 1
-    assert json.loads(raw[raw.index(b"\n") + 1:head_end])["sha256"] == \
-        hashlib.sha256(first.data).hexdigest()
+    meta = json.loads(raw[raw.index(b"\n") + 1:head_end])
+    fields = {k: meta[k] for k in ("expression", "lowered", "kind", "target", "size")}
+    assert meta["sha256"] == hashlib.sha256(
+        json.dumps(fields, sort_keys=True).encode() + b"\n" + first.data).hexdigest()
     for i in range(100):
         raw[head_end + 64 + i] ^= 0x5A
     open(path, "wb").write(bytes(raw))
