@@ -19,3 +19,18 @@ def cuda_plans_on_cpu(monkeypatch, kernel, scan: bool = False) -> None:
     have = dataclasses.replace(registry.kernels(), cuda=True, cuda_scan=scan, persistent=False)
     monkeypatch.setattr(registry, "kernels", lambda: have)
     monkeypatch.setattr(registry, "cuda_kernel", lambda: kernel)
+
+
+def emulator_or_skip():
+    """The CUDA emulation's ``emulator`` module (``tests/cuda_emulation``), or a skip that says
+    what is missing (the tests folder not on ``sys.path``, or no C++ compiler)."""
+    import shutil
+
+    import pytest
+    try:
+        from cuda_emulation import emulator
+    except ImportError:  # pragma: no cover - tests/ not on sys.path
+        pytest.skip("tests/cuda_emulation is not importable")
+    if shutil.which(emulator.CXX) is None:
+        pytest.skip(f"the CUDA emulation needs a C++ compiler ({emulator.CXX})")
+    return emulator

@@ -30,13 +30,8 @@ needs_cpu_kernel = pytest.mark.skipif(not registry.kernel_available(),
 # --------------------------------------------------------------------------- the CUDA check
 @pytest.fixture
 def emulated(monkeypatch, fresh_cuda_selfcheck):
-    import shutil
-    try:
-        from cuda_emulation import emulator
-    except ImportError:  # pragma: no cover - tests/ not on sys.path
-        pytest.skip("tests/cuda_emulation is not importable")
-    if shutil.which(emulator.CXX) is None:
-        pytest.skip(f"the CUDA emulation needs a C++ compiler ({emulator.CXX})")
+    from _cuda_plans import emulator_or_skip
+    emulator = emulator_or_skip()
     from rnn_ablations.kernels.cuda import host
     from rnn_ablations.kernels.cuda import ops as ops_cuda
     from _cuda_plans import cuda_plans_on_cpu
