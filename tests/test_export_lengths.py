@@ -10,6 +10,7 @@ import torch
 
 from rnn_ablations import VARIANTS, AblatedRNN
 from rnn_ablations.plan import stack_runner
+from _onnx import onnx_runner
 
 LENGTHS = (1, 5, 14)   # traced with 9
 
@@ -55,14 +56,6 @@ def test_jit_trace_of_a_padded_batch_runs_any_length_and_lengths():
         _same([out, h, c], model, x, lengths=lengths)
 
 
-def _onnx_runner(path):
-    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed "
-                                                    "(requirements/core.txt)")
-    ort_model = ort.InferenceSession(str(path))
-    names = [i.name for i in ort_model.get_inputs()]
-    return lambda *arrays: ort_model.run(None, dict(zip(names, (a.numpy() for a in arrays))))
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_onnx_torchscript_exporter_runs_any_length(variant, tmp_path):
     """The bare module (no wrapper) with dynamic_axes on batch and time."""
@@ -74,7 +67,7 @@ def test_onnx_torchscript_exporter_runs_any_length(variant, tmp_path):
                           input_names=["x"], output_names=["out", "h", "c"],
                           dynamic_axes={"x": {0: "B", 1: "T"}, "out": {0: "B", 1: "T"},
                                         "h": {1: "B"}, "c": {1: "B"}})
-    run = _onnx_runner(path)
+    run = onnx_runner(path)
     for n, t in enumerate(LENGTHS):
         x = torch.randn(2 + n, t, 5)
         _same(run(x), model, x)
@@ -99,7 +92,7 @@ def test_onnx_export_of_a_padded_batch_runs_any_length(dynamo, tmp_path):
             torch.onnx.export(model, (x,), str(path), kwargs={"lengths": lengths}, dynamo=False,
                               input_names=["input", "lengths"],
                               dynamic_axes={"input": {0: "B", 1: "T"}, "lengths": {0: "B"}})
-    run = _onnx_runner(path)
+    run = onnx_runner(path)
     for t, lens in ((5, [5, 2, 1, 3]), (14, [3, 14, 7]), (2, [1, 2])):
         x = torch.randn(len(lens), t, 5)
         lens = torch.tensor(lens)
@@ -119,7 +112,7 @@ def test_onnx_dynamo_exporter_runs_any_length(variant, highway, tmp_path):
         warnings.simplefilter("ignore")
         torch.onnx.export(model, (torch.randn(9, 3, 5),), str(path), dynamo=True,
                           dynamic_shapes=({0: T, 1: B},), verbose=False)
-    run = _onnx_runner(path)
+    run = onnx_runner(path)
     for n, t in enumerate(LENGTHS):
         x = torch.randn(t, 2 + n, 5)
         _same(run(x), model, x)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rnn_ablations import AblatedRNN
+from _onnx import onnx_runner
 
 PROJ_VARIANTS = ["lstm", "lstm_minus_srnn", "lstm_minus_srnn_minus_hidden"]
 
@@ -50,14 +51,6 @@ def test_traced_proj_size_of_a_padded_batch():
         _same([out, h, c], model, x, lengths=lengths)
 
 
-def _onnx_runner(path):
-    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed "
-                                                    "(requirements/core.txt)")
-    session = ort.InferenceSession(str(path))
-    names = [i.name for i in session.get_inputs()]
-    return lambda *arrays: session.run(None, dict(zip(names, (a.numpy() for a in arrays))))
-
-
 @pytest.mark.parametrize("dynamo", [False, True])
 @pytest.mark.parametrize("variant", ["lstm", "lstm_minus_srnn_minus_hidden"])
 def test_onnx_proj_size_runs_every_length(variant, dynamo, tmp_path):
@@ -77,7 +70,7 @@ def test_onnx_proj_size_runs_every_length(variant, dynamo, tmp_path):
                               input_names=["x"], output_names=["out", "h", "c"],
                               dynamic_axes={"x": {0: "T", 1: "B"}, "out": {0: "T", 1: "B"},
                                             "h": {1: "B"}, "c": {1: "B"}})
-    run = _onnx_runner(path)
+    run = onnx_runner(path)
     for t in range(1, 10):
         x = torch.randn(t, 2 + t % 3, 5)
         _same(run(x), model, x)
