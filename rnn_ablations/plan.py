@@ -554,10 +554,33 @@ def call_settings() -> Options:
     ``torch.compile`` / ``torch.export`` they are read when the graph is traced."""
     opts = get_options()
     if opts.backend != "generic" and (torch._C._get_tracing_state() is not None
-                                      or torch.onnx.is_in_onnx_export()
+                                      or _in_onnx_export()
                                       or torch._C._functorch.maybe_current_level() is not None):
         return dataclasses.replace(opts, backend="generic")
     return opts
+
+
+#: the objects that hold ``torch.onnx``'s two "exporting" flags (looked up at the first call)
+_onnx_flags: list = []
+
+
+def _in_onnx_export() -> bool:
+    """``torch.onnx.is_in_onnx_export()``: either exporter's flag.  torch's function imports the
+    two modules that hold them at every call (4 µs, a measurable part of a small layer call's
+    fixed cost); here they are looked up once.  A torch whose flags live elsewhere gets torch's
+    function."""
+    if not _onnx_flags:
+        try:
+            from torch.onnx._internal.exporter import _flags
+            from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+            if not (hasattr(GLOBALS, "in_onnx_export") and hasattr(_flags, "_is_onnx_exporting")):
+                raise ImportError("other flags")
+            _onnx_flags.extend((GLOBALS, _flags))
+        except ImportError:
+            _onnx_flags.append(None)
+    if _onnx_flags[0] is None:
+        return torch.onnx.is_in_onnx_export()
+    return bool(_onnx_flags[0].in_onnx_export or _onnx_flags[1]._is_onnx_exporting)
 
 
 def threshold_sizes(steps, batch, rec_blocks: int, hidden: int, needs_grad: bool):
@@ -618,16 +641,18 @@ def describe(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
     rec_blocks = w_hh.shape[0] // max(1, hidden) if reads_hidden else 0
     weights = [t for p in params for t in p if t is not None]
     if needs_grad is None:
-        needs_grad = torch.is_grad_enabled() and any(
-            t.requires_grad for t in [x, c0] + ([h0] if reads_hidden else []) + weights)
+        needs_grad = torch.is_grad_enabled() and (
+            x.requires_grad or c0.requires_grad or (reads_hidden and h0.requires_grad)
+            or any(t.requires_grad for t in weights))
     device = "cpu" if x.is_cpu else x.device.type
+    dtype = x.dtype
+    weight_dtypes = ()
+    if any(t.dtype is not dtype for t in weights):
+        weight_dtypes = tuple(sorted({t.dtype for t in weights}, key=str))
     # whether the directions may run together (the concurrent and one-node kernels take the
     # parameters in the input's dtype and on its device)
-    uniform = len(params) == 1 or all(t.dtype is x.dtype and t.device == x.device
-                                      for t in weights)
-    weight_dtypes = ()
-    if any(t.dtype is not x.dtype for t in weights):
-        weight_dtypes = tuple(sorted({t.dtype for t in weights}, key=str))
+    uniform = len(params) == 1 or (not weight_dtypes and (
+        x.is_cpu and all(t.is_cpu for t in weights) or all(t.device == x.device for t in weights)))
     # the weight one projection GEMM reads: a direction's (a step cell), or all directions'
     # together (a scan cell projects them in one GEMM)
     proj_weight = w_ih.numel() if reads_hidden else sum(p[0].numel() for p in params)
@@ -708,7 +733,12 @@ def decide(x: torch.Tensor, params, h0: torch.Tensor, c0: torch.Tensor,
     checked against the layer (:func:`check_persistent`, with the variant's kernel ``spec`` and
     ``highway``) outside a traced graph."""
     call = describe(x, params, h0, c0, scan_layout, needs_grad, reverse)
-    plan = _plan_of(tuple(call))
+    if call.compiling:
+        plan = _plan_of(tuple(call))
+    else:  # _plan_of's work, without the round trip through a tuple that a traced graph needs
+        plan = cached_plan(call_settings(), call, registry.kernels(), POLICY)
+        if plan.warning is not None:
+            registry.warn_once(plan, stacklevel=5)  # one frame fewer than from _plan_of
     if plan.path == "cuda" and variant is not None and not call.compiling:
         plan = _cuda_checked(plan, call, variant, highway, x.device)
     if plan.recurrence == "persistent" and not call.compiling:

@@ -34,6 +34,6 @@ def autocast_like(proj: torch.Tensor, *tensors: Optional[torch.Tensor]):
     cuDNN's LSTM does under autocast: ``tensors`` (recurrent weight, states, mask; ``None``
     passes through) are cast to it, differentiably, so their gradients flow back to the float32
     parameters.  Outside CUDA autocast they are returned as they are."""
-    if proj.device.type != "cuda" or autocast_dtype("cuda") is None:
+    if not proj.is_cuda or autocast_dtype("cuda") is None:  # (is_cuda: no device object made)
         return tensors
     return tuple(None if t is None else t.to(proj.dtype) for t in tensors)

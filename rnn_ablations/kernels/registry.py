@@ -298,8 +298,10 @@ def kernels() -> Kernels:
     return got
 
 
-def warn_once(plan) -> None:
-    """Show ``plan.warning`` (the auto backend fell back to the generic path), once per kind."""
+def warn_once(plan, stacklevel: int = 6) -> None:
+    """Show ``plan.warning`` (the auto backend fell back to the generic path), once per kind;
+    ``stacklevel`` as ``warnings.warn`` counts it from here (the default: from
+    ``plan._plan_of``, to the line of the user's code that called the module)."""
     if plan.warning is None:
         return
     kind, message = plan.warning
@@ -307,7 +309,7 @@ def warn_once(plan) -> None:
         if kind in _warned:
             return
         _warned.add(kind)
-    warnings.warn(message, stacklevel=6)
+    warnings.warn(message, stacklevel=stacklevel)
 
 
 def kernel_available() -> bool:
