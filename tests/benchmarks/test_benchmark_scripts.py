@@ -162,6 +162,37 @@ def test_fixed_cost_stages_end_to_end(capsys, tmp_path):
     assert saved["machine"] in md and "| fixed cost | lstm | cpu_plain | C++ entry |" in md
 
 
+@requires_kernel
+def test_projection_library_end_to_end(capsys, tmp_path):
+    """``benchmarks/projection_library.py`` at a tiny setting: each distinct layer of a shape
+    timed on both libraries (a scan cell's weight counts both directions), the supported
+    threshold printed and saved beside the one in use, the machine named, and the policy in
+    use restored afterwards."""
+    pl = _load("projection_library")
+    from rnn_ablations import plan as run_plan
+    before = run_plan.POLICY
+    assert pl.main(["--shape-names", "parser", "--variants", "lstm",
+                    "lstm_minus_srnn_minus_hidden", "--repeats", "1", "--warmup", "0",
+                    "--threads", "1", "--out", str(tmp_path), "--name", "pl"]) == 0
+    assert run_plan.POLICY is before
+    saved = json.loads((tmp_path / "pl.json").read_text())
+    rows = {(r["layer"], r["variant"], r["mode"]): r for r in saved["rows"]}
+    assert len(rows) == 2 * 2 * 2
+    # parser: 3 layers, d_in 200, H 400, bidirectional
+    assert rows[("parser layer 1", "lstm", "train")]["weight"] == 4 * 400 * 200
+    assert rows[("parser layers 2-3", "lstm_minus_srnn_minus_hidden", "inference")]["weight"] \
+        == 2 * ra.AblatedRNN("lstm_minus_srnn_minus_hidden", 800, 400).weight_ih_l0.numel()
+    assert all(r["mkl_ms"] > 0 and r["onednn_ms"] > 0 for r in saved["rows"])
+    assert saved["meta"]["onednn_min_weight_in_use"] == before.onednn_min_weight
+    assert pl.suggest([{"weight": 1, "mkl_over_onednn": 0.5},
+                       {"weight": 2, "mkl_over_onednn": 1.2}], 0.02) == 2
+    assert pl.suggest([{"weight": 1, "mkl_over_onednn": 1.5},
+                       {"weight": 2, "mkl_over_onednn": 0.9}], 0.02) == pl.NEVER
+    md = (tmp_path / "pl.md").read_text()
+    assert saved["meta"]["machine"] in md and "supported Policy.onednn_min_weight" in \
+        capsys.readouterr().out
+
+
 @pytest.mark.slow  # runs a benchmark end to end (compiles two graphs)
 @requires_kernel
 def test_compile_speed_measures_both_modes():

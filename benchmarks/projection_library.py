@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""The input projection of a layer call (all steps at once) on MKL (``F.linear``) against
+oneDNN, per layer of the experiments' shapes: the measurement behind
+``plan.POLICY.onednn_min_weight`` (see :class:`rnn_ablations.plan.Policy`).
+
+    python benchmarks/projection_library.py                     # every shape, lstm and -HIDDEN
+    python benchmarks/projection_library.py --variants lstm_minus_srnn_minus_hidden \\
+        --shape-names DrQA --threads 2
+
+Each distinct layer of a shape (``benchmarks/speed.py --shapes experiments``: the first layer
+reads ``d_in``, the layers above it the output of the one below) runs as a one-layer model, in
+training (forward + backward of the output's sum) and inference (``torch.no_grad()``),
+float32, with the plan's projection on MKL and on oneDNN (the policy's threshold set past or
+below the layer's weight), the two called alternately in every round (median of
+``--repeats`` rounds), at ``--threads`` threads.  The weight a threshold compares is that of
+one projection GEMM: a direction's ``w_ih`` for a cell that reads h_{t-1}, every direction's
+together for a scan cell (one GEMM for both).  A ratio MKL/oneDNN above 1 means oneDNN is
+faster.  The output ends with the threshold the numbers support: the smallest weight from
+which oneDNN was at least as fast (ratio >= 1 - ``--tolerance``) in both modes on every
+measured layer at least that large.  Writes ``OUT/projection_library_<cpu-name>.{json,md}``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: a threshold no weight reaches (the MKL side of the comparison)
+NEVER = 1 << 62
+
+
+def _time(fn, repeats: int, warmup: int):
+    """Median seconds of each of the callables in ``fn`` (a dict), called in alternating order
+    in every round."""
+    for _ in range(warmup):
+        for f in fn.values():
+            f()
+    times = {k: [] for k in fn}
+    keys = list(fn)
+    for r in range(repeats):
+        for k in (keys if r % 2 == 0 else keys[::-1]):
+            t0 = time.perf_counter()
+            fn[k]()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def suggest(rows, tolerance: float) -> int:
+    """The smallest projection weight (entries) from which oneDNN was at least as fast as MKL
+    (``mkl_over_onednn >= 1 - tolerance``) in every measured row at least that large, both
+    modes; ``NEVER`` when no such weight was measured."""
+    pts = sorted((r["weight"], r["mkl_over_onednn"]) for r in rows)
+    for i, (weight, _) in enumerate(pts):
+        if all(ratio >= 1.0 - tolerance for _, ratio in pts[i:]):
+            return weight
+    return NEVER
+
+
+def layers_of(shape):
+    """The distinct layers of an experiments' shape: ``(label, d_in)``."""
+    label, layers, d_in, hidden, bi, _, _ = shape
+    out = [(f"{label} layer 1", d_in)]
+    if layers > 1:
+        above = "layer 2" if layers == 2 else f"layers 2-{layers}"
+        out.append((f"{label} {above}", hidden * (2 if bi else 1)))
+    return out
+
+
+def main(argv=None) -> int:
+    from rnn_ablations import AblatedRNN, options
+    from rnn_ablations import plan as run_plan
+    from rnn_ablations.commands.machine import cpu_file_name, describe
+    from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
+    from rnn_ablations.kernels import registry
+    from rnn_ablations.variants import get_variant
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=["lstm", "lstm_minus_srnn_minus_hidden"])
+    p.add_argument("--shape-names", nargs="+", default=None,
+                   help="rows of the experiments' shapes (default: all)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--tolerance", type=float, default=0.02,
+                   help="oneDNN counts as at least as fast within this fraction (noise)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--name", default=None)
+    args = p.parse_args(argv)
+    if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
+        p.error("--threads and --repeats must be >= 1, --warmup >= 0")
+    if not 0 <= args.tolerance < 1:
+        p.error("--tolerance must be in [0, 1)")
+    for v in args.variants:
+        get_variant(v)  # a ValueError naming the known variants
+    if registry.cpu_kernel() is None:
+        print("projection_library: the CPU kernel is not built (bash scripts/setup.sh)")
+        return 2
+    if not registry.onednn_usable():
+        print("projection_library: oneDNN's linear does not run in this torch build")
+        return 2
+    shapes = EXPERIMENT_SHAPES
+    if args.shape_names:
+        known = {s[0] for s in shapes}
+        bad = [n for n in args.shape_names if n not in known]
+        if bad:
+            p.error(f"--shape-names {bad}: not an experiments' shape; choose from "
+                    f"{sorted(known)}")
+        shapes = [s for s in shapes if s[0] in args.shape_names]
+    torch.set_num_threads(args.threads)
+    base = run_plan.POLICY
+    policies = {"mkl": dataclasses.replace(base, onednn_min_weight=NEVER),
+                "onednn": dataclasses.replace(base, onednn_min_weight=0)}
+    rows = []
+    try:
+        for shape in shapes:
+            _, _, _, hidden, bi, batch, seq_len = shape
+            for label, d_in in layers_of(shape):
+                torch.manual_seed(0)
+                x = torch.randn(batch, seq_len, d_in, requires_grad=True)
+                for v in args.variants:
+                    model = AblatedRNN(v, d_in, hidden, bidirectional=bi, batch_first=True)
+                    variant = get_variant(v)
+                    w = model.weight_ih_l0.numel()
+                    weight = w if variant.reads_hidden else w * (2 if bi else 1)
+                    for mode in ("train", "inference"):
+                        def call(which, mode=mode, model=model):
+                            run_plan.POLICY = policies[which]
+                            with options(backend="kernel"):
+                                if mode == "inference":
+                                    with torch.no_grad():
+                                        model(x)
+                                else:
+                                    out, _ = model(x)
+                                    out.sum().backward()
+                        med = _time({k: (lambda k=k: call(k)) for k in policies},
+                                    args.repeats, args.warmup)
+                        row = {"layer": label, "d_in": d_in, "hidden": hidden,
+                               "bidirectional": bi, "batch": batch, "steps": seq_len,
+                               "variant": v, "mode": mode, "weight": weight,
+                               "mkl_ms": round(med["mkl"] * 1e3, 3),
+                               "onednn_ms": round(med["onednn"] * 1e3, 3),
+                               "mkl_over_onednn": round(med["mkl"] / med["onednn"], 3)}
+                        rows.append(row)
+                        print(f"{label:28s} {v:30s} {mode:9s} weight {weight:8d}  MKL "
+                              f"{row['mkl_ms']:9.2f} ms  oneDNN {row['onednn_ms']:9.2f} ms  "
+                              f"MKL/oneDNN {row['mkl_over_onednn']:.2f}", flush=True)
+    finally:
+        run_plan.POLICY = base
+    threshold = suggest(rows, args.tolerance)
+    shown = "none measured" if threshold == NEVER else f"{threshold:,}"
+    print(f"supported Policy.onednn_min_weight: {shown} (in use: {base.onednn_min_weight:,})")
+    machine = describe()
+    name = args.name or f"projection_library_{cpu_file_name()}"
+    meta = {"command": "python benchmarks/projection_library.py "
+                       + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": machine, "threads": args.threads, "repeats": args.repeats,
+            "tolerance": args.tolerance, "supported_onednn_min_weight": threshold,
+            "onednn_min_weight_in_use": base.onednn_min_weight}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1)
+                                           + "\n")
+    lines = [f"# Input projection: MKL vs oneDNN per layer ({machine})", "",
+             f"Command: `{meta['command']}`. float32, {args.threads} thread(s), median of "
+             f"{args.repeats} interleaved rounds; MKL/oneDNN > 1: oneDNN faster; weight: the "
+             "entries of one projection GEMM (a scan cell's directions together).", "",
+             "| layer | variant | mode | weight | MKL ms | oneDNN ms | MKL/oneDNN |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["weight"], r["layer"], r["variant"], r["mode"])):
+        lines.append(f"| {r['layer']} | {r['variant']} | {r['mode']} | {r['weight']:,} | "
+                     f"{r['mkl_ms']:.2f} | {r['onednn_ms']:.2f} | {r['mkl_over_onednn']:.2f} |")
+    lines += ["", f"Supported `Policy.onednn_min_weight` (oneDNN at least as fast, within "
+                  f"{args.tolerance:.0%}, on every layer from this weight up): {shown}; in use: "
+                  f"{base.onednn_min_weight:,}"]
+    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out / name}.json / .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
