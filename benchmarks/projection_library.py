@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _alternating import alternating_medians  # noqa: E402
+from _alternating import add_arguments, checked_shapes, time_policies  # noqa: E402
 
 #: a threshold no weight reaches (the MKL side of the comparison)
 NEVER = 1 << 62
@@ -61,26 +61,17 @@ def layers_of(shape):
 
 
 def main(argv=None) -> int:
-    from rnn_ablations import AblatedRNN, options
+    from rnn_ablations import AblatedRNN
     from rnn_ablations import plan as run_plan
     from rnn_ablations.commands.machine import cpu_file_name, describe
-    from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
     from rnn_ablations.kernels import registry
     from rnn_ablations.variants import get_variant
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", default=["lstm", "lstm_minus_srnn_minus_hidden"])
-    p.add_argument("--shape-names", nargs="+", default=None,
-                   help="rows of the experiments' shapes (default: all)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
+    add_arguments(p, ["lstm", "lstm_minus_srnn_minus_hidden"])
     p.add_argument("--tolerance", type=float, default=0.02,
                    help="oneDNN counts as at least as fast within this fraction (noise)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--name", default=None)
     args = p.parse_args(argv)
-    if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
-        p.error("--threads and --repeats must be >= 1, --warmup >= 0")
+    shapes = checked_shapes(p, args)
     if not 0 <= args.tolerance < 1:
         p.error("--tolerance must be in [0, 1)")
     for v in args.variants:
@@ -91,14 +82,6 @@ def main(argv=None) -> int:
     if not registry.onednn_usable():
         print("projection_library: oneDNN's linear does not run in this torch build")
         return 2
-    shapes = EXPERIMENT_SHAPES
-    if args.shape_names:
-        known = {s[0] for s in shapes}
-        bad = [n for n in args.shape_names if n not in known]
-        if bad:
-            p.error(f"--shape-names {bad}: not an experiments' shape; choose from "
-                    f"{sorted(known)}")
-        shapes = [s for s in shapes if s[0] in args.shape_names]
     torch.set_num_threads(args.threads)
     base = run_plan.POLICY
     policies = {"mkl": dataclasses.replace(base, onednn_min_weight=NEVER),
@@ -116,17 +99,7 @@ def main(argv=None) -> int:
                     w = model.weight_ih_l0.numel()
                     weight = w if variant.reads_hidden else w * (2 if bi else 1)
                     for mode in ("train", "inference"):
-                        def call(which, mode=mode, model=model):
-                            run_plan.POLICY = policies[which]
-                            with options(backend="kernel"):
-                                if mode == "inference":
-                                    with torch.no_grad():
-                                        model(x)
-                                else:
-                                    out, _ = model(x)
-                                    out.sum().backward()
-                        med = alternating_medians({k: (lambda k=k: call(k)) for k in policies},
-                                    args.repeats, args.warmup)
+                        med = time_policies(model, x, mode, policies, args.repeats, args.warmup)
                         row = {"layer": label, "d_in": d_in, "hidden": hidden,
                                "bidirectional": bi, "batch": batch, "steps": seq_len,
                                "variant": v, "mode": mode, "weight": weight,

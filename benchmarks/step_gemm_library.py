@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _alternating import alternating_medians  # noqa: E402
+from _alternating import add_arguments, checked_shapes, time_policies  # noqa: E402
 
 
 def suggest(rows, mode: str) -> int:
@@ -45,24 +45,15 @@ def suggest(rows, mode: str) -> int:
 
 
 def main(argv=None) -> int:
-    from rnn_ablations import AblatedRNN, options
+    from rnn_ablations import AblatedRNN
     from rnn_ablations import plan as run_plan
     from rnn_ablations.commands.machine import describe
-    from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
     from rnn_ablations.kernels import registry
     from rnn_ablations.variants import get_variant
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", default=["lstm", "ran"])
-    p.add_argument("--shape-names", nargs="+", default=None,
-                   help="rows of the experiments' shapes (default: all)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--name", default=None)
+    add_arguments(p, ["lstm", "ran"])
     args = p.parse_args(argv)
-    if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
-        p.error("--threads and --repeats must be >= 1, --warmup >= 0")
+    shapes = checked_shapes(p, args)
     if registry._C is None:
         print("step_gemm_library: the CPU kernel is not built (bash scripts/setup.sh)")
         return 2
@@ -73,14 +64,6 @@ def main(argv=None) -> int:
     for v in args.variants:
         if not get_variant(v).reads_hidden:
             p.error(f"--variants {v!r}: a cell that reads no h_{{t-1}} has no step GEMM")
-    shapes = EXPERIMENT_SHAPES
-    if args.shape_names:
-        known = {s[0] for s in shapes}
-        bad = [n for n in args.shape_names if n not in known]
-        if bad:
-            p.error(f"--shape-names {bad}: not an experiments' shape; choose from "
-                    f"{sorted(known)}")
-        shapes = [s for s in shapes if s[0] in args.shape_names]
     torch.set_num_threads(args.threads)
     isa = registry._C.kernel_isa()
     base = run_plan.POLICY
@@ -96,17 +79,7 @@ def main(argv=None) -> int:
                                    batch_first=True)
                 r_blocks = model.weight_hh_l0.shape[0] // hidden
                 for mode in ("train", "inference"):
-                    def call(which, mode=mode, model=model):
-                        run_plan.POLICY = policies[which]
-                        with options(backend="kernel"):
-                            if mode == "inference":
-                                with torch.no_grad():
-                                    model(x)
-                            else:
-                                out, _ = model(x)
-                                out.sum().backward()
-                    med = alternating_medians({k: (lambda k=k: call(k)) for k in policies},
-                                              args.repeats, args.warmup)
+                    med = time_policies(model, x, mode, policies, args.repeats, args.warmup)
                     row = {"shape": label, "layers": layers, "d_in": d_in, "hidden": hidden,
                            "bidirectional": bi, "batch": batch, "steps": seq_len,
                            "variant": v, "mode": mode,
