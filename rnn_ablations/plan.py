@@ -64,7 +64,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 __all__ = ["LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan", "decide",
-           "check_persistent", "onednn_applies", "CPU_DTYPES", "CUDA_DTYPES",
+           "check_persistent", "onednn_applies", "onednn_min_weight", "CPU_DTYPES", "CUDA_DTYPES",
            "library_step_thresholds", "bf16_gemm_applies", "stream_steps", "describe", "RUNNERS"]
 
 
@@ -134,7 +134,12 @@ class Policy:
     min_steps: the pipelined schedule from this many steps; max_step_macs /
     max_step_macs_inference: with 2+ threads, the plain schedule (and directions one after the
     other) from this many multiply-adds per step GEMM (B x R*H x H), training / no gradient;
-    onednn_min_weight: the input projection on oneDNN from this many weight entries;
+    onednn_min_weight: the input projection on oneDNN from this many weight entries (the
+    entries of one projection GEMM: a direction's ``w_ih``, or every direction's together for
+    a scan cell); onednn_min_weight_by_vendor: ``(vendor, min_weight)`` entries that replace it
+    on CPUs of that vendor (``Kernels.cpu_vendor``: ``"amd"``, ``"intel"``), where MKL and
+    oneDNN compare otherwise (MKL picks its code per vendor; :func:`onednn_min_weight`,
+    measured by ``benchmarks/projection_library.py``);
     stream_min_bytes / stream_chunk_bytes: a no-gradient forward on a CPU kernel (step or scan
     cell) whose input projections of all steps (per direction) reach ``stream_min_bytes``
     computes them a chunk of at most ``stream_chunk_bytes`` at a time (:func:`stream_steps`;
@@ -155,6 +160,7 @@ class Policy:
     max_step_macs: int = 24_000_000
     max_step_macs_inference: int = 12_000_000
     onednn_min_weight: int = 500_000
+    onednn_min_weight_by_vendor: Tuple[Tuple[str, int], ...] = ()
     stream_min_bytes: int = 64 * 2**20
     stream_chunk_bytes: int = 16 * 2**20
     bf16_gemm: str = "auto"
@@ -172,6 +178,11 @@ class Policy:
                 raise ValueError("Policy.library_step_gemm takes (isa, train_min_macs, "
                                  "inference_min_macs) tuples, the thresholds >= 0 or -1 "
                                  f"(never), e.g. ('avx512', -1, 0); got {entry!r}")
+        for entry in self.onednn_min_weight_by_vendor:
+            if (not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], str)
+                    or not isinstance(entry[1], int) or entry[1] < 0):
+                raise ValueError("Policy.onednn_min_weight_by_vendor takes (vendor, min_weight) "
+                                 f"tuples, min_weight >= 0, e.g. ('amd', 200_000); got {entry!r}")
         _keep_hash(self)
 
     __hash__ = _kept_hash
@@ -224,13 +235,25 @@ class Plan:
         return self.schedule == "fused_scan"
 
 
+def onednn_min_weight(policy: Policy, vendor: Optional[str]) -> int:
+    """The weight (entries) from which the input projection runs on oneDNN on a CPU of
+    ``vendor``: its ``policy.onednn_min_weight_by_vendor`` entry, else
+    ``policy.onednn_min_weight``."""
+    for name, weight in policy.onednn_min_weight_by_vendor:
+        if name == vendor:
+            return weight
+    return policy.onednn_min_weight
+
+
 def onednn_applies(settings: Options, device: str, dtype: torch.dtype, weight_entries: int,
-                   autocast: bool, onednn_works: bool, policy: Policy = Policy()) -> bool:
+                   autocast: bool, onednn_works: bool, policy: Policy = Policy(),
+                   vendor: Optional[str] = None) -> bool:
     """The input projection of all steps on oneDNN: float32 CPU weights of at least
-    ``policy.onednn_min_weight`` entries (where oneDNN beat MKL), not with the generic backend,
-    not under autocast (whose casts ``F.linear`` applies)."""
+    :func:`onednn_min_weight` entries for the CPU's ``vendor`` (where oneDNN beat MKL), not
+    with the generic backend, not under autocast (whose casts ``F.linear`` applies)."""
     return (settings.backend != "generic" and device == "cpu" and dtype == torch.float32
-            and not autocast and weight_entries >= policy.onednn_min_weight and onednn_works)
+            and not autocast and onednn_works
+            and weight_entries >= onednn_min_weight(policy, vendor))
 
 
 def library_step_thresholds(policy: Policy, isa: Optional[str]) -> Tuple[int, int]:
@@ -433,7 +456,7 @@ def plan_layer(settings: Options, call: LayerCall, kernels: Kernels,
         fields.update(schedule="plain" if call.rec_blocks else "scan",
                       onednn=onednn_applies(settings, call.device, run_call.dtype,
                                             call.proj_weight, run_call.autocast_dtype is not None,
-                                            kernels.onednn, policy))
+                                            kernels.onednn, policy, kernels.cpu_vendor))
     if plan.path == "cpu" and call.rec_blocks:
         fields["step_gemm"] = library_step_thresholds(policy, kernels.isa)
     plan = dataclasses.replace(plan, **fields)
@@ -453,7 +476,7 @@ def _plan_layer(settings: Options, call: LayerCall, kernels: Kernels, policy: Po
     if call.rec_blocks == 0:
         return _plan_scan(settings, call, kernels, policy, proj_dtype, empty)
     onednn = onednn_applies(settings, call.device, call.dtype, call.proj_weight, autocast,
-                            kernels.onednn, policy)
+                            kernels.onednn, policy, kernels.cpu_vendor)
     if empty:
         return Plan("generic", "empty input: autograd gives the zero gradients")
     path, reason, warning = _kernel_for(settings, call.device, proj_dtype, kernels, scan=False)
@@ -480,7 +503,7 @@ def _plan_scan(settings: Options, call: LayerCall, kernels: Kernels, policy: Pol
                proj_dtype: torch.dtype, empty: bool) -> Plan:
     autocast = call.autocast_dtype is not None
     onednn = onednn_applies(settings, call.device, call.dtype, call.proj_weight, autocast,
-                            kernels.onednn, policy)
+                            kernels.onednn, policy, kernels.cpu_vendor)
     if not call.scan_layout:
         return Plan("generic", "no scan layout for this cell", onednn=onednn)
     one_node = (settings.backend != "generic" and not autocast and not empty and call.uniform

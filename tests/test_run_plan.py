@@ -197,6 +197,28 @@ def test_policy_thresholds_are_inputs():
     assert plan_layer(Options(), big, ALL, Policy(onednn_min_weight=1000)).onednn
 
 
+def test_onednn_threshold_per_cpu_vendor(monkeypatch):
+    """``Policy.onednn_min_weight_by_vendor`` replaces the threshold on CPUs of that vendor
+    (``Kernels.cpu_vendor``), for step cells and the scan alike; other vendors, and a CPU whose
+    vendor is not known, keep ``onednn_min_weight``; a malformed entry is refused."""
+    policy = Policy(onednn_min_weight=500_000, onednn_min_weight_by_vendor=(("amd", 400_000),))
+    step = call(threads=1, needs_grad=False, proj_weight=409_600)
+    scan = call(threads=1, needs_grad=False, proj_weight=409_600, rec_blocks=0)
+    for c in (step, scan):
+        amd = plan_layer(Options(), c, dataclasses.replace(ALL, cpu_vendor="amd"), policy)
+        intel = plan_layer(Options(), c, dataclasses.replace(ALL, cpu_vendor="intel"), policy)
+        unknown = plan_layer(Options(), c, ALL, policy)
+        assert (amd.onednn, intel.onednn, unknown.onednn) == (True, False, False), c
+    assert P.onednn_min_weight(policy, "amd") == 400_000
+    assert P.onednn_min_weight(policy, None) == P.onednn_min_weight(policy, "intel") == 500_000
+    with pytest.raises(ValueError, match=r"\(vendor, min_weight\)"):
+        Policy(onednn_min_weight_by_vendor=(("amd",),))
+    # the process's vendor, as registry.kernels() records it, from /proc/cpuinfo
+    from rnn_ablations.kernels import registry
+    assert registry.kernels().cpu_vendor == registry.cpu_vendor()
+    assert registry.cpu_vendor() in ("intel", "amd", None)
+
+
 def test_the_plan_is_pure():
     """Same arguments, same plan, and the cached form agrees."""
     args = (Options(), call(directions=2), ALL, POLICY)

@@ -15,6 +15,7 @@ the kernels (the CPU kernel's vector path, freeing the recorded CUDA graphs) and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import warnings
 from typing import Optional
@@ -226,7 +227,9 @@ class Kernels:
     cpu / cuda: the step kernels; cpu_scan / cuda_scan: the scan kernels (the bias inside, so
     that the projection, the scan and the backward are one node); persistent:
     the persistent CUDA kernel is in the build; onednn: torch's oneDNN linear works here;
-    isa: the CPU kernel's vector path in use; cpu_error / cuda_error: why a kernel is missing."""
+    isa: the CPU kernel's vector path in use; cpu_error / cuda_error: why a kernel is missing;
+    cpu_vendor: the CPU's maker, ``"intel"``, ``"amd"`` or ``None`` (:func:`cpu_vendor`: the
+    GEMM libraries' speeds differ by vendor, which the plan's oneDNN threshold reads)."""
 
     cpu: bool = False
     cuda: bool = False
@@ -237,6 +240,7 @@ class Kernels:
     isa: Optional[str] = None
     cpu_error: str = "not built"
     cuda_error: str = "not built"
+    cpu_vendor: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
@@ -274,6 +278,21 @@ def onednn_usable() -> bool:
 
 _onednn_state = {"ok": None}
 
+
+@functools.lru_cache(maxsize=1)
+def cpu_vendor() -> Optional[str]:
+    """The CPU's maker as ``/proc/cpuinfo`` names it: ``"intel"`` (GenuineIntel), ``"amd"``
+    (AuthenticAMD), or ``None`` (another maker, or no ``/proc/cpuinfo``); read once."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(value.strip())
+    except OSError:
+        pass
+    return None
+
 _kernels_cache = {}
 
 
@@ -292,7 +311,8 @@ def kernels() -> Kernels:
             cpu_scan=_can(cpu, "scan"), cuda_scan=_can(cuda, "scan"),
             persistent=_can(cuda, "persistent"), onednn=onednn_usable(), isa=isa,
             cpu_error=_KERNEL_ERROR if cpu is None else scan_why,
-            cuda_error=_CUDA_KERNEL_ERROR if cuda is None else scan_why)
+            cuda_error=_CUDA_KERNEL_ERROR if cuda is None else scan_why,
+            cpu_vendor=cpu_vendor())
         _kernels_cache.clear()
         _kernels_cache[key] = got
     return got
