@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -113,6 +114,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"rnn-ablations {args.command}: error: {top} is not installed: {_EXTRAS[top]}",
               file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader of the output went away (`rnn-ablations explain ... | head`): stop quietly,
+        # as other command-line tools do; stdout is pointed at devnull so that Python's flush
+        # at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return int(result or 0)
 
 

@@ -50,3 +50,16 @@ def test_module_mode_names_the_variant(variant):
     """``AblatedRNN.mode`` stands where ``nn.LSTM.mode`` is "LSTM": the variant's name."""
     assert AblatedRNN(variant, 3, 2).mode == variant
     assert AblatedRNN(get_variant(variant).name.upper().replace("_", "-"), 3, 2).mode == variant
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """``rnn-ablations variants | head -1``: the pipe closes while the command writes; the
+    command exits 0 without a BrokenPipeError traceback, as other command-line tools do."""
+    import subprocess
+    import sys
+    proc = subprocess.run(
+        f"{sys.executable} -m rnn_ablations.cli variants --input-size 7 --hidden-size 5 "
+        "| head -c 1", shell=True, capture_output=True, text=True, timeout=120,
+        executable="/bin/bash")
+    assert len(proc.stdout) == 1
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
