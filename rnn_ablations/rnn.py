@@ -199,14 +199,14 @@ class AblatedRNN(nn.Module):
             forget_bias = float(forget_bias)
         self.forget_bias = forget_bias
         self.batch_first = batch_first
-        self.dropout = check_prob("dropout", dropout)
-        if self.dropout > 0 and self.num_layers == 1:
+        self.dropout = dropout
+        if self._dropout_on and self.num_layers == 1:
             # torch.nn.LSTM's warning, on the same condition
             warnings.warn("dropout option adds dropout after all but last recurrent layer, so "
                           "non-zero dropout expects num_layers greater than 1, but got "
                           f"dropout={dropout} and num_layers={num_layers}", stacklevel=2)
-        self.recurrent_dropout = check_prob("recurrent_dropout", recurrent_dropout)
-        if self.recurrent_dropout > 0 and not self.variant.reads_hidden:
+        self.recurrent_dropout = recurrent_dropout
+        if self._recurrent_dropout_on and not self.variant.reads_hidden:
             warnings.warn(f"recurrent_dropout={self.recurrent_dropout} has no effect on "
                           f"{self.variant.name!r}: its gates and content read x_t only, so there "
                           "is no h_{t-1} to drop", stacklevel=2)
@@ -259,6 +259,34 @@ class AblatedRNN(nn.Module):
         self._register_load_state_dict_pre_hook(self._check_variant_state)
         self._register_load_state_dict_pre_hook(self._merge_rnn_biases)
         self.reset_parameters()
+
+    # ------------------------------------------------------------------ dropout settings
+    # The probabilities are properties that keep a boolean beside the float (``_dropout_on``,
+    # ``_recurrent_dropout_on``), and the forward reads the boolean: torch.compile with
+    # dynamic=True makes a float attribute of a module a symbolic input, so a ``p > 0`` test on
+    # it puts a float symbol and its guards into every trace (and into the trace of a model
+    # without dropout); a bool is a constant.  Assigning a probability later (OpenNMT-py's
+    # ``update_dropout`` does) checks it and updates the boolean; a compiled model then
+    # recompiles once, on the boolean's guard, where the setting turns dropout on or off.
+    @property
+    def dropout(self) -> float:
+        """The dropout on the outputs of every layer but the last, in training (``nn.LSTM``'s)."""
+        return self._dropout
+
+    @dropout.setter
+    def dropout(self, value: float) -> None:
+        self._dropout = check_prob("dropout", value)
+        self._dropout_on = self._dropout > 0
+
+    @property
+    def recurrent_dropout(self) -> float:
+        """The variational dropout on ``h_{t-1}`` where it enters the recurrent product."""
+        return self._recurrent_dropout
+
+    @recurrent_dropout.setter
+    def recurrent_dropout(self, value: float) -> None:
+        self._recurrent_dropout = check_prob("recurrent_dropout", value)
+        self._recurrent_dropout_on = self._recurrent_dropout > 0
 
     # ------------------------------------------------------------------ parameters and init
     def reset_parameters(self) -> None:
@@ -342,7 +370,8 @@ class AblatedRNN(nn.Module):
         copy) loads, its shapes being the only check."""
         key = prefix + "variant_state"
         mine = self._describe(self.variant.code, self.highway)
-        if key in state_dict:
+        recorded = key in state_dict
+        if recorded:
             saved = state_dict.pop(key)
             if (not isinstance(saved, torch.Tensor) or saved.numel() != 2
                     or saved.is_floating_point() or saved.is_complex()):
@@ -359,7 +388,7 @@ class AblatedRNN(nn.Module):
         name = (local_metadata or {}).get(self.METADATA_VARIANT)
         if name is None:
             twins = self.shape_twins()
-            if twins and key not in state_dict and any(k.startswith(prefix) for k in state_dict):
+            if twins and not recorded and any(k.startswith(prefix) for k in state_dict):
                 warnings.warn(
                     f"loading a state_dict without a variant record into an AblatedRNN of variant "
                     f"{mine}: its parameter shapes fit {', '.join(twins)} as well, so the variant "
@@ -767,7 +796,7 @@ class AblatedRNN(nn.Module):
                           for d, p in enumerate(params)]
             # variational recurrent dropout: one mask per direction, drawn in direction order
             masks = [None] * dirs
-            if self.training and self.recurrent_dropout > 0 and self.variant.reads_hidden:
+            if self.training and self._recurrent_dropout_on and self.variant.reads_hidden:
                 keep = 1.0 - self.recurrent_dropout
                 masks = [torch.empty(batch, H, dtype=x.dtype, device=x.device).bernoulli_(keep)
                          / keep for _ in range(dirs)]
@@ -777,7 +806,7 @@ class AblatedRNN(nn.Module):
                 c0[first:first + dirs], batch_sizes, masks, reverse)
             h_finals.extend(h_n)
             c_finals.extend(c_n)
-            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+            if self._dropout_on and self.training and layer < self.num_layers - 1:
                 layer_input = F.dropout(layer_input, self.dropout, True)
         output = layer_input
         h_n, c_n = torch.stack(h_finals), torch.stack(c_finals)

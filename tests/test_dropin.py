@@ -124,6 +124,65 @@ def test_compile_default_recompiles_once_per_dynamic_dim():
     assert _frames(None, SHAPES) == [1, 2, 3, 3, 3]
 
 
+def _float_symbols(rnn, x):
+    """The float symbols dynamo's trace of ``rnn`` under dynamic=True creates (a backend that
+    reads the trace's shape environment, no code generation)."""
+    import torch._dynamo
+    from torch._guards import TracingContext
+
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        env = TracingContext.get().fake_mode.shape_env
+        seen.extend(str(s) for s in env.backed_var_to_val if not s.is_integer)
+        return gm
+
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(rnn, backend=backend, fullgraph=True,
+                                                 dynamic=True)(x)[0], rnn(x)[0])
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_compile_dynamic_reads_no_dropout_float(mode):
+    """torch.compile(dynamic=True) makes a module's float attributes symbolic: the forward reads
+    whether dropout is on from booleans, so a model without dropout (or one in eval mode) traces
+    with no float symbol and no guard on the probabilities."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 6)
+    plain = AblatedRNN("ran", 6, 4, num_layers=2, bidirectional=True).train(mode == "train")
+    assert _float_symbols(plain, x) == []
+    if mode == "eval":
+        dropped = AblatedRNN("ran", 6, 4, num_layers=2, bidirectional=True, dropout=0.3,
+                             recurrent_dropout=0.2).eval()
+        assert _float_symbols(dropped, x) == []
+
+
+def test_compiled_model_follows_a_dropout_set_later():
+    """Assigning ``dropout`` after construction (OpenNMT-py's update_dropout does) turns it on
+    in the next compiled call: dynamo guards on the boolean and recompiles."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    rnn = AblatedRNN("ran", 6, 4, num_layers=2)
+    compiled = torch.compile(rnn, backend=counter, dynamic=True)
+    x = torch.randn(5, 3, 6)
+    torch.testing.assert_close(compiled(x)[0], rnn(x)[0])
+    rnn.dropout = 0.5
+    assert rnn._dropout_on and rnn.dropout == 0.5
+    torch.manual_seed(1)
+    got = compiled(x)[0]
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, rnn(x)[0])
+    assert counter.frame_count == 2
+    assert not torch.allclose(got, rnn.eval()(x)[0])  # dropout did act
+    with pytest.raises(ValueError, match=r"dropout.*\[0, 1\)"):
+        rnn.dropout = 1.5
+
+
 # ----------------------------------------------------------------------------- proj_size
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("batch_first", [False, True])

@@ -66,10 +66,14 @@ def cases(draw, variants=tuple(VARIANTS)):
 
 def _build(c):
     gen = torch.Generator().manual_seed(c["seed"])
+    # dropout where it has an effect in training (between layers; recurrent dropout on a cell
+    # that reads h_{t-1}): elsewhere the constructor warns, as nn.LSTM does
     m = AblatedRNN(c["variant"], c["input_size"], c["hidden"], num_layers=c["layers"],
-                   bias=c["bias"], batch_first=c["batch_first"], dropout=c["dropout"],
-                   bidirectional=c["bidirectional"], recurrent_dropout=c["dropout"],
-                   highway=c["highway"], dtype=c["dtype"])
+                   bias=c["bias"], batch_first=c["batch_first"],
+                   dropout=c["dropout"] if c["layers"] > 1 else 0.0,
+                   bidirectional=c["bidirectional"],
+                   recurrent_dropout=c["dropout"] if ra.get_variant(c["variant"]).reads_hidden
+                   else 0.0, highway=c["highway"], dtype=c["dtype"])
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.rand(p.shape, generator=gen, dtype=c["dtype"]) * 1.6 - 0.8)

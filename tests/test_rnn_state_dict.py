@@ -5,6 +5,7 @@ loads into ``nn.LSTM`` strictly; ``nn.LSTM`` / ``nn.RNN`` state dicts and state 
 the record still load; the ``variant_state`` entry of earlier versions is checked and dropped, a
 corrupt one refused."""
 import io
+import warnings
 
 import pytest
 import torch
@@ -57,8 +58,9 @@ def test_variant_in_the_metadata_of_a_nested_state_dict():
     other = torch.nn.Sequential(torch.nn.Linear(3, 3), AblatedRNN("identity_ran", 3, 4))
     with pytest.raises(ValueError, match="variant 'ran' into one of variant 'identity_ran'"):
         other.load_state_dict(sd)
-    # a plain dict copy has no metadata: its shapes are the only check
-    other.load_state_dict(dict(sd))
+    # a plain dict copy has no metadata: its shapes are the only check, which the load says
+    with pytest.warns(UserWarning, match="without a variant record"):
+        other.load_state_dict(dict(sd))
 
 
 def test_state_dict_without_variant_still_loads():
@@ -68,10 +70,14 @@ def test_state_dict_without_variant_still_loads():
     srnn = AblatedRNN("srnn", 3, 4)
     srnn.load_state_dict(torch.nn.RNN(3, 4).state_dict())
     old = dict(AblatedRNN("ran", 3, 4).state_dict())
-    AblatedRNN("ran", 3, 4).load_state_dict(old)
-    # the entry of earlier versions: checked, then dropped (strict loading does not see it)
+    with pytest.warns(UserWarning, match="without a variant record"):
+        AblatedRNN("ran", 3, 4).load_state_dict(old)
+    # the entry of earlier versions: checked, then dropped (strict loading does not see it);
+    # the variant is then checked, so nothing is said
     old["variant_state"] = torch.tensor([get_variant("ran").code, 0])
-    AblatedRNN("ran", 3, 4).load_state_dict(dict(old))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AblatedRNN("ran", 3, 4).load_state_dict(dict(old))
     assert "variant_state" not in AblatedRNN("ran", 3, 4).state_dict()
     assert AblatedRNN("ran", 3, 4).variant_state.tolist() == [get_variant("ran").code, 0]
     # integer buffer: dtype conversions leave it alone
@@ -125,7 +131,9 @@ def test_variant_record_lost_with_the_metadata_warns_and_variant_state_keeps_the
     safetensors.save_file(plain, str(path))
     with pytest.raises(ValueError, match="variant 'ran' into one of variant 'identity_ran'"):
         identity.load_state_dict(safetensors.load_file(str(path)))
-    AblatedRNN("ran", 3, 4).load_state_dict(safetensors.load_file(str(path)))  # its own: loads
+    with warnings.catch_warnings():  # its own: loads, the variant checked (nothing to say)
+        warnings.simplefilter("error")
+        AblatedRNN("ran", 3, 4).load_state_dict(safetensors.load_file(str(path)))
     with warnings.catch_warnings():  # shapes no other variant has: nothing to say
         warnings.simplefilter("error")
         AblatedRNN("lstm", 3, 4).load_state_dict(dict(torch.nn.LSTM(3, 4).state_dict()))
