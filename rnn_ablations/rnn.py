@@ -1,6 +1,7 @@
 """``AblatedRNN``: every variant of :mod:`rnn_ablations.variants` as a drop-in for ``torch.nn.LSTM``."""
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import warnings
@@ -38,6 +39,21 @@ def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
 
 
 HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
+
+
+@contextlib.contextmanager
+def _shape_checks():
+    """The input checks' shape comparisons under ``torch.jit.trace``, without its TracerWarning.
+    The tracer sees a size compared to a Python number and warns that the result is taken as a
+    constant; these comparisons only guard the example input (the traced graph records the
+    branch that raises nothing, and its own operators refuse a wrong feature size), so that
+    constant is what is meant."""
+    if not torch.jit.is_tracing():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        yield
 
 
 def _has_output_gate(variant: Variant) -> bool:
@@ -261,13 +277,14 @@ class AblatedRNN(nn.Module):
         self.reset_parameters()
 
     # ------------------------------------------------------------------ dropout settings
-    # The probabilities are properties that keep a boolean beside the float (``_dropout_on``,
-    # ``_recurrent_dropout_on``), and the forward reads the boolean: torch.compile with
-    # dynamic=True makes a float attribute of a module a symbolic input, so a ``p > 0`` test on
-    # it puts a float symbol and its guards into every trace (and into the trace of a model
-    # without dropout); a bool is a constant.  Assigning a probability later (OpenNMT-py's
-    # ``update_dropout`` does) checks it and updates the boolean; a compiled model then
-    # recompiles once, on the boolean's guard, where the setting turns dropout on or off.
+    # The probabilities are properties; the forward reads what they keep beside the float: a
+    # boolean (``_dropout_on``) and the probability as an exact ratio of two integers
+    # (``_dropout_ratio``, ``p == num / den``).  torch.compile with dynamic=True makes a float
+    # attribute of a module a symbolic input: a ``p > 0`` test on it puts a float symbol and its
+    # guards into the trace (of a model without dropout too), and the first compile then traces
+    # the model a second time to specialize it.  Booleans and a module's integers are constants
+    # to dynamo (guarded).  Assigning a probability later (OpenNMT-py's ``update_dropout``
+    # does) checks it and updates both; a compiled model recompiles once on the new value.
     @property
     def dropout(self) -> float:
         """The dropout on the outputs of every layer but the last, in training (``nn.LSTM``'s)."""
@@ -277,6 +294,7 @@ class AblatedRNN(nn.Module):
     def dropout(self, value: float) -> None:
         self._dropout = check_prob("dropout", value)
         self._dropout_on = self._dropout > 0
+        self._dropout_ratio = self._dropout.as_integer_ratio()
 
     @property
     def recurrent_dropout(self) -> float:
@@ -287,6 +305,7 @@ class AblatedRNN(nn.Module):
     def recurrent_dropout(self, value: float) -> None:
         self._recurrent_dropout = check_prob("recurrent_dropout", value)
         self._recurrent_dropout_on = self._recurrent_dropout > 0
+        self._recurrent_dropout_ratio = self._recurrent_dropout.as_integer_ratio()
 
     # ------------------------------------------------------------------ parameters and init
     def reset_parameters(self) -> None:
@@ -501,7 +520,9 @@ class AblatedRNN(nn.Module):
         a floating-point dtype equal to the parameters', their device, and at least one step.
         Raises ``ValueError`` saying what to change (used by :meth:`forward` and
         :func:`rnn_ablations.weighted_sum`)."""
-        if x.shape[-1] != self.input_size:
+        with _shape_checks():
+            wrong_size = bool(x.shape[-1] != self.input_size)
+        if wrong_size:
             raise ValueError(f"input.size(-1) must be equal to input_size. Expected "
                              f"{self.input_size}, got {x.shape[-1]}")
         if not x.is_floating_point():
@@ -600,7 +621,9 @@ class AblatedRNN(nn.Module):
             raise ValueError("hx must be a tuple (h_0, c_0) of tensors")
         for name, t, want, size in (("h_0", h0, h_shape, "proj_size" if self.proj_size
                                      else "hidden_size"), ("c_0", c0, shape, "hidden_size")):
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+            with _shape_checks():
+                wrong_shape = not isinstance(t, torch.Tensor) or bool(tuple(t.shape) != want)
+            if wrong_shape:
                 raise ValueError(f"{name} must have shape {want} (num_layers*num_directions, "
                                  f"batch, {size}), got {tuple(getattr(t, 'shape', ()))}")
             # under torch.autocast the states may be in the autocast dtype (e.g. h_n of the
@@ -797,7 +820,8 @@ class AblatedRNN(nn.Module):
             # variational recurrent dropout: one mask per direction, drawn in direction order
             masks = [None] * dirs
             if self.training and self._recurrent_dropout_on and self.variant.reads_hidden:
-                keep = 1.0 - self.recurrent_dropout
+                num, den = self._recurrent_dropout_ratio
+                keep = 1.0 - num / den
                 masks = [torch.empty(batch, H, dtype=x.dtype, device=x.device).bernoulli_(keep)
                          / keep for _ in range(dirs)]
             first = layer * dirs
@@ -807,7 +831,8 @@ class AblatedRNN(nn.Module):
             h_finals.extend(h_n)
             c_finals.extend(c_n)
             if self._dropout_on and self.training and layer < self.num_layers - 1:
-                layer_input = F.dropout(layer_input, self.dropout, True)
+                num, den = self._dropout_ratio
+                layer_input = F.dropout(layer_input, num / den, True)
         output = layer_input
         h_n, c_n = torch.stack(h_finals), torch.stack(c_finals)
         if t_eff < seq_len:
