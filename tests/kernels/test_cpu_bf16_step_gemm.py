@@ -9,6 +9,7 @@ bfloat16 instructions): the kernel's library GEMM (MKL) against its ATen emulati
 the kernel against the float32 reference to bfloat16 tolerance, forward and backward; whole
 models (lstm, ran, a scan variant, every CPU schedule) against the float32 generic path; and the
 plan's choice against the CPU's instructions (mocked)."""
+import copy
 import dataclasses
 
 import pytest
@@ -20,7 +21,7 @@ from rnn_ablations import plan as run_plan
 from rnn_ablations.kernels import registry
 from rnn_ablations.plan import Kernels, LayerCall, Policy, plan_layer
 from rnn_ablations.settings import Options
-from rnn_ablations.variants import VARIANTS
+from rnn_ablations.variants import get_variant
 
 needs_kernel = pytest.mark.skipif(registry.cpu_kernel() is None,
                                   reason="the CPU kernel is not built")
@@ -112,7 +113,7 @@ def _backward(kernel, v, fwd, grads, proj, w_hh, h0, c0, bs, mask):
 def test_kernel_library_matches_its_aten_emulation(variant, monkeypatch):
     """MKL's bfloat16 GEMM and the ATen emulation compute the same bfloat16 products (exact in
     float32): they agree to float32 rounding of the sums, forward and backward."""
-    kernel, v = registry.cpu_kernel(), VARIANTS[variant]
+    kernel, v = registry.cpu_kernel(), get_variant(variant)
     proj, w, h0, c0, bs, mask = _inputs(variant)
     w_bf = w.to(torch.bfloat16)
     grads = (torch.randn(*proj.shape[:2], h0.shape[1]), torch.randn_like(h0),
@@ -121,7 +122,7 @@ def test_kernel_library_matches_its_aten_emulation(variant, monkeypatch):
     for gemm in ("1", "0"):  # the library, then ATen's float32 GEMM on the bfloat16 values
         monkeypatch.setenv("RNN_ABLATIONS_PACKED_GEMM", gemm)
         fwd = _forward(kernel, v, proj, w_bf, h0, c0, bs, mask, True)
-        runs[gemm] = fwd[:3] + tuple(_backward(kernel, v, fwd, grads, proj, w_bf, h0, c0, bs,
+        runs[gemm] = tuple(fwd[:3]) + tuple(_backward(kernel, v, fwd, grads, proj, w_bf, h0, c0, bs,
                                                mask))
     names = ("out", "h_n", "c_n", "d_proj", "d_w_hh", "d_h0", "d_c0")
     for name, a, b in zip(names, runs["1"], runs["0"]):
@@ -138,14 +139,14 @@ def test_kernel_bf16_step_gemm_matches_float32(variant, gemm, monkeypatch):
     rounded to bfloat16 differs, so the results agree to bfloat16 tolerance; and they differ
     from it (the bfloat16 GEMM did run)."""
     monkeypatch.setenv("RNN_ABLATIONS_PACKED_GEMM", gemm)
-    kernel, v = registry.cpu_kernel(), VARIANTS[variant]
+    kernel, v = registry.cpu_kernel(), get_variant(variant)
     proj, w, h0, c0, bs, mask = _inputs(variant, T=8, B=4, H=40, seed=3)
     grads = (torch.randn(*proj.shape[:2], h0.shape[1]), torch.randn_like(h0),
              torch.randn_like(c0))
     ref_f = _forward(kernel, v, proj, w, h0, c0, bs, mask, True)
-    ref = ref_f[:3] + tuple(_backward(kernel, v, ref_f, grads, proj, w, h0, c0, bs, mask))
+    ref = tuple(ref_f[:3]) + tuple(_backward(kernel, v, ref_f, grads, proj, w, h0, c0, bs, mask))
     got_f = _forward(kernel, v, proj, w.to(torch.bfloat16), h0, c0, bs, mask, True)
-    got = got_f[:3] + tuple(_backward(kernel, v, got_f, grads, proj, w.to(torch.bfloat16), h0,
+    got = tuple(got_f[:3]) + tuple(_backward(kernel, v, got_f, grads, proj, w.to(torch.bfloat16), h0,
                                       c0, bs, mask))
     names = ("out", "h_n", "c_n", "d_proj", "d_w_hh", "d_h0", "d_c0")
     for name, a, b in zip(names, got, ref):
@@ -161,7 +162,7 @@ def test_kernel_bf16_step_gemm_matches_float32(variant, gemm, monkeypatch):
 
 @needs_kernel
 def test_kernel_bf16_w_hh_needs_float32_others():
-    kernel, v = registry.cpu_kernel(), VARIANTS["lstm"]
+    kernel, v = registry.cpu_kernel(), get_variant("lstm")
     proj, w, h0, c0, bs, mask = _inputs("lstm")
     d = lambda t: t.double()
     with pytest.raises(RuntimeError, match=r"w_hh must have the dtype of the other tensors "
@@ -190,9 +191,7 @@ def step_gemm_on(monkeypatch):
 def _reference(model, x):
     """The float32 generic path on the same (bfloat16-valued) parameters and input:
     ``(module, its input, its outputs)``."""
-    ref = AblatedRNN(model.variant.name, model.input_size, model.hidden_size,
-                     num_layers=model.num_layers, bidirectional=model.bidirectional)
-    ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    ref = copy.deepcopy(model).float()
     xr = x.float().detach().requires_grad_(x.requires_grad)
     with options(backend="generic"):
         return ref, xr, ref(xr)
@@ -211,7 +210,7 @@ def test_bfloat16_model_with_bf16_step_gemm_matches_float32(variant, schedule, b
     with options(backend="kernel", cpu_schedule=schedule,
                  concurrent_directions="on" if bidirectional else "off"):
         out, (h, c) = model(x)
-    step_cell = VARIANTS[variant].reads_hidden
+    step_cell = get_variant(variant).reads_hidden
     assert len(seen) == 2 and all(p.bf16_on_f32 and p.bf16_step_gemm == step_cell
                                   for p in seen), seen
     if step_cell:
