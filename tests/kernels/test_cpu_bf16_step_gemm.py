@@ -14,6 +14,8 @@ import dataclasses
 
 import pytest
 import torch
+from torch.library import opcheck
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rnn_ablations import AblatedRNN, options
 from rnn_ablations import dispatch
@@ -269,3 +271,70 @@ def test_autocast_float32_model_with_bf16_step_gemm(step_gemm_on, monkeypatch):
         assert p.grad.dtype == torch.float32, name
         scale = q.grad.abs().max().clamp_min(1.0)
         torch.testing.assert_close(p.grad / scale, q.grad / scale, rtol=0, atol=5e-2, msg=name)
+
+
+class _Record(TorchDispatchMode):
+    """The rnn_ablations operator calls, with copies of their arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "rnn_ablations":
+            copy_ = (lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else
+                     [t.detach().clone() for t in a]
+                     if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)
+                     else a)
+            self.calls.append((func, tuple(copy_(a) for a in args), dict(kwargs)))
+        return func(*args, **kwargs)
+
+
+@needs_kernel
+def test_opcheck_with_a_bfloat16_w_hh(step_gemm_on):
+    """Schema, fake kernels (d_w_hh in w_hh's dtype) and traceability of every step operator
+    a bfloat16 model calls with the step GEMM in bfloat16."""
+    rec = _Record()
+    for schedule in ("plain", "pipelined"):
+        for bidirectional in (False, True):
+            torch.manual_seed(0)
+            model = AblatedRNN("lstm", 5, 4, num_layers=1,
+                               bidirectional=bidirectional).bfloat16()
+            x = torch.randn(6, 3, 5).bfloat16().requires_grad_()
+            with options(backend="kernel", cpu_schedule=schedule,
+                         concurrent_directions="on" if bidirectional else "off"), rec:
+                out, _ = model(x, lengths=torch.tensor([6, 4, 1]))
+                out.float().square().sum().backward()
+                with torch.no_grad():
+                    model(x)
+    names = set()
+    for func, args, kwargs in rec.calls:
+        names.add(func._schema.name.split("::")[1])
+        assert any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 or
+                   isinstance(a, list) and a[0].dtype == torch.bfloat16 for a in args), func
+        opcheck(func, args, kwargs)
+    assert {"plain_forward_", "plain_backward", "pipelined_forward", "pipelined_backward",
+            "plain_directions_forward_", "plain_directions_backward",
+            "pipelined_directions_forward", "pipelined_directions_backward"} <= names, names
+
+
+@needs_kernel
+def test_double_backward_with_bf16_step_gemm(step_gemm_on):
+    """``create_graph=True`` recomputes the layer on the generic path from the bfloat16 w_hh
+    (widened differentiably): second derivatives as the float32 generic path's."""
+    torch.manual_seed(5)
+    model = AblatedRNN("lstm", 4, 6).bfloat16()
+    x = torch.randn(5, 2, 4).bfloat16().requires_grad_()
+    with options(backend="kernel", cpu_schedule="plain"):
+        out, _ = model(x)
+    (gx,) = torch.autograd.grad(out.float().square().sum(), x, create_graph=True)
+    gx.float().sum().backward()
+    ref, xr, (rout, _) = _reference(model, x)
+    (rgx,) = torch.autograd.grad(rout.square().sum(), xr, create_graph=True)
+    rgx.sum().backward()
+    torch.testing.assert_close(gx.float(), rgx, **BF16_TOL)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        scale = q.grad.abs().max().clamp_min(1.0)
+        torch.testing.assert_close(p.grad.float() / scale, q.grad / scale, rtol=0, atol=5e-2,
+                                   msg=name)
