@@ -13,9 +13,11 @@ same layers, directions and sizes), the variant in bfloat16 with the step GEMM i
 ``--repeats`` rounds), at ``--threads`` threads.  Ratios are nn.LSTM's time over the variant's
 (above 1: the variant is faster), as in ``speed.py``'s tables; ``f32/bf16`` above 1: the
 bfloat16 step GEMM is faster.  The input projection's GEMM is as ``Policy.bf16_gemm`` says on
-this CPU in all three.  Only meaningful on a CPU with bfloat16 GEMM instructions (the output
-says whether this one has them); elsewhere the bfloat16 GEMM converts to float32 inside the
-library and is expected to lose.  Writes ``OUT/bf16_step_gemm_<cpu-name>.{json,md}``.
+this CPU in those three; a fourth model, ``bf16, f32 proj``, has the bfloat16 step GEMM with the
+projection in float32 (``bf16_gemm="off"``), which separates the two GEMMs' shares.  Only
+meaningful on a CPU with bfloat16 GEMM instructions (the output says whether this one has
+them); elsewhere the bfloat16 GEMM converts to float32 inside the library and is expected to
+lose.  Writes ``OUT/bf16_step_gemm_<cpu-name>.{json,md}``.
 """
 from __future__ import annotations
 
@@ -92,7 +94,9 @@ def main(argv=None) -> int:
              "library here: these numbers do not decide the policy"), flush=True)
     base = run_plan.POLICY
     policies = {"f32": dataclasses.replace(base, bf16_step_gemm="off"),
-                "bf16": dataclasses.replace(base, bf16_step_gemm="on")}
+                "bf16": dataclasses.replace(base, bf16_step_gemm="on"),
+                "bf16_f32proj": dataclasses.replace(base, bf16_step_gemm="on",
+                                                    bf16_gemm="off")}
     bf = torch.bfloat16
     rows = []
     try:
@@ -115,7 +119,7 @@ def main(argv=None) -> int:
                             else:
                                 out, _ = m(x)
                                 out.float().sum().backward()
-                    med = _time({k: (lambda k=k: call(k)) for k in ("nn.LSTM", "f32", "bf16")},
+                    med = _time({k: (lambda k=k: call(k)) for k in ("nn.LSTM", *policies)},
                                 args.repeats, args.warmup)
                     row = {"shape": label, "layers": layers, "d_in": d_in, "hidden": hidden,
                            "bidirectional": bi, "batch": batch, "steps": seq_len,
@@ -123,6 +127,7 @@ def main(argv=None) -> int:
                            "lstm_ms": round(med["nn.LSTM"] * 1e3, 3),
                            "f32_ms": round(med["f32"] * 1e3, 3),
                            "bf16_ms": round(med["bf16"] * 1e3, 3),
+                           "bf16_f32proj_ms": round(med["bf16_f32proj"] * 1e3, 3),
                            "ratio_f32": round(med["nn.LSTM"] / med["f32"], 3),
                            "ratio_bf16": round(med["nn.LSTM"] / med["bf16"], 3),
                            "f32_over_bf16": round(med["f32"] / med["bf16"], 3)}
@@ -130,7 +135,8 @@ def main(argv=None) -> int:
                     print(f"{label:24s} {v:6s} {mode:9s} nn.LSTM {row['lstm_ms']:8.2f} ms  "
                           f"f32 step {row['f32_ms']:8.2f} ms ({row['ratio_f32']:.2f}x)  "
                           f"bf16 step {row['bf16_ms']:8.2f} ms ({row['ratio_bf16']:.2f}x)  "
-                          f"f32/bf16 {row['f32_over_bf16']:.2f}", flush=True)
+                          f"f32/bf16 {row['f32_over_bf16']:.2f}  bf16 step, f32 proj "
+                          f"{row['bf16_f32proj_ms']:8.2f} ms", flush=True)
     finally:
         run_plan.POLICY = base
     machine = describe()
@@ -146,11 +152,12 @@ def main(argv=None) -> int:
              f"rounds; ratio = nn.LSTM ms / variant ms (above 1: faster than nn.LSTM); "
              f"bfloat16 GEMM instructions: {'yes' if has_isa else 'no (not meaningful here)'}",
              "", "| shape | variant | mode | nn.LSTM ms | f32 step ms | ratio | bf16 step ms | "
-             "ratio | f32/bf16 |", "|---|---|---|---|---|---|---|---|---|"]
+             "ratio | f32/bf16 | bf16 step, f32 proj ms |", "|" + "---|" * 10]
     for r in rows:
         lines.append(f"| {r['shape']} | {r['variant']} | {r['mode']} | {r['lstm_ms']:.2f} | "
                      f"{r['f32_ms']:.2f} | {r['ratio_f32']:.2f}x | {r['bf16_ms']:.2f} | "
-                     f"{r['ratio_bf16']:.2f}x | {r['f32_over_bf16']:.2f} |")
+                     f"{r['ratio_bf16']:.2f}x | {r['f32_over_bf16']:.2f} | "
+                     f"{r['bf16_f32proj_ms']:.2f} |")
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out / name}.json / .md")
     return 0

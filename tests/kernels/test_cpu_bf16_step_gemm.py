@@ -147,9 +147,10 @@ def test_kernel_bf16_step_gemm_matches_float32(variant, gemm, monkeypatch):
              torch.randn_like(c0))
     ref_f = _forward(kernel, v, proj, w, h0, c0, bs, mask, True)
     ref = tuple(ref_f[:3]) + tuple(_backward(kernel, v, ref_f, grads, proj, w, h0, c0, bs, mask))
-    got_f = _forward(kernel, v, proj, w.to(torch.bfloat16), h0, c0, bs, mask, True)
-    got = tuple(got_f[:3]) + tuple(_backward(kernel, v, got_f, grads, proj, w.to(torch.bfloat16), h0,
-                                      c0, bs, mask))
+    w_bf = w.to(torch.bfloat16)
+    got_f = _forward(kernel, v, proj, w_bf, h0, c0, bs, mask, True)
+    got = tuple(got_f[:3]) + tuple(_backward(kernel, v, got_f, grads, proj, w_bf, h0, c0, bs,
+                                             mask))
     names = ("out", "h_n", "c_n", "d_proj", "d_w_hh", "d_h0", "d_c0")
     for name, a, b in zip(names, got, ref):
         assert a.dtype == (torch.bfloat16 if name == "d_w_hh" else torch.float32), name
