@@ -20,7 +20,10 @@
 #          the kernel's own packed GEMM against MKL's packed GEMM per shape, train and inference,
 #          and the plan.POLICY.library_step_gemm entry the numbers support (cpu_gemm.log);
 #   bf16   speed_cpu_experiments_bfloat16.{json,md}: benchmarks/speed.py --dtype bfloat16 (every
-#          variant against nn.LSTM in bfloat16, oneDNN / AMX where the CPU has it).
+#          variant against nn.LSTM in bfloat16, oneDNN / AMX where the CPU has it);
+#   bf16 step  bf16_step_gemm_<cpu>.{json,md}: benchmarks/bf16_step_gemm.py, lstm and ran in
+#          bfloat16 with the step GEMM in float32 and in bfloat16 against nn.LSTM in bfloat16
+#          (plan.POLICY.bf16_step_gemm; cpu_bf16_step.log).
 # Environment: PYTHON (python3), CPUS (auto), REPEATS (5), WARMUP (1), SHAPE_NAMES (all rows),
 # CPU_ISA_CHECK_PRINT_CPUS=1 (print the CPUs it would pin to, as a taskset list, and exit).
 set -o pipefail
@@ -105,5 +108,12 @@ echo "== step GEMM library: exit $rc ($(( $(date +%s) - t0 )) s)"
     --name speed_cpu_experiments_bfloat16 --out "$out" 2>&1 | tee "$out/cpu_speed_bf16.log"
 rc=$?
 echo "== speed (bfloat16): exit $rc ($(( $(date +%s) - t0 )) s)"
+[ $rc -eq 0 ] || failed=1
+
+# shellcheck disable=SC2086
+"${pin[@]}" "$py" benchmarks/bf16_step_gemm.py --threads 2 --repeats "${REPEATS:-5}" \
+    --warmup "${WARMUP:-1}" "${shape_names[@]}" --out "$out" 2>&1 | tee "$out/cpu_bf16_step.log"
+rc=$?
+echo "== bf16 step GEMM: exit $rc ($(( $(date +%s) - t0 )) s)"
 [ $rc -eq 0 ] || failed=1
 exit $failed

@@ -163,7 +163,8 @@ def _run_cpu_streamed(plan, variant, highway, x, params, h0, c0, batch_sizes, re
             [projection_bias(params[d][2], params[d][0].shape[0]) for d in g],
             [params[d][1] for d in g], [h0[d] for d in g], [c0[d] for d in g], batch_sizes,
             [rec_masks[d] for d in g], plan.onednn, out, plan.stream, dtype=dtype,
-            bf16_gemm=plan.bf16_gemm)
+            bf16_gemm=plan.bf16_gemm,
+            w_hh_dtype=torch.bfloat16 if plan.bf16_step_gemm else None)
         for d, (h, c) in zip(g, done):
             h_n[d], c_n[d] = h.to(x.dtype), c.to(x.dtype)
     return out, h_n, c_n
@@ -173,7 +174,9 @@ def _widened(runner):
     """``runner`` on float32 copies of a bfloat16 call's input, parameters and states
     (``plan.bf16_on_f32``; autocast off inside: the float32 kernels), its results narrowed to
     bfloat16 (autograd differentiates the casts, so gradients reach bfloat16 parameters in
-    bfloat16); any other call as it is."""
+    bfloat16); with ``plan.bf16_step_gemm`` the recurrent weight ``w_hh`` goes to the kernel in
+    bfloat16 (a bfloat16 parameter as it is), which runs the step GEMM in bfloat16; any other
+    call as it is."""
 
     def run(plan, variant, highway, x, params, h0, c0, batch_sizes, rec_masks, reverse):
         if not plan.bf16_on_f32:
@@ -181,9 +184,11 @@ def _widened(runner):
                           reverse)
         f = (lambda t: None if t is None else t.float())
         bf = torch.bfloat16
+        rec = (lambda t: None if t is None else t.to(bf)) if plan.bf16_step_gemm else f
         with torch.autocast("cpu", enabled=False):
             out, hs, cs = runner(plan, variant, highway, x.float(),
-                                 [tuple(f(t) for t in p) for p in params], h0.float(),
+                                 [tuple(rec(t) if i == 1 else f(t) for i, t in enumerate(p))
+                                  for p in params], h0.float(),
                                  c0.float(), batch_sizes, [f(m) for m in rec_masks], reverse)
         return out.to(bf), [h.to(bf) for h in hs], [c.to(bf) for c in cs]
     run.__doc__ = runner.__doc__

@@ -124,7 +124,10 @@ def plan_in_words(plan: Plan, call: LayerCall, variant: str = "", highway: bool 
     out.append(f"  input projection: {proj}")
     if plan.path == "cpu" and call.rec_blocks:
         train, inference = plan.step_gemm
-        if (train, inference) == (-1, -1):
+        if plan.bf16_step_gemm:
+            out.append("  step GEMM: bfloat16 (w_hh and h_{t-1} in bfloat16, float32 "
+                       "accumulation into the float32 gates)")
+        elif (train, inference) == (-1, -1):
             out.append("  step GEMM: the kernel's own packed GEMM")
         else:
             said = lambda v: "never" if v < 0 else f"from {v:,} multiply-adds per step"

@@ -40,11 +40,12 @@ The decisions, in order:
 6. **scan** (cells that read no h_{t-1}): ``Plan.fused_scan``: the projection, the scan and the
    backward in one node (the kernel adds the bias), where the kernel has that interface and no
    autocast is active and every parameter has the input's dtype and device.
-7. **bfloat16 on the CPU** (``Plan.bf16_on_f32``, ``Plan.bf16_gemm``): a bfloat16 call (input
-   or parameters, or float32 under CPU bfloat16 autocast) runs on the float32 kernels, planned
-   as the float32 call they run; its input projection's GEMM in bfloat16 where
-   ``Policy.bf16_gemm`` says and the runner projects itself.  The same in eager and traced
-   calls.
+7. **bfloat16 on the CPU** (``Plan.bf16_on_f32``, ``Plan.bf16_gemm``, ``Plan.bf16_step_gemm``):
+   a bfloat16 call (input or parameters, or float32 under CPU bfloat16 autocast) runs on the
+   float32 kernels, planned as the float32 call they run; its input projection's GEMM in
+   bfloat16 where ``Policy.bf16_gemm`` says and the runner projects itself; a step cell's step
+   GEMM (h_{t-1} against ``w_hh``) in bfloat16 where ``Policy.bf16_step_gemm`` says (the states
+   and the element-wise pass stay in float32).  The same in eager and traced calls.
 8. **streaming** (``Plan.stream``, runners ``cpu_streamed`` / ``scan_streamed``): a large
    no-gradient CPU call computes its projections a chunk of steps at a time (:func:`_stream`).
 9. **step-GEMM library** (``Plan.step_gemm``): :func:`library_step_thresholds` of the policy for
@@ -147,6 +148,11 @@ class Policy:
     bf16_gemm: a bfloat16 CPU call's input projection in bfloat16 (``"on"``), in float32
     (``"off"``) or in bfloat16 where the CPU has bfloat16 GEMM instructions (AVX512-BF16 or
     AMX) and in float32 elsewhere (``"auto"``; :func:`bf16_gemm_applies`);
+    bf16_step_gemm: the same choice for the step GEMM of a bfloat16 CPU call of a step cell
+    (``w_hh`` handed to the kernel in bfloat16, ``h_{t-1}`` rounded to bfloat16 each step,
+    accumulated in float32 into the float32 gates: ``csrc/cpu/library_gemm.h``); ``"on"``
+    forces it on any CPU (the tests), where it runs correctly but without bfloat16
+    instructions, slower than float32;
     library_step_gemm: per vector path of the CPU kernel, ``(isa, train_min_macs,
     inference_min_macs)``: the float32 step GEMM (B x R*H x H) through MKL's packed GEMM, which
     picks its code per CPU, from this many multiply-adds per step in training / in a
@@ -164,14 +170,16 @@ class Policy:
     stream_min_bytes: int = 64 * 2**20
     stream_chunk_bytes: int = 16 * 2**20
     bf16_gemm: str = "auto"
+    bf16_step_gemm: str = "auto"
     # avx512: never (the kernel's own packed GEMM was as fast or faster than MKL's at every
     # experiment shape on AMD EPYC AVX-512: benchmarks/results/schedule_policy.md)
     library_step_gemm: Tuple[Tuple[str, int, int], ...] = (("avx512", -1, -1),)
 
     def __post_init__(self) -> None:
-        if self.bf16_gemm not in ("auto", "on", "off"):
-            raise ValueError(f"Policy.bf16_gemm must be 'auto', 'on' or 'off', got "
-                             f"{self.bf16_gemm!r}")
+        for name in ("bf16_gemm", "bf16_step_gemm"):
+            if getattr(self, name) not in ("auto", "on", "off"):
+                raise ValueError(f"Policy.{name} must be 'auto', 'on' or 'off', got "
+                                 f"{getattr(self, name)!r}")
         for entry in self.library_step_gemm:
             if (not isinstance(entry, tuple) or len(entry) != 3 or not isinstance(entry[0], str)
                     or any(not isinstance(v, int) or v < -1 for v in entry[1:])):
@@ -204,7 +212,8 @@ class Plan:
     bf16_on_f32: a bfloat16 CPU call (bfloat16 input or parameters, or float32 under
     ``torch.autocast("cpu", torch.bfloat16)``) that runs on the float32 kernels (inputs widened
     to float32, results narrowed to bfloat16); bf16_gemm: its input projection's GEMM in
-    bfloat16; stream: steps per chunk of a no-gradient forward whose input projections are
+    bfloat16; bf16_step_gemm: its step GEMM in bfloat16 (``w_hh`` given to the kernel in
+    bfloat16); stream: steps per chunk of a no-gradient forward whose input projections are
     computed a chunk at a time (0: all at once); step_gemm: ``(train_min_macs,
     inference_min_macs)`` from which the CPU kernel's step GEMM runs on MKL (-1: never);
     cuda_checked: the CUDA families (programs and rules) that passed their first-use check on
@@ -225,6 +234,7 @@ class Plan:
     runner: str = ""
     bf16_on_f32: bool = False
     bf16_gemm: bool = False
+    bf16_step_gemm: bool = False
     stream: int = 0
     step_gemm: Tuple[int, int] = (-1, -1)
     cuda_checked: Tuple[str, ...] = ()
@@ -363,9 +373,11 @@ def _runner(plan: Plan, call: LayerCall) -> str:
 
 
 def bf16_gemm_applies(setting: str) -> bool:
-    """Whether a bfloat16 CPU call computes its input projection in bfloat16:
-    ``Policy.bf16_gemm`` ``"on"`` / ``"off"``, or ``"auto"``: where the CPU has bfloat16 GEMM
-    instructions (:func:`rnn_ablations.kernels.projection.cpu_has_bf16_gemm`)."""
+    """Whether a bfloat16 CPU call computes a GEMM in bfloat16 (its input projection:
+    ``Policy.bf16_gemm``; its step GEMM: ``Policy.bf16_step_gemm``): ``"on"`` / ``"off"``, or
+    ``"auto"``: where the CPU has bfloat16 GEMM instructions (:func:`rnn_ablations.kernels.
+    projection.cpu_has_bf16_gemm`: AVX512-BF16 or AMX); elsewhere bfloat16 is converted to
+    float32 inside the GEMM, and the float32 kernels' own GEMM is faster."""
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"bf16_gemm must be 'auto', 'on' or 'off', got {setting!r}")
     return setting == "on" or (setting == "auto" and cpu_has_bf16_gemm())
@@ -463,7 +475,9 @@ def plan_layer(settings: Options, call: LayerCall, kernels: Kernels,
     runner = _runner(plan, call)
     if bf16:
         gemm = runner in _OWN_PROJECTION and bf16_gemm_applies(policy.bf16_gemm)
-        plan = dataclasses.replace(plan, bf16_on_f32=True, bf16_gemm=gemm,
+        # every CPU step runner hands w_hh to the kernel, which takes it in bfloat16
+        step = call.rec_blocks > 0 and bf16_gemm_applies(policy.bf16_step_gemm)
+        plan = dataclasses.replace(plan, bf16_on_f32=True, bf16_gemm=gemm, bf16_step_gemm=step,
                                    onednn=plan.onednn and not gemm)
     return dataclasses.replace(plan, runner=runner)
 

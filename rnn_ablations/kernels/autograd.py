@@ -84,8 +84,10 @@ def _graph_grads(variant, highway, x, w_ih, pbias, w_hh, h0, c0, batch_sizes, re
     recomputed input projection (a function of ``x``, ``w_ih``, ``pbias``) comes first."""
     with torch.enable_grad():
         proj = torch.nn.functional.linear(x, w_ih, pbias)
-        outs = generic_from_projection(variant, highway, proj, w_hh, h0, c0, batch_sizes,
-                                       rec_mask)
+        # (a bfloat16 w_hh beside float32 states: the step GEMM in bfloat16, recomputed in
+        # float32 through a differentiable cast)
+        outs = generic_from_projection(variant, highway, proj, w_hh.to(proj.dtype), h0, c0,
+                                       batch_sizes, rec_mask)
     targets = ([proj] if want_proj else []) + list(wrt)
     live = [i for i, t in enumerate(targets) if t is not None and t.requires_grad]
     pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]

@@ -25,7 +25,8 @@ argument                    meaning
                             ``decode_scan_spec``
 ``x``, ``w_ih``, ``bias``   the layer input (T,B,D), ((R+X)·H,D), (R·H) or empty (the pipelined
                             kernel projects inside)
-``w_hh``                    (R·H,H)
+``w_hh``                    (R·H,H); bfloat16 beside float32 tensors runs the step GEMM in
+                            bfloat16 (d_w_hh then comes back in bfloat16)
 ``h0``, ``c0``              (B,H) (the scan's: (D,B,H))
 ``batch_sizes``             (T) int64, non-increasing
 ``rec_mask``                (B,H) dropout mask on h_{t-1}, or empty

@@ -148,7 +148,8 @@ def _chunk_projection(xs: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tenso
 def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal, directions,
                      w_ihs, pbiases, w_hhs, h0s, c0s, batch_sizes: torch.Tensor, masks,
                      onednn: bool, out: torch.Tensor, chunk: int,
-                     dtype: Optional[torch.dtype] = None, bf16_gemm: bool = False):
+                     dtype: Optional[torch.dtype] = None, bf16_gemm: bool = False,
+                     w_hh_dtype: Optional[torch.dtype] = None):
     """A no-gradient forward of one layer's ``directions`` on the CPU step kernel (``kernel``:
     ``registry.cpu_kernel()``), with the input projections computed ``chunk`` steps at a time
     instead of all at once.  ``x`` (T, B, D) is the layer's input; direction 0 reads it as it is,
@@ -167,7 +168,9 @@ def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal
     ``dtype``: the dtype the kernel runs (default ``x``'s); a bfloat16 call on the float32
     kernels (``Plan.bf16_on_f32``) passes float32: each chunk is widened on its own and its
     output narrowed into ``out`` (bfloat16), the states stay in float32 (returned so); with
-    ``bf16_gemm`` the chunks' projections run in bfloat16 (``Plan.bf16_gemm``)."""
+    ``bf16_gemm`` the chunks' projections run in bfloat16 (``Plan.bf16_gemm``); ``w_hh_dtype``:
+    the dtype ``w_hhs`` go to the kernel in (default ``dtype``; bfloat16 with float32 runs the
+    step GEMM in bfloat16, ``Plan.bf16_step_gemm``)."""
     T = x.shape[0]
     H = w_hhs[0].shape[1]
     dtype = x.dtype if dtype is None else dtype
@@ -177,7 +180,7 @@ def streamed_forward(kernel, spec: int, highway: bool, x: torch.Tensor, reversal
     cs = [c.to(dtype).contiguous() for c in c0s]
     masks = [m.to(dtype).contiguous() if m is not None else x.new_empty(0, dtype=dtype)
              for m in masks]
-    w_hhs = [w.to(dtype).contiguous() for w in w_hhs]
+    w_hhs = [w.to(w_hh_dtype or dtype).contiguous() for w in w_hhs]
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         bs = batch_sizes[t0:t1]

@@ -286,3 +286,31 @@ def test_speed_variable_length_on_the_cpu(tmp_path, capsys):
         with pytest.raises(SystemExit):
             svl.main(["--device", "cpu", *bad] if bad[0] != "--device" else bad)
         assert said in capsys.readouterr().err
+
+
+@requires_kernel
+def test_bf16_step_gemm_benchmark_on_the_cpu(tmp_path, capsys):
+    """``benchmarks/bf16_step_gemm.py`` at a tiny setting (its run on a CPU with AVX512-BF16 or
+    AMX is the one that counts): one row per shape, variant and mode, its ratios from its own
+    times, the machine and whether it has the bfloat16 instructions named; bad arguments
+    refused."""
+    bench = _load("bf16_step_gemm")
+    out = tmp_path / "bf16"
+    assert bench.main(["--shape-names", "PTB small LM", "--variants", "lstm", "ran", "--modes",
+                       "inference", "--repeats", "1", "--warmup", "0", "--out", str(out),
+                       "--name", "t"]) == 0
+    data = json.loads((out / "t.json").read_text())
+    from rnn_ablations.kernels.projection import cpu_has_bf16_gemm
+    assert data["meta"]["bf16_instructions"] == cpu_has_bf16_gemm()
+    assert data["meta"]["machine"]
+    rows = data["rows"]
+    assert [(r["shape"], r["variant"], r["mode"]) for r in rows] == [
+        ("PTB small LM", "lstm", "inference"), ("PTB small LM", "ran", "inference")]
+    for r in rows:
+        assert r["ratio_bf16"] == pytest.approx(r["lstm_ms"] / r["bf16_ms"], rel=0.02, abs=0.01)
+        assert r["f32_over_bf16"] == pytest.approx(r["f32_ms"] / r["bf16_ms"], rel=0.02,
+                                                   abs=0.01)
+    assert "| PTB small LM | ran | inference |" in (out / "t.md").read_text()
+    with pytest.raises(SystemExit):
+        bench.main(["--variants", "lstm_minus_srnn_minus_hidden", "--out", str(out)])
+    assert "has no step GEMM" in capsys.readouterr().err

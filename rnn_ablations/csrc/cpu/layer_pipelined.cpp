@@ -36,9 +36,10 @@ void check_pipelined_inputs(const at::Tensor& x, const at::Tensor& w_ih, const a
   TORCH_CHECK(h0.is_contiguous() && c0.is_contiguous() && h0.dim() == 2 && c0.dim() == 2 &&
                   h0.size(0) == x.size(1) && h0.size(1) == H && c0.sizes() == h0.sizes(),
               "rnn_ablations kernel: h0/c0 must be contiguous (B, H)");
-  for (const at::Tensor* t : {&w_ih, &w_hh, &h0, &c0}) {
+  for (const at::Tensor* t : {&w_ih, &h0, &c0}) {
     TORCH_CHECK(t->scalar_type() == x.scalar_type(), "rnn_ablations kernel: all tensors must have the same dtype");
   }
+  check_w_hh_dtype(w_hh, x, "rnn_ablations kernel");
   if (bias.numel()) TORCH_CHECK(bias.scalar_type() == x.scalar_type(), "rnn_ablations kernel: bias dtype");
   check_batch_sizes(batch_sizes, x.size(0), x.size(1), "rnn_ablations kernel");
 }
@@ -226,7 +227,8 @@ std::vector<at::Tensor> pipelined_backward(int64_t spec, bool highway, at::Tenso
     g_w_ih = at::empty({0}, x.options());
     g_w_hh = at::empty({0}, x.options());
   }
-  return {dx, g_w_ih, g_b, g_w_hh, s.dh, g_c0};
+  // d_w_hh in w_hh's dtype (bfloat16 where the step GEMM ran in bfloat16), computed in float32
+  return {dx, g_w_ih, g_b, need_dw ? g_w_hh.to(w_hh.scalar_type()) : g_w_hh, s.dh, g_c0};
 }
 
 }  // namespace rnn_ablations

@@ -95,7 +95,8 @@ std::vector<at::Tensor> plain_backward(int64_t spec, bool highway, at::Tensor gr
   // Weight gradient: one GEMM over all steps, against h_{t-1} (masked) of every row.
   at::Tensor h_prev = previous_hidden(out, h0, rec_mask, s.has_mask, 0, T);
   at::Tensor dw = weight_grad(s.dproj.view({T * B, P}).narrow(1, 0, R * H), h_prev);
-  return {s.dproj, dw, s.dh, s.grad_c0()};
+  // d_w_hh in w_hh's dtype (bfloat16 where the step GEMM ran in bfloat16), computed in float32
+  return {s.dproj, dw.to(w_hh.scalar_type()), s.dh, s.grad_c0()};
 }
 
 }  // namespace rnn_ablations

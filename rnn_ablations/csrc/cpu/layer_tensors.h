@@ -60,6 +60,20 @@ inline void check_saved_acc(const at::Tensor& t, const at::Tensor& out, const ch
               out.device(), ", got ", t.scalar_type(), " on ", t.device());
 }
 
+// w_hh's dtype against the dtype the kernel runs (`like`: proj, x or out): the same, or bfloat16
+// under float32, which runs the step GEMM in bfloat16 with float32 accumulation (step_state.h,
+// library_gemm.h: Bf16StepB) while the states, the projections and the element-wise pass stay in
+// float32.  The dtype of w_hh is the whole switch, so a traced graph holds it like any argument.
+inline void check_w_hh_dtype(const at::Tensor& w_hh, const at::Tensor& like, const char* who) {
+  const bool same = w_hh.scalar_type() == like.scalar_type();
+  const bool bf16_step = w_hh.scalar_type() == at::kBFloat16 && like.scalar_type() == at::kFloat;
+  TORCH_CHECK(same || bf16_step, who, ": w_hh must have the dtype of the other tensors (",
+              like.scalar_type(), "), or bfloat16 with float32 ones (the step GEMM in bfloat16); "
+              "got ", w_hh.scalar_type(), ": cast w_hh with .to(", like.scalar_type(), ")");
+  TORCH_CHECK(w_hh.device() == like.device(), who, ": w_hh must be on ", like.device(), ", got ",
+              w_hh.device());
+}
+
 // batch_sizes: a CPU int64 tensor of length T, non-increasing, each in [0, B].
 inline void check_batch_sizes(const at::Tensor& batch_sizes, int64_t T, int64_t B,
                               const char* who) {
@@ -75,15 +89,18 @@ inline void check_batch_sizes(const at::Tensor& batch_sizes, int64_t T, int64_t 
 
 // The arguments of the plain entry points (forward / backward from the input projections), on
 // `device` (CPU or CUDA): proj (T, B, (R+X)*H), w_hh (R*H, H), h0 and c0 (B, H), all contiguous,
-// of one dtype; batch_sizes as above.
+// of one dtype (on the CPU w_hh may be bfloat16 with float32 ones: check_w_hh_dtype); batch_sizes
+// as above.
 inline void check_plain_inputs(const at::Tensor& proj, const at::Tensor& w_hh,
                                const at::Tensor& h0, const at::Tensor& c0,
                                const at::Tensor& batch_sizes, at::DeviceType device,
                                const char* who) {
   for (const at::Tensor* t : {&proj, &w_hh, &h0, &c0}) {
     TORCH_CHECK(t->device().type() == device, who, ": proj, w_hh, h0, c0 must be on ", device);
+    if (t == &w_hh && device == at::kCPU) continue;  // checked below
     TORCH_CHECK(t->scalar_type() == proj.scalar_type(), who, ": all tensors must have one dtype");
   }
+  if (device == at::kCPU) check_w_hh_dtype(w_hh, proj, who);
   TORCH_CHECK(proj.dim() == 3 && proj.is_contiguous(), who,
               ": proj must be contiguous (T, B, (R+X)*H)");
   check_w_hh(w_hh, who);
@@ -153,7 +170,8 @@ inline KernelSpec check_backward_inputs(int64_t spec, bool highway, const at::Te
   const KernelSpec ks = check_kernel_spec(spec, highway, w_hh.size(0) / H,
                                           P / H - w_hh.size(0) / H, who);
   const int64_t T = out.size(0), B = out.size(1);
-  check_like(w_hh, w_hh.sizes(), out, "w_hh", who);
+  if (device == at::kCPU) check_w_hh_dtype(w_hh, out, who);
+  else check_like(w_hh, w_hh.sizes(), out, "w_hh", who);
   check_like(grad_out, out.sizes(), out, "grad_out", who, true);  // the incoming gradients: any strides
   // cs and hin are kept in the accumulation type (float for half/bfloat16 on CUDA).  An
   // inference forward (keep_hin=False) keeps neither: say so rather than "wrong shape".

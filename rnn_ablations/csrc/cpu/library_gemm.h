@@ -25,6 +25,10 @@ void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k
 void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k,
                          const float* a, int lda, const float* b, int ldb, float beta, float* c,
                          int ldc) __attribute__((weak));
+// bfloat16 x bfloat16 -> float32 (MKL_BF16 is an unsigned 16-bit integer holding the bits)
+void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k, float alpha,
+                            const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta,
+                            float* c, int ldc) __attribute__((weak));
 }
 
 namespace rnn_ablations {
@@ -103,6 +107,77 @@ inline void library_gemm(bool accumulate, int64_t rows, const float* A, int64_t 
                       static_cast<int>(rows), static_cast<int>(b.N), static_cast<int>(b.K), A,
                       static_cast<int>(lda), b.buf.data_ptr<float>(), static_cast<int>(b.N),
                       accumulate ? 1.0f : 0.0f, C, static_cast<int>(ldc));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step GEMM in bfloat16 (w_hh given in bfloat16 with float32 projections and states,
+// layer_tensors.h check_w_hh_dtype): the operand A (h_{t-1}, or d_proj in the backward; float32)
+// is rounded to bfloat16 into a small buffer per step, and C += A_bf16 * B_bf16 accumulates in
+// float32 straight into the float32 gates (or dh), so nothing but the GEMM's operands is
+// bfloat16.  Where the CPU has AVX512-BF16 or AMX this halves the bytes of w_hh each step reads
+// and runs on the bfloat16 dot-product instructions; the plan takes it only there
+// (plan.bf16_gemm_applies), elsewhere bfloat16 is converted back to float32 inside the library.
+//
+// The library is MKL's cblas_gemm_bf16bf16f32 (exported by torch's CPU build, the same call
+// ATen's own bfloat16 x bfloat16 -> float32 GEMM makes on x86; MKL picks AMX, AVX512-BF16 or a
+// conversion path per CPU).  Without it, or with RNN_ABLATIONS_PACKED_GEMM=0, ATen's float32
+// GEMM runs on the bfloat16 values widened to float32 (w_hh widened once per call): the same
+// products (a product of two bfloat16 values is exact in float32), for the tests and for a torch
+// without MKL.
+inline bool library_bf16_gemm_available() { return cblas_gemm_bf16bf16f32 != nullptr; }
+
+struct Bf16StepB {
+  at::Tensor w;        // w_hh (N x K, B = w^T) or (K x N, B = w), bfloat16, contiguous
+  at::Tensor w_float;  // w widened to float32, where the library is not used
+  at::Tensor a_buf;    // A rounded to bfloat16 (library) or to bfloat16 values in float32 (ATen)
+  bool transposed = false;
+  int64_t N = 0, K = 0;
+  bool defined() const { return w.defined(); }
+};
+
+inline Bf16StepB bf16_step_b(const at::Tensor& w, bool transposed, int64_t rows,
+                             bool use_library) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.dim() == 2,
+              "bf16_step_b: w must be a contiguous bfloat16 matrix");
+  Bf16StepB b;
+  b.w = w;
+  b.transposed = transposed;
+  b.N = transposed ? w.size(0) : w.size(1);
+  b.K = transposed ? w.size(1) : w.size(0);
+  const bool library = use_library && library_bf16_gemm_available() && b.N < (int64_t{1} << 31) &&
+                       b.K < (int64_t{1} << 31) && rows < (int64_t{1} << 31);
+  if (!library) b.w_float = w.to(at::kFloat);
+  b.a_buf = at::empty({std::max<int64_t>(rows, 1), b.K},
+                      w.options().dtype(library ? at::kBFloat16 : at::kFloat));
+  return b;
+}
+
+// C (rows x N, row stride ldc) [+]= bf16(A) (rows x K, row stride lda) * B, accumulated in
+// float32.  MKL uses torch's threads (alone on the calling thread inside a parallel region).
+inline void bf16_step_gemm(bool accumulate, int64_t rows, const float* A, int64_t lda,
+                           Bf16StepB& b, float* C, int64_t ldc) {
+  if (rows == 0) return;
+  const int64_t K = b.K, N = b.N;
+  at::Tensor a_src = at::from_blob(const_cast<float*>(A), {rows, K}, {lda, 1},
+                                   b.a_buf.options().dtype(at::kFloat));
+  at::Tensor a = b.a_buf.narrow(0, 0, rows);
+  if (!b.w_float.defined()) {
+    a.copy_(a_src);  // round to nearest even, vectorised by ATen
+    cblas_gemm_bf16bf16f32(mkl_enum::kRowMajor, mkl_enum::kNoTrans,
+                           b.transposed ? mkl_enum::kTrans : mkl_enum::kNoTrans,
+                           static_cast<int>(rows), static_cast<int>(N), static_cast<int>(K), 1.0f,
+                           reinterpret_cast<const uint16_t*>(a.data_ptr<at::BFloat16>()),
+                           static_cast<int>(K),
+                           reinterpret_cast<const uint16_t*>(b.w.data_ptr<at::BFloat16>()),
+                           static_cast<int>(b.w.size(1)), accumulate ? 1.0f : 0.0f, C,
+                           static_cast<int>(ldc));
+    return;
+  }
+  a.copy_(a_src.to(at::kBFloat16));  // the bfloat16 values, in float32
+  at::Tensor c = at::from_blob(C, {rows, N}, {ldc, 1}, a.options());
+  const at::Tensor bm = b.transposed ? b.w_float.t() : b.w_float;
+  if (accumulate) c.addmm_(a, bm);
+  else at::mm_out(c, a, bm);
 }
 
 }  // namespace cpu

@@ -51,6 +51,9 @@ struct StepState {
   // w_hh packed by MKL for the step GEMM (float32, where the per-shape choice takes the
   // library: library_gemm.h); when defined, neither `packed` nor `packed_blocks` is.
   LibraryPackedB library;
+  // w_hh in bfloat16 (given so: the step GEMM in bfloat16 with float32 accumulation,
+  // library_gemm.h); when defined, no other packed form is.
+  Bf16StepB bf16;
   // The forward's w_hh packed per recurrent block (R of them, each H x H, its own panels), so
   // that the hidden units of a step can be split over threads: each thread computes every gate
   // column of its units and then their element-wise pass, one parallel region per step
@@ -142,7 +145,12 @@ struct StepState {
   void pack(bool backward, bool split_units = false) {
     // RNN_ABLATIONS_PACKED_GEMM=0 takes ATen's GEMM instead (for A/B timing and the tests).
     const char* env = std::getenv("RNN_ABLATIONS_PACKED_GEMM");
-    if (env && env[0] == '0') return;
+    const bool aten = env && env[0] == '0';
+    if (w_hh.scalar_type() == at::kBFloat16) {  // the step GEMM in bfloat16
+      bf16 = bf16_step_b(w_hh.contiguous(), !backward, d.B, !aten);
+      return;
+    }
+    if (aten) return;
     // MKL's packed GEMM where the per-shape choice says (set_library_step_gemm)
     if (w_hh.scalar_type() == at::kFloat && w_hh.is_contiguous() &&
         library_step_applies(!backward && rolling_c, d.B, backward ? d.H : d.R * d.H,
@@ -167,11 +175,16 @@ struct StepState {
 };
 
 // gates (n x N, row stride ldc) [+]= A (n x K) * packed w_hh; false when no packed weight
-// applies (double, or the portable path): the caller then uses ATen.
+// applies (double, or the portable path): the caller then uses ATen.  A bfloat16 w_hh always
+// takes its own GEMM here (float32 only: check_w_hh_dtype).
 template <typename scalar_t, bool Acc>
 bool step_gemm(StepState& s, int64_t n, const scalar_t* A, int64_t lda, scalar_t* C, int64_t ldc,
                bool parallel) {
   if constexpr (std::is_same<scalar_t, float>::value) {
+    if (s.bf16.defined()) {
+      bf16_step_gemm(Acc, n, A, lda, s.bf16, C, ldc);
+      return true;
+    }
     if (s.library.defined()) {
       library_gemm(Acc, n, A, lda, s.library, C, ldc);
       return true;
