@@ -170,7 +170,10 @@ class Policy:
     stream_min_bytes: int = 64 * 2**20
     stream_chunk_bytes: int = 16 * 2**20
     bf16_gemm: str = "auto"
-    bf16_step_gemm: str = "auto"
+    # off until measured on a CPU with bfloat16 GEMM instructions: MKL's bf16 GEMM re-packs
+    # w_hh at every step (its packed bf16 API is not exported by torch's wheel), which may cost
+    # more than the float32 packed step GEMM saves; `benchmarks/bf16_step_gemm.py` decides
+    bf16_step_gemm: str = "off"
     # avx512: never (the kernel's own packed GEMM was as fast or faster than MKL's at every
     # experiment shape on AMD EPYC AVX-512: benchmarks/results/schedule_policy.md)
     library_step_gemm: Tuple[Tuple[str, int, int], ...] = (("avx512", -1, -1),)
