@@ -12,8 +12,7 @@ import torch
 
 from . import registry
 
-__all__ = ["input_projection", "stream_steps", "streamed_forward", "streamed_scan_forward",
-           "bf16_gemm_applies", "cpu_has_bf16_gemm"]
+__all__ = ["input_projection", "streamed_forward", "streamed_scan_forward", "cpu_has_bf16_gemm"]
 
 
 @torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")
@@ -93,14 +92,6 @@ def cpu_has_bf16_gemm() -> bool:
                 or getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
 
 
-def bf16_gemm_applies(setting: str) -> bool:
-    """Whether a bfloat16 CPU call computes its input projection in bfloat16:
-    ``Policy.bf16_gemm`` ``"on"`` / ``"off"``, or ``"auto"``: where :func:`cpu_has_bf16_gemm`."""
-    if setting not in ("auto", "on", "off"):
-        raise ValueError(f"bf16_gemm must be 'auto', 'on' or 'off', got {setting!r}")
-    return setting == "on" or (setting == "auto" and cpu_has_bf16_gemm())
-
-
 def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                      onednn: bool, bf16_gemm: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for all time steps at once, on oneDNN where ``onednn``
@@ -117,19 +108,6 @@ def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 
 # --------------------------------------------------------------------------- streamed inference
-def stream_steps(steps: int, batch: int, width: int, itemsize: int, min_bytes: int,
-                 chunk_bytes: int) -> int:
-    """Steps per chunk of a streamed no-gradient forward (:func:`streamed_forward`), or 0 when
-    the projections of all ``steps`` (``steps·batch·width·itemsize`` bytes, per direction) stay
-    below ``min_bytes`` (they are then computed at once) or one chunk would hold every step.
-    A chunk holds at most ``chunk_bytes`` of projections, and at least one step."""
-    per_step = batch * width * itemsize
-    if steps < 2 or per_step * steps < min_bytes:
-        return 0
-    chunk = max(1, chunk_bytes // max(1, per_step))
-    return chunk if chunk < steps else 0
-
-
 def _operands(dtype: torch.dtype, bf16_gemm: bool, w_ihs, pbiases):
     """The projection's weights and biases in the dtype its GEMM runs in (once per call)."""
     gemm = torch.bfloat16 if bf16_gemm else dtype
