@@ -1,6 +1,7 @@
 """In-process tests of the AllenNLP integration: registration, encoders (masks, state, equivalence
 with AllenNLP's own LSTM), the parser config's initializer, DrQA (reader, model, predictor) and
 bad inputs.  The real-CLI runs are in test_allennlp_cli.py."""
+import contextlib
 import json
 import math
 import os
@@ -79,9 +80,14 @@ def test_encoders_take_the_lstm_and_stacked_lstm_arguments(name):
     assert (enc.get_input_dim(), enc.get_output_dim(), enc.is_bidirectional()) == (3, 8, True)
     assert enc(x, mask).shape == (3, 5, 8)
 
-    stacked = Seq2SeqEncoder.from_params(Params({
-        "type": f"stacked_bidirectional_{name}", "input_size": 3, "hidden_size": 4, "num_layers": 3,
-        "recurrent_dropout_probability": 0.3, "layer_dropout_probability": 0.2, "use_highway": True}))
+    # the parser configs' recurrent dropout; a cell that reads no h_{t-1} says it has no effect
+    reads_hidden = get_variant(integration.ENCODER_NAMES[name]).reads_hidden
+    with (contextlib.nullcontext() if reads_hidden
+          else pytest.warns(UserWarning, match=r"no h_\{t-1\} to drop")):
+        stacked = Seq2SeqEncoder.from_params(Params({
+            "type": f"stacked_bidirectional_{name}", "input_size": 3, "hidden_size": 4,
+            "num_layers": 3, "recurrent_dropout_probability": 0.3,
+            "layer_dropout_probability": 0.2, "use_highway": True}))
     rnn = stacked.rnn
     assert (rnn.num_layers, rnn.bidirectional, rnn.recurrent_dropout, rnn.dropout, rnn.highway) == \
         (3, True, 0.3, 0.2, True)

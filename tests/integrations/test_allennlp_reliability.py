@@ -38,9 +38,11 @@ def path(name):
 def _encoders(name, registry):
     yield registry.from_params(Params({"type": name, "input_size": 3, "hidden_size": 4,
                                        "num_layers": 2, "bidirectional": True}))
+    # recurrent dropout where it acts: on a cell that reads h_{t-1}
+    reads_hidden = ra.get_variant(integration.ENCODER_NAMES[name]).reads_hidden
     yield registry.from_params(Params({"type": f"stacked_bidirectional_{name}", "input_size": 3,
                                        "hidden_size": 4, "num_layers": 2,
-                                       "recurrent_dropout_probability": 0.3,
+                                       "recurrent_dropout_probability": 0.3 if reads_hidden else 0.0,
                                        "layer_dropout_probability": 0.2, "use_highway": True}))
 
 
