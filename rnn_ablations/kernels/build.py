@@ -76,8 +76,13 @@ def cpu_define_macros(torch_version: str) -> List[tuple]:
     # The values are passed as one argument each (no shell), so the quotes make C string
     # literals.  The module reports both (`torch_version`, `sources_digest`), so that the loader
     # can refuse a module built for another torch or from other sources.
+    # The last two make an include of <ATen/ATen.h> or <ATen/Functions.h> (every operator's
+    # declarations, ~10 s of compiler time per file on a 2-core EPYC, most of the build's) a
+    # compile error: each file includes <ATen/core/Tensor.h> and the ATen/ops/*.h headers of the
+    # free functions it calls, as torch's own sources do under these two macros.
     return [("RNN_ABLATIONS_TORCH_VERSION", '"%s"' % torch_version),
-            ("RNN_ABLATIONS_SOURCES_DIGEST", '"%s"' % sources_digest())]
+            ("RNN_ABLATIONS_SOURCES_DIGEST", '"%s"' % sources_digest()),
+            ("AT_PER_OPERATOR_HEADERS", None), ("TORCH_ASSERT_ONLY_METHOD_OPERATORS", None)]
 
 
 def sources_digest() -> str:
