@@ -37,14 +37,17 @@ def _load_build_module():
 ext_modules, cmdclass = [], {}
 _cpu_kernel = _have_torch and os.environ.get("RNN_ABLATIONS_NO_KERNEL", "0") != "1"
 if _cpu_kernel:
-    from torch.utils.cpp_extension import BuildExtension
+    from torch.utils.cpp_extension import BuildExtension, is_ninja_available
 
     _here = os.path.dirname(os.path.abspath(__file__))
     _build = _load_build_module()
     ext_modules.append(_build.cpu_extension(relative_to=_here))
     # the CPU module's size and SHA-256 are recorded beside it (_build.INSTALLED_RECORD): the
-    # loader maps no module that does not match (a truncated one would kill the process)
-    cmdclass = {"build_ext": _build.recording_build_ext(BuildExtension.with_options(use_ninja=False))}
+    # loader maps no module that does not match (a truncated one would kill the process).  ninja
+    # (when on the PATH) compiles the files in parallel, as the first-use build does; setuptools
+    # alone, one by one.
+    cmdclass = {"build_ext": _build.recording_build_ext(
+        BuildExtension.with_options(use_ninja=is_ninja_available()))}
 
 from setuptools.command.build_py import build_py as _build_py
 

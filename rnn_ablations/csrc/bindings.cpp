@@ -8,10 +8,12 @@
 // kernels never run Python, and their worker threads inherit only grad and inference mode
 // (cpu/thread_modes.h), so no Python-level mode or hook a caller installs can block them.
 
-// ATen and torch's pybind11 glue (the at::Tensor caster) only: <torch/extension.h> would add the
-// whole C++ frontend (torch/all.h), which doubled this file's compile time, the longest of the
-// kernel's build (one compiler runs it while the others share the rest).
-#include <ATen/ATen.h>
+// The tensor class and torch's pybind11 glue (the at::Tensor caster) only: <torch/extension.h>
+// would add the whole C++ frontend (torch/all.h), which doubled this file's compile time, the
+// longest of the kernel's build (one compiler runs it while the others share the rest), and
+// <ATen/ATen.h> every operator's declarations (the build defines TORCH_ASSERT_ONLY_METHOD_OPERATORS,
+// which makes that include an error: see rnn_ablations/kernels/build.py).
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "cpu/layer_tensors.h"

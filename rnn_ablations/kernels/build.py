@@ -36,14 +36,25 @@ def _files(folders, pattern: str) -> List[str]:
     return sorted(p for folder in folders for p in glob.glob(os.path.join(CSRC, folder, pattern)))
 
 
+#: C++ files compiled inside another one (``csrc/cpu/layers.cpp`` includes them), not on their
+#: own: they share most of their compile time (the torch headers, the step templates)
+INCLUDED_SOURCES = ("cpu/layer_directions.cpp", "cpu/layer_pipelined.cpp", "cpu/layer_plain.cpp")
+
+
+def _included(path: str) -> bool:
+    return os.path.relpath(path, CSRC).replace(os.sep, "/") in INCLUDED_SOURCES
+
+
 def cpu_sources() -> List[str]:
-    """The CPU kernel's C++ files (``csrc/*.cpp``, ``csrc/common/*.cpp``, ``csrc/cpu/*.cpp``),
-    sorted."""
-    return _files(("", "common", "cpu"), "*.cpp")
+    """The CPU kernel's C++ files the compiler runs on (``csrc/*.cpp``, ``csrc/common/*.cpp``,
+    ``csrc/cpu/*.cpp`` but :data:`INCLUDED_SOURCES`), sorted."""
+    return [p for p in _files(("", "common", "cpu"), "*.cpp") if not _included(p)]
 
 
 def cpu_headers() -> List[str]:
-    return _files(("", "common", "cpu"), "*.h")
+    """What :func:`cpu_sources` include: the headers and :data:`INCLUDED_SOURCES`, sorted."""
+    return sorted(_files(("", "common", "cpu"), "*.h")
+                  + [p for p in _files(("", "common", "cpu"), "*.cpp") if _included(p)])
 
 
 def cuda_sources() -> List[str]:
@@ -76,8 +87,13 @@ def cpu_define_macros(torch_version: str) -> List[tuple]:
     # The values are passed as one argument each (no shell), so the quotes make C string
     # literals.  The module reports both (`torch_version`, `sources_digest`), so that the loader
     # can refuse a module built for another torch or from other sources.
+    # The last two make an include of <ATen/ATen.h> or <ATen/Functions.h> (every operator's
+    # declarations, ~10 s of compiler time per file on a 2-core EPYC, most of the build's) a
+    # compile error: each file includes <ATen/core/Tensor.h> and the ATen/ops/*.h headers of the
+    # free functions it calls, as torch's own sources do under these two macros.
     return [("RNN_ABLATIONS_TORCH_VERSION", '"%s"' % torch_version),
-            ("RNN_ABLATIONS_SOURCES_DIGEST", '"%s"' % sources_digest())]
+            ("RNN_ABLATIONS_SOURCES_DIGEST", '"%s"' % sources_digest()),
+            ("AT_PER_OPERATOR_HEADERS", None), ("TORCH_ASSERT_ONLY_METHOD_OPERATORS", None)]
 
 
 def sources_digest() -> str:

@@ -405,13 +405,14 @@ def _run_build(folder: str, out: str, build_temp: str, log_path: str,
 #: seconds between two progress messages of a first-use build (or of a wait for another one)
 PROGRESS_EVERY = 30.0
 #: CPU seconds the compilers spend on the kernel (every file and the link) where no build in the
-#: cache has recorded its own (``build.json``'s ``cpu_seconds``): about 80 s on a quiet 2-core AMD
-#: EPYC (g++ 12, torch 2.13), estimated from builds timed there under load, where every file's CPU
-#: time grows too; a first build records its own
-_DEFAULT_CPU_SECONDS = 80.0
-#: the largest file's share of that work (``csrc/bindings.cpp``: 21 of about 130 CPU seconds in a
-#: build timed under load): one compiler runs it, so no number of cores makes a build shorter
-_LARGEST_SHARE = 0.2
+#: cache has recorded its own (``build.json``'s ``cpu_seconds``): 75 s in a first-use build on a
+#: 2-core AMD EPYC with AVX2 (g++ 12, torch 2.13; 41 s wall, the load average 2.5-3 with the
+#: build's own compilers); a first build records its own
+_DEFAULT_CPU_SECONDS = 75.0
+#: the largest file's share of that work (``csrc/bindings.cpp``: 23 of about 78 CPU seconds, its
+#: files compiled one at a time on that machine under load): one compiler runs it, so no number
+#: of cores makes a build shorter
+_LARGEST_SHARE = 0.3
 #: how much more CPU time the same compile takes on cores shared with other work (caches and
 #: memory bandwidth shared): builds timed on 2 cores at a load of 7 to 11 took 1.8-2.1 times the
 #: work of a quiet one

@@ -8,7 +8,7 @@
 // Tensor names: see layer_tensors.h.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <vector>

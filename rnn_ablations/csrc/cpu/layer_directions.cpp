@@ -13,7 +13,7 @@
 // after the other on the direction's thread, projecting each chunk of steps just before the
 // recurrence reaches it, and computing the input and weight gradients in the backward).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 

@@ -3,7 +3,12 @@
 // chunk, on the second core while the first runs the recurrence (pipeline.h).  x (T, B, D) is the
 // layer input; w_ih ((R+X)*H, D); bias (R*H) or empty (the input-only blocks have no bias).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
 #include <vector>

@@ -5,7 +5,11 @@
 // GEMMs run on w_hh packed once per call (vec_kernels.h, PackedB); otherwise, and for the large
 // all-step GEMMs, ATen (MKL).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/core/grad_mode.h>
 
 #include <vector>

@@ -19,8 +19,11 @@
 //                           active at step t
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/OpMathType.h>
+#include <ATen/TensorOperators.h>  // hp * rec_mask
 
 #include <utility>
 

@@ -10,7 +10,8 @@
 // the vector path in use); -1 = never.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <atomic>
 #include <cstddef>

@@ -1,7 +1,7 @@
 // The two-role pipeline of the pipelined entry points (layer_pipelined.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 

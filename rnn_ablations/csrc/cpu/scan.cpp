@@ -35,7 +35,10 @@
 // rnn_ablations::isa_runs_avx2(); RNN_ABLATIONS_ISA=portable not), otherwise the portable lanes
 // defined here (any CPU, and float64).  Both run the per-element maths of common/elementwise.h.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

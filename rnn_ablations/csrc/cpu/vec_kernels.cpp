@@ -2,7 +2,8 @@
 // vec_portable.cpp, vec_avx2.cpp (AVX2 + FMA, and the test path emulated_avx512) and
 // vec_avx512.cpp; the packing of the step GEMM's weight and the entry points that forward to the
 // path in use.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

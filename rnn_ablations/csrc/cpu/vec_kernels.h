@@ -15,7 +15,7 @@
 // then go unexecuted).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "../common/kernel_spec.h"
 #include "vec_dims.h"
