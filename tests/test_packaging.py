@@ -297,3 +297,23 @@ def test_nn_lstm_surface(layers, bidirectional):
     assert ran._flat_weights_names == ["weight_ih_l0", "weight_hh_l0", "bias_l0", "weight_ih_l0_reverse",
                                        "weight_hh_l0_reverse", "bias_l0_reverse"]
     assert [p for row in ran.all_weights for p in row] == list(ran.parameters())
+
+
+def test_first_use_compile_error_names_the_log_not_a_compiler_install(tmp_path, monkeypatch):
+    """A compiler that is there but fails (here one that exits 1 at once) is not fixed by
+    installing one: the fix names the build log instead."""
+    from rnn_ablations.kernels import loader as _kernel_loader
+    monkeypatch.setattr(_kernel_loader, "_installed", lambda: (None, "no kernel built at install time"))
+    monkeypatch.setenv("RNN_ABLATIONS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RNN_ABLATIONS_NO_KERNEL", raising=False)
+    monkeypatch.delenv("RNN_ABLATIONS_DISABLE_KERNEL", raising=False)
+    failing = tmp_path / "c++"
+    failing.write_text("#!/bin/sh\necho 'c++: error: this compiler always fails' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    monkeypatch.setenv("CXX", str(failing))
+    module, why, source = _kernel_loader.load_cpu_kernel()
+    assert module is None and source == ""
+    assert "the compiler failed" in why, why
+    assert "apt install g++" not in why, why
+    assert "read the compiler's errors in" in why and "build.log" in why, why

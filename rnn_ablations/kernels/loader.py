@@ -689,6 +689,12 @@ def _compile(folder: str) -> str:
                 fix = (f"{_FIX} (deleting the folder {folder} removes the damaged module)"
                        if damaged else _FIX)
                 if rc != 0:
+                    # the compiler and the headers are here (missing_toolchain said so): the
+                    # log's errors say what failed, and installing a compiler would not help
+                    fix = (f"read the compiler's errors in {log_path}: a compiler older than "
+                           "the one torch was built with (C++20), or a broken torch install, "
+                           "is the usual cause; an error in this package's own sources is a "
+                           "bug to report with that log" + THEN_BUILD)
                     with open(log_path) as f:
                         tail = "".join(f.readlines()[-15:])
                     # remembered only when the build ran to its own end (a build killed by a
