@@ -34,7 +34,7 @@ def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
     device autocast does not know (``"meta"``)."""
     if x.dtype != torch.float32:
         return None
-    dtype = registry.autocast_dtype(x.device.type)
+    dtype = registry.autocast_dtype("cpu" if x.is_cpu else x.device.type)
     return dtype if dtype is not None and dtype != x.dtype else None
 
 
@@ -532,7 +532,7 @@ class AblatedRNN(nn.Module):
             raise ValueError(f"input dtype ({x.dtype}) does not match the module's parameter dtype "
                              f"({weight.dtype}). Convert the input: input.to({weight.dtype}), or "
                              f"the module: model.to({x.dtype})")
-        if x.device != weight.device:
+        if not (x.is_cpu and weight.is_cpu) and x.device != weight.device:
             raise ValueError(f"input is on {x.device} but the module's parameters are on "
                              f"{weight.device}; move one of them: input.to({str(weight.device)!r}) "
                              f"or model.to({str(x.device)!r})")
@@ -834,7 +834,10 @@ class AblatedRNN(nn.Module):
                 num, den = self._dropout_ratio
                 layer_input = F.dropout(layer_input, num / den, True)
         output = layer_input
-        h_n, c_n = torch.stack(h_finals), torch.stack(c_finals)
+        if len(h_finals) == 1:  # one layer, one direction: a view instead of a copy
+            h_n, c_n = h_finals[0].unsqueeze(0), c_finals[0].unsqueeze(0)
+        else:
+            h_n, c_n = torch.stack(h_finals), torch.stack(c_finals)
         if t_eff < seq_len:
             output = torch.cat([output, output.new_zeros(seq_len - t_eff, *output.shape[1:])])
         if order is not None:
