@@ -21,13 +21,15 @@ Conventions of a *layer call* (shared with the kernel):
 """
 from __future__ import annotations
 
+import contextlib
+import warnings
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from .variants import Variant, output_flags
 
-__all__ = ["StepResult", "pointwise", "cell_step", "generic_layer", "generic_from_projection",
+__all__ = ["shape_checks", "StepResult", "pointwise", "cell_step", "generic_layer", "generic_from_projection",
            "generic_directions", "reversal_index", "Reversal", "projection_bias"]
 
 
@@ -39,10 +41,32 @@ class StepResult(NamedTuple):
     content: Optional[torch.Tensor]
 
 
+@contextlib.contextmanager
+def shape_checks():
+    """Shape comparisons under ``torch.jit.trace``, without its TracerWarning.  The tracer sees
+    a size compared to a Python number and warns that the result is taken as a constant; the
+    comparisons made in this block are of parameter shapes, or guard the example input (the
+    traced graph records the branch that raises nothing, and its own operators refuse a wrong
+    feature size), so that constant is what is meant."""
+    if not torch.jit.is_tracing():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        yield
+
+
 def projection_bias(bias: Optional[torch.Tensor], width: int) -> Optional[torch.Tensor]:
     """The bias of the whole input projection (``width`` = (R+X)·H entries): the recurrent
     blocks' bias (R·H) followed by zeros for the input-only blocks, which have none."""
-    if bias is None or bias.shape[0] == width:
+    if bias is None:
+        return bias
+    if torch.jit.is_tracing():
+        with shape_checks():  # a parameter's shape: a constant of the traced graph
+            whole = bool(bias.shape[0] == width)
+    else:
+        whole = bias.shape[0] == width
+    if whole:
         return bias
     return torch.cat([bias, bias.new_zeros(width - bias.shape[0])])
 

@@ -1,7 +1,6 @@
 """``AblatedRNN``: every variant of :mod:`rnn_ablations.variants` as a drop-in for ``torch.nn.LSTM``."""
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import warnings
@@ -15,7 +14,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .dispatch import run_layer_call
 from .kernels import registry
 from .export import run_stack
-from .functional import Reversal, projection_bias, reversal_index
+from .functional import Reversal, projection_bias, reversal_index, shape_checks
 from .plan import stack_runner
 from .validation import check_positive_int, check_prob
 from .variants import VARIANTS, Variant, get_variant
@@ -39,21 +38,6 @@ def _autocast_output_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
 
 
 HiddenState = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
-
-
-@contextlib.contextmanager
-def _shape_checks():
-    """The input checks' shape comparisons under ``torch.jit.trace``, without its TracerWarning.
-    The tracer sees a size compared to a Python number and warns that the result is taken as a
-    constant; these comparisons only guard the example input (the traced graph records the
-    branch that raises nothing, and its own operators refuse a wrong feature size), so that
-    constant is what is meant."""
-    if not torch.jit.is_tracing():
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        yield
 
 
 def _has_output_gate(variant: Variant) -> bool:
@@ -520,7 +504,7 @@ class AblatedRNN(nn.Module):
         a floating-point dtype equal to the parameters', their device, and at least one step.
         Raises ``ValueError`` saying what to change (used by :meth:`forward` and
         :func:`rnn_ablations.weighted_sum`)."""
-        with _shape_checks():
+        with shape_checks():
             wrong_size = bool(x.shape[-1] != self.input_size)
         if wrong_size:
             raise ValueError(f"input.size(-1) must be equal to input_size. Expected "
@@ -621,7 +605,7 @@ class AblatedRNN(nn.Module):
             raise ValueError("hx must be a tuple (h_0, c_0) of tensors")
         for name, t, want, size in (("h_0", h0, h_shape, "proj_size" if self.proj_size
                                      else "hidden_size"), ("c_0", c0, shape, "hidden_size")):
-            with _shape_checks():
+            with shape_checks():
                 wrong_shape = not isinstance(t, torch.Tensor) or bool(tuple(t.shape) != want)
             if wrong_shape:
                 raise ValueError(f"{name} must have shape {want} (num_layers*num_directions, "
