@@ -19,6 +19,10 @@
 #   gemm   step_gemm_library_<cpu>.{json,md}: benchmarks/step_gemm_library.py, the step GEMM on
 #          the kernel's own packed GEMM against MKL's packed GEMM per shape, train and inference,
 #          and the plan.POLICY.library_step_gemm entry the numbers support (cpu_gemm.log);
+#   proj   projection_library_<cpu>.{json,md}: benchmarks/projection_library.py, each layer's
+#          input projection on MKL against oneDNN, train and inference, and the
+#          plan.POLICY.onednn_min_weight the numbers support (cpu_projection.log; the entry of
+#          Policy.onednn_min_weight_by_vendor for this CPU's vendor);
 #   bf16   speed_cpu_experiments_bfloat16.{json,md}: benchmarks/speed.py --dtype bfloat16 (every
 #          variant against nn.LSTM in bfloat16, oneDNN / AMX where the CPU has it);
 #   bf16 step  bf16_step_gemm_<cpu>.{json,md}: benchmarks/bf16_step_gemm.py, lstm and ran in
@@ -100,6 +104,13 @@ echo "== speed ($isas): exit $rc ($(( $(date +%s) - t0 )) s, $out/$name.md)"
     --warmup "${WARMUP:-1}" --out "$out" 2>&1 | tee "$out/cpu_gemm.log"
 rc=$?
 echo "== step GEMM library: exit $rc ($(( $(date +%s) - t0 )) s)"
+[ $rc -eq 0 ] || failed=1
+
+# shellcheck disable=SC2086
+"${pin[@]}" "$py" benchmarks/projection_library.py --threads 2 --repeats "${REPEATS:-5}" \
+    --warmup "${WARMUP:-1}" "${shape_names[@]}" --out "$out" 2>&1 | tee "$out/cpu_projection.log"
+rc=$?
+echo "== projection library: exit $rc ($(( $(date +%s) - t0 )) s)"
 [ $rc -eq 0 ] || failed=1
 
 # shellcheck disable=SC2086
