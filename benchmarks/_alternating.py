@@ -1,4 +1,5 @@
-"""What the library A/B benchmarks (``step_gemm_library.py``, ``projection_library.py``) share:
+"""What the library A/B benchmarks (``step_gemm_library.py``, ``projection_library.py``,
+``bf16_step_gemm.py``) share:
 their common options, the experiments' shapes they select, and the timing of two or more ways
 of doing the same call in one process: each called once per round, the order reversed every
 other round (so that a drift of the machine hits them alike), the median of the rounds

@@ -24,31 +24,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def _time(fn, repeats: int, warmup: int):
-    """Median seconds of each of the callables in ``fn`` (a dict), called in alternating order
-    in every round."""
-    for _ in range(warmup):
-        for f in fn.values():
-            f()
-    times = {k: [] for k in fn}
-    keys = list(fn)
-    for r in range(repeats):
-        for k in (keys if r % 2 == 0 else keys[::-1]):
-            t0 = time.perf_counter()
-            fn[k]()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+from _alternating import alternating_medians  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -119,8 +104,8 @@ def main(argv=None) -> int:
                             else:
                                 out, _ = m(x)
                                 out.float().sum().backward()
-                    med = _time({k: (lambda k=k: call(k)) for k in ("nn.LSTM", *policies)},
-                                args.repeats, args.warmup)
+                    calls = {k: (lambda k=k: call(k)) for k in ("nn.LSTM", *policies)}
+                    med = alternating_medians(calls, args.repeats, args.warmup)
                     row = {"shape": label, "layers": layers, "d_in": d_in, "hidden": hidden,
                            "bidirectional": bi, "batch": batch, "steps": seq_len,
                            "variant": v, "mode": mode,

@@ -32,8 +32,8 @@ HEAD = {"lstm": "lstm", "lstm_minus_srnn": "lstm_minus_srnn", "ran": "ran",
 #: the variants (columns), the suffix of the timed model's name in the files (e.g. " [avx512]"),
 #: the dtypes (rows of a standard-shape table)
 TABLES: Dict[str, Dict] = {
-    "speed_cpu_avx2": dict(files=["speed_cpu_avx2_experiments_1.json",
-                                  "speed_cpu_avx2_experiments_2.json"], variants=FOUR),
+    "speed_cpu_avx2": dict(files=["speed_cpu_experiments_amd_epyc_avx2_2threads.json"],
+                           variants=SIX),
     "speed_cpu_avx512": dict(files=["speed_cpu_avx512_experiments.json"], variants=SIX,
                              suffix=" [avx512]"),
     "speed_cpu_avx512_vs_avx2": dict(files=["speed_cpu_avx512_experiments.json"],
