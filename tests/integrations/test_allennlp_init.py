@@ -7,6 +7,7 @@
   initializer included) is initialised like AllenNLP's ``stacked_bidirectional_lstm``
   (AugmentedLstm: block-orthogonal per gate block, biases 0 with forget gate 1), which the
   config's initializer leaves alone (``prevent_regexes``)."""
+import contextlib
 import json
 import math
 
@@ -108,7 +109,10 @@ def _parser_model(variant, use_highway, encoder_type=None, seed=3):
     model.update(arc_representation_dim=10, tag_representation_dim=6)
     if encoder_type is not None:
         model["encoder"]["type"] = encoder_type
-    return _build_model(model, _vocab(["tokens", "pos", "head_tags"]), seed)
+    # the parser config's recurrent dropout: a cell that reads no h_{t-1} says it has no effect
+    with (contextlib.nullcontext() if get_variant(variant).reads_hidden
+          else pytest.warns(UserWarning, match=r"no h_\{t-1\} to drop")):
+        return _build_model(model, _vocab(["tokens", "pos", "head_tags"]), seed)
 
 def _assert_block_orthogonal(w, H, what):
     for k in range(w.shape[0] // H):

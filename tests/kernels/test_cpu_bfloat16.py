@@ -27,7 +27,9 @@ def _reference(model, x, h0=None):
     ref = AblatedRNN(model.variant.name, model.input_size, model.hidden_size,
                      num_layers=model.num_layers, bidirectional=model.bidirectional,
                      highway=model.highway)
-    ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    # a dict of cast tensors has no metadata: its variant travels as the documented key
+    ref.load_state_dict({**{k: v.float() for k, v in model.state_dict().items()},
+                         "variant_state": model.variant_state})
     with options(backend="generic"):
         return ref, ref(x.float().detach().requires_grad_(x.requires_grad))
 
