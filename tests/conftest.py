@@ -163,3 +163,14 @@ def run_python(code: str, *argv: str, env=None, timeout: int = 300):
     updated with ``env``; returns the CompletedProcess (text output captured)."""
     return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                           env=dict(os.environ, **(env or {})), timeout=timeout)
+
+
+def record_plans(monkeypatch):
+    """The plans the runners of ``rnn_ablations.dispatch.RUNNERS`` receive from here on, in
+    order (each runner wrapped for the test; it still runs)."""
+    from rnn_ablations import dispatch
+    seen = []
+    for name, fn in list(dispatch.RUNNERS.items()):
+        monkeypatch.setitem(dispatch.RUNNERS, name,
+                            lambda plan, *a, _fn=fn: seen.append(plan) or _fn(plan, *a))
+    return seen

@@ -17,8 +17,8 @@ import torch
 from torch.library import opcheck
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import record_plans
 from rnn_ablations import AblatedRNN, options
-from rnn_ablations import dispatch
 from rnn_ablations import plan as run_plan
 from rnn_ablations.kernels import registry
 from rnn_ablations.plan import Kernels, LayerCall, Policy, plan_layer
@@ -176,14 +176,6 @@ def test_kernel_bf16_w_hh_needs_float32_others():
 
 
 # --------------------------------------------------------------------------- whole models
-def _plans(monkeypatch):
-    seen = []
-    for name, fn in list(dispatch.RUNNERS.items()):
-        monkeypatch.setitem(dispatch.RUNNERS, name,
-                            lambda plan, *a, _fn=fn: seen.append(plan) or _fn(plan, *a))
-    return seen
-
-
 @pytest.fixture
 def step_gemm_on(monkeypatch):
     """The bfloat16 step GEMM forced on (any CPU), the projection's GEMM as the policy says."""
@@ -209,7 +201,7 @@ def test_bfloat16_model_with_bf16_step_gemm_matches_float32(variant, schedule, b
     torch.manual_seed(0)
     model = AblatedRNN(variant, 8, 20, num_layers=2, bidirectional=bidirectional).bfloat16()
     x = torch.randn(9, 3, 8).bfloat16().requires_grad_()
-    seen = _plans(monkeypatch)
+    seen = record_plans(monkeypatch)
     with options(backend="kernel", cpu_schedule=schedule,
                  concurrent_directions="on" if bidirectional else "off"):
         out, (h, c) = model(x)
@@ -241,7 +233,7 @@ def test_streamed_inference_with_bf16_step_gemm(variant, step_gemm_on, monkeypat
     torch.manual_seed(2)
     model = AblatedRNN(variant, 8, 16, bidirectional=True).bfloat16()
     x = torch.randn(11, 3, 8).bfloat16()
-    seen = _plans(monkeypatch)
+    seen = record_plans(monkeypatch)
     with torch.no_grad(), options(backend="kernel"):
         out, (h, c) = model(x)
     assert seen and all(p.runner == "cpu_streamed" and p.bf16_step_gemm for p in seen), seen
@@ -257,7 +249,7 @@ def test_autocast_float32_model_with_bf16_step_gemm(step_gemm_on, monkeypatch):
     torch.manual_seed(4)
     model = AblatedRNN("lstm", 6, 12)
     x = torch.randn(5, 4, 6)
-    seen = _plans(monkeypatch)
+    seen = record_plans(monkeypatch)
     with options(backend="kernel"), torch.autocast("cpu", torch.bfloat16):
         out, _ = model(x)
     assert seen and all(p.bf16_step_gemm for p in seen), seen

@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
+from conftest import record_plans
 from rnn_ablations import AblatedRNN, options
 from rnn_ablations import plan as run_plan
 from rnn_ablations.kernels import registry
-from rnn_ablations import dispatch
 from rnn_ablations.plan import bf16_gemm_applies
 from rnn_ablations.variants import VARIANTS
 
@@ -34,15 +34,6 @@ def _reference(model, x, h0=None):
         return ref, ref(x.float().detach().requires_grad_(x.requires_grad))
 
 
-def _plans(monkeypatch):
-    """The plans the runners of dispatch.RUNNERS receive, in order."""
-    seen = []
-    for name, fn in list(dispatch.RUNNERS.items()):
-        monkeypatch.setitem(dispatch.RUNNERS, name,
-                            lambda plan, *a, _fn=fn: seen.append(plan) or _fn(plan, *a))
-    return seen
-
-
 @pytest.fixture(params=["off", "on"])
 def bf16_gemm(request, monkeypatch):
     monkeypatch.setattr(run_plan, "POLICY",
@@ -56,7 +47,7 @@ def test_bfloat16_model_matches_float32_generic(variant, bidirectional, bf16_gem
     torch.manual_seed(0)
     model = AblatedRNN(variant, 8, 12, num_layers=2, bidirectional=bidirectional).bfloat16()
     x = torch.randn(7, 3, 8).bfloat16().requires_grad_()
-    seen = _plans(monkeypatch)
+    seen = record_plans(monkeypatch)
     with options(backend="kernel"):
         out, (h, c) = model(x)
     assert len(seen) == 2 and all(p.bf16_on_f32 and p.path == "cpu" for p in seen), seen
@@ -81,7 +72,7 @@ def test_autocast_bfloat16_lands_on_the_kernel(variant, monkeypatch):
     torch.manual_seed(1)
     model = AblatedRNN(variant, 6, 10, bidirectional=True)
     x = torch.randn(5, 4, 6)
-    seen = _plans(monkeypatch)
+    seen = record_plans(monkeypatch)
     with torch.no_grad(), options(backend="kernel"), torch.autocast("cpu", torch.bfloat16):
         out, (h, c) = model(x)
     assert seen and all(p.bf16_on_f32 for p in seen), seen
@@ -92,7 +83,7 @@ def test_autocast_bfloat16_lands_on_the_kernel(variant, monkeypatch):
 
 
 def test_generic_backend_keeps_bfloat16_generic(monkeypatch):
-    seen = _plans(monkeypatch)
+    seen = record_plans(monkeypatch)
     model = AblatedRNN("lstm", 4, 4).bfloat16()
     with options(backend="generic"):
         out, _ = model(torch.randn(3, 2, 4).bfloat16())
