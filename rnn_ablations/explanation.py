@@ -113,14 +113,11 @@ def plan_in_words(plan: Plan, call: LayerCall, variant: str = "", highway: bool 
         proj = "oneDNN"
     else:
         proj = "F.linear"
-    if call.device == "cpu" and call.dtype == torch.float32 and not plan.bf16_on_f32 \
+    if plan.onednn_min_weight and call.dtype == torch.float32 and not plan.bf16_on_f32 \
             and call.autocast_dtype is None and "pipelined" not in plan.runner:
-        from . import plan as run_plan
-        from .kernels import registry
-        vendor = registry.cpu_vendor()
-        limit = run_plan.onednn_min_weight(run_plan.POLICY, vendor)
+        limit = plan.onednn_min_weight
         proj += (f" (weight {call.proj_weight:,} {'>=' if call.proj_weight >= limit else '<'} "
-                 f"the oneDNN threshold {limit:,} on {vendor or 'this'} CPUs)")
+                 f"the oneDNN threshold {limit:,} for this CPU)")
     out.append(f"  input projection: {proj}")
     if plan.path == "cpu" and call.rec_blocks:
         train, inference = plan.step_gemm

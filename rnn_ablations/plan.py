@@ -221,7 +221,10 @@ class Plan:
     inference_min_macs)`` from which the CPU kernel's step GEMM runs on MKL (-1: never);
     cuda_checked: the CUDA families (programs and rules) that passed their first-use check on
     this device, which the call runs; check: ``"passed"``, ``"off"`` (the check is switched off,
-    or skipped while a graph is traced or captured) or ``""`` (no CUDA kernel runs)."""
+    or skipped while a graph is traced or captured) or ``""`` (no CUDA kernel runs);
+    onednn_min_weight: on the CPU, the projection weight (entries) from which the input
+    projection runs on oneDNN, the policy's threshold for this CPU's vendor
+    (:func:`onednn_min_weight`; 0 off the CPU)."""
 
     path: str
     reason: str
@@ -242,6 +245,7 @@ class Plan:
     step_gemm: Tuple[int, int] = (-1, -1)
     cuda_checked: Tuple[str, ...] = ()
     check: str = ""
+    onednn_min_weight: int = 0
 
     @property
     def fused_scan(self) -> bool:
@@ -474,6 +478,8 @@ def plan_layer(settings: Options, call: LayerCall, kernels: Kernels,
                                             kernels.onednn, policy, kernels.cpu_vendor))
     if plan.path == "cpu" and call.rec_blocks:
         fields["step_gemm"] = library_step_thresholds(policy, kernels.isa)
+    if call.device == "cpu":
+        fields["onednn_min_weight"] = onednn_min_weight(policy, kernels.cpu_vendor)
     plan = dataclasses.replace(plan, **fields)
     runner = _runner(plan, call)
     if bf16:

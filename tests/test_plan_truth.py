@@ -305,3 +305,14 @@ def test_explain_command_prints_the_plan_of_each_layer(capsys):
 def test_explain_refuses_what_is_not_a_module():
     with pytest.raises(TypeError, match="explain takes a module"):
         explain(lambda x: x, torch.zeros(1))
+
+
+def test_only_the_plan_reads_the_policy():
+    """How a layer call runs is decided in rnn_ablations/plan.py alone: no other module of the
+    package reads ``POLICY`` (explain and the runners read the plan's fields)."""
+    import pathlib
+    import re
+    root = pathlib.Path(ra.__file__).parent
+    readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                     if p.name != "plan.py" and re.search(r"\bPOLICY\b", p.read_text()))
+    assert readers == [], readers

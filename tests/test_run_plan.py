@@ -209,6 +209,9 @@ def test_onednn_threshold_per_cpu_vendor(monkeypatch):
         intel = plan_layer(Options(), c, dataclasses.replace(ALL, cpu_vendor="intel"), policy)
         unknown = plan_layer(Options(), c, ALL, policy)
         assert (amd.onednn, intel.onednn, unknown.onednn) == (True, False, False), c
+        # the threshold the call was planned with is a field of its plan (explain prints it)
+        assert (amd.onednn_min_weight, intel.onednn_min_weight) == (400_000, 500_000), c
+    assert plan_layer(Options(), call(device="cuda"), ALL, policy).onednn_min_weight == 0
     assert P.onednn_min_weight(policy, "amd") == 400_000
     assert P.onednn_min_weight(policy, None) == P.onednn_min_weight(policy, "intel") == 500_000
     with pytest.raises(ValueError, match=r"\(vendor, min_weight\)"):
