@@ -97,14 +97,24 @@ def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     """``F.linear(x, weight, bias)`` for all time steps at once, on oneDNN where ``onednn``
     (``Plan.onednn``), else ``F.linear``.  With ``bf16_gemm`` (``Plan.bf16_gemm``: a bfloat16
     CPU call on the float32 kernels) the GEMM runs in bfloat16 (operands rounded to bfloat16,
-    accumulation in float32 inside the GEMM library) and the result comes back in float32."""
+    accumulation in float32 inside the GEMM library) and the result comes back in float32.
+
+    The steps and rows are one dimension of the GEMM: ``x`` (T, B, K) is usually a view of a
+    batch-first input, and ``F.linear`` on such a view, with a weight that needs no gradient (a
+    bfloat16 or float32 copy, frozen parameters), runs as a batched product of T small GEMMs
+    against the expanded weight (``torch.matmul`` folds only contiguous batch dimensions or a
+    weight that requires a gradient); one (T·B, K) GEMM instead was 8-36 % faster in float32
+    (AMD EPYC, AVX2, 2 threads)."""
+    if onednn and not bf16_gemm:
+        return _OneDnnLinear.apply(x, weight, bias)  # (flattens x itself)
+    x2d = x.reshape(-1, x.shape[-1])
     if bf16_gemm:
         bf = torch.bfloat16
-        return torch.nn.functional.linear(
-            x.to(bf), weight.to(bf), bias.to(bf) if bias is not None else None).float()
-    if onednn:
-        return _OneDnnLinear.apply(x, weight, bias)
-    return torch.nn.functional.linear(x, weight, bias)
+        y = torch.nn.functional.linear(
+            x2d.to(bf), weight.to(bf), bias.to(bf) if bias is not None else None).float()
+    else:
+        y = torch.nn.functional.linear(x2d, weight, bias)
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 # --------------------------------------------------------------------------- streamed inference
