@@ -36,6 +36,9 @@ from rnn_ablations.commands import speed as speed_cmd
 from rnn_ablations.commands.machine import machine_info
 from rnn_ablations.kernels.scan import scan_kernel_available
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from speed_bounds import matmul_bound  # noqa: E402
+
 #: (name, layers, d_in, H, bidirectional, batch, seq_len): the experiments' shapes, the same
 #: table as ``rnn-ablations speed --shapes experiments``
 EXPERIMENT_SHAPES = list(speed_cmd.EXPERIMENT_SHAPES)
@@ -119,10 +122,9 @@ def matmul_ratio(layers: int, d_in: int, hidden: int, bidirectional: bool) -> fl
     per token, layer and direction 4H·(d + H) against 4H·d (no recurrent product).  Where both
     run at the speed of their matrix products, the first is the ratio to expect; below 2 when
     the layers' inputs are wider than H (the gap to 2× must then come from nn.LSTM's small
-    per-step products and its sequential element-wise work)."""
-    dirs = 2 if bidirectional else 1
-    ins = [d_in] + [hidden * dirs] * (layers - 1)
-    return sum(d + hidden for d in ins) / sum(ins)
+    per-step products and its sequential element-wise work).  (``speed_bounds.py`` gives it
+    for every variant.)"""
+    return matmul_bound("lstm_minus_srnn_minus_hidden", layers, d_in, hidden, bidirectional)
 
 
 def format_table(rows, variants) -> str:

@@ -314,3 +314,39 @@ def test_bf16_step_gemm_benchmark_on_the_cpu(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--variants", "lstm_minus_srnn_minus_hidden", "--out", str(out)])
     assert "has no step GEMM" in capsys.readouterr().err
+
+
+def test_speed_bounds_formula_and_tables(tmp_path, capsys):
+    """nn.LSTM's multiply-adds over each variant's (input projection (R + X)·H·d, recurrent
+    product R·H·H per layer and direction), and every row of a speed JSON against it."""
+    mod = _load("speed_bounds")
+    bound = mod.matmul_bound
+    for shape in ((1, 256, 256, False), (3, 400, 128, True), (2, 200, 650, False)):
+        assert bound("lstm", *shape) == pytest.approx(1.0)
+        assert bound("srnn", *shape) == pytest.approx(4.0)
+    assert bound("ran", 1, 64, 64, False) == pytest.approx(8 / 5)
+    assert bound("lstm_minus_srnn", 1, 64, 64, False) == pytest.approx(8 / 7)
+    # two layers, the second reads both directions: 4H(d+H) summed over (8, 12), against 4H d
+    assert bound("lstm_minus_srnn_minus_hidden", 2, 8, 6, True) == pytest.approx(
+        _load("speed_minus_hidden").matmul_ratio(2, 8, 6, True))
+    table = REPO / "benchmarks/results/speed_cpu_experiments_amd_epyc_avx2_2threads.json"
+    rows = json.loads(table.read_text())["rows"]
+    out = tmp_path / "bounds"
+    assert mod.main([str(table), "--out", str(out)]) == 0
+    report = json.loads(out.with_suffix(".json").read_text())[0]
+    ours = [r for r in rows if r["model"] != "nn.LSTM"]
+    assert len(report["rows"]) == len(ours)
+    for got, r in zip(report["rows"], ours):
+        b = bound(r["model"], r["layers"], r["input_size"], r["hidden"], r["bidirectional"])
+        assert got["bound"] == pytest.approx(b, abs=1e-3)
+        assert got["share_of_bound"] == pytest.approx(r["ratio_vs_nn_lstm"] / b, abs=2e-3)
+    ran_train = [r for r in report["rows"] if r["model"] == "ran" and r["mode"] == "train"]
+    s = next(s for s in report["summary"] if s["model"] == "ran" and s["mode"] == "train")
+    assert s["shapes"] == len(ran_train)
+    assert s["share_lowest"] == min(r["share_of_bound"] for r in ran_train)
+    assert "| ran | train | float32 |" in out.with_suffix(".md").read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit):
+        mod.main([str(bad)])
+    assert "no 'rows'" in capsys.readouterr().err
