@@ -16,7 +16,7 @@ from .kernels import registry
 from .export import run_stack
 from .functional import Reversal, projection_bias, reversal_index, shape_checks
 from .plan import stack_runner
-from .validation import check_positive_int, check_prob
+from .validation import Probability, check_positive_int
 from .variants import VARIANTS, Variant, get_variant
 
 __all__ = ["AblatedRNN"]
@@ -261,35 +261,11 @@ class AblatedRNN(nn.Module):
         self.reset_parameters()
 
     # ------------------------------------------------------------------ dropout settings
-    # The probabilities are properties; the forward reads what they keep beside the float: a
-    # boolean (``_dropout_on``) and the probability as an exact ratio of two integers
-    # (``_dropout_ratio``, ``p == num / den``).  torch.compile with dynamic=True makes a float
-    # attribute of a module a symbolic input: a ``p > 0`` test on it puts a float symbol and its
-    # guards into the trace (of a model without dropout too), and the first compile then traces
-    # the model a second time to specialize it.  Booleans and a module's integers are constants
-    # to dynamo (guarded).  Assigning a probability later (OpenNMT-py's ``update_dropout``
-    # does) checks it and updates both; a compiled model recompiles once on the new value.
-    @property
-    def dropout(self) -> float:
-        """The dropout on the outputs of every layer but the last, in training (``nn.LSTM``'s)."""
-        return self._dropout
-
-    @dropout.setter
-    def dropout(self, value: float) -> None:
-        self._dropout = check_prob("dropout", value)
-        self._dropout_on = self._dropout > 0
-        self._dropout_ratio = self._dropout.as_integer_ratio()
-
-    @property
-    def recurrent_dropout(self) -> float:
-        """The variational dropout on ``h_{t-1}`` where it enters the recurrent product."""
-        return self._recurrent_dropout
-
-    @recurrent_dropout.setter
-    def recurrent_dropout(self, value: float) -> None:
-        self._recurrent_dropout = check_prob("recurrent_dropout", value)
-        self._recurrent_dropout_on = self._recurrent_dropout > 0
-        self._recurrent_dropout_ratio = self._recurrent_dropout.as_integer_ratio()
+    # (the forward reads ``_dropout_on`` / ``_dropout_ratio``: :class:`Probability` says why)
+    dropout = Probability(
+        "The dropout on the outputs of every layer but the last, in training (``nn.LSTM``'s).")
+    recurrent_dropout = Probability(
+        "The variational dropout on ``h_{t-1}`` where it enters the recurrent product.")
 
     # ------------------------------------------------------------------ parameters and init
     def reset_parameters(self) -> None:

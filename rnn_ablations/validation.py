@@ -9,7 +9,7 @@ import argparse
 import numbers
 from typing import Callable, Optional
 
-__all__ = ["check_prob", "check_positive_int", "check_nonnegative_int", "check_int_range",
+__all__ = ["check_prob", "Probability", "check_positive_int", "check_nonnegative_int", "check_int_range",
            "check_positive_float", "cli_type"]
 
 
@@ -26,6 +26,35 @@ def check_prob(name: str, value, error: type = ValueError) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
         raise error(_say(name, f"must be a number in [0, 1), got {value!r}"))
     return float(value)
+
+
+class Probability:
+    """A module's dropout probability ``name``: assigning it checks the value (:func:`check_prob`)
+    and keeps, beside the float, a boolean ``_<name>_on`` and the probability as an exact ratio
+    of two integers ``_<name>_ratio`` (``p == num / den``), which is what a forward reads.
+
+    torch.compile with ``dynamic=True`` makes a float attribute of a module a symbolic input: a
+    ``p > 0`` test on it puts a float symbol and its guards into the trace (of a model without
+    dropout too), and the first compile then traces the model a second time to specialize it.
+    Booleans and a module's integers are constants to dynamo (guarded).  Assigning a new
+    probability later (OpenNMT-py's ``update_dropout`` does) updates all three; a compiled model
+    recompiles once on the new value."""
+
+    def __init__(self, doc: str):
+        self.__doc__ = doc
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        return obj.__dict__["_" + self.name]
+
+    def __set__(self, obj, value) -> None:
+        p = check_prob(self.name, value)
+        obj.__dict__.update({"_" + self.name: p, f"_{self.name}_on": p > 0,
+                             f"_{self.name}_ratio": p.as_integer_ratio()})
 
 
 def check_positive_int(name: str, value, error: type = ValueError) -> int:

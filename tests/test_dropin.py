@@ -125,8 +125,9 @@ def test_compile_default_recompiles_once_per_dynamic_dim():
 
 
 def _float_symbols(rnn, x):
-    """The float symbols dynamo's trace of ``rnn`` under dynamic=True creates (a backend that
-    reads the trace's shape environment, no code generation)."""
+    """The float symbols dynamo's trace of ``rnn`` under dynamic=True creates, each as the
+    attribute it was made from (a backend that reads the trace's shape environment, no code
+    generation)."""
     import torch._dynamo
     from torch._guards import TracingContext
 
@@ -135,7 +136,8 @@ def _float_symbols(rnn, x):
 
     def backend(gm, example_inputs):
         env = TracingContext.get().fake_mode.shape_env
-        seen.extend(str(s) for s in env.backed_var_to_val if not s.is_integer)
+        seen.extend(src.name for s in env.backed_var_to_val if not s.is_integer
+                    for src in env.var_to_sources.get(s, [])[:1])
         return gm
 
     with torch.no_grad():
@@ -254,3 +256,20 @@ def test_readme_installs_from_a_wheel_or_checkout():
     for block_start in ("<!-- readme-test slow -->", "<!-- readme-test -->\n```bash\nexport ONMT"):
         before = text[:text.index(block_start)].rstrip().rsplit("\n\n", 1)[-1]
         assert ".venv/" in before and ("checkout" in before or "from an install" in before), before
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_compile_dynamic_language_model_reads_no_dropout_float(mode):
+    """The language model keeps its dropout as the RNN does (validation.Probability): no float
+    symbol in a dynamic trace, and compiled and eager draw the same masks."""
+    from rnn_ablations.lm.model import LanguageModel
+
+    torch.manual_seed(0)
+    lm = LanguageModel("ran", 11, 6, 2, dropout=0.3).train(mode == "train")
+    # (torch's nn.Embedding keeps its norm_type as a float: that one symbol is torch's own)
+    assert _float_symbols(lm, torch.randint(0, 11, (5, 3))) == [
+        "L['self']._modules['embedding'].norm_type"]
+    lm.dropout = 0.5
+    assert lm._dropout_on and lm._dropout_ratio == (1, 2)
+    with pytest.raises(ValueError, match="dropout must be a number in"):
+        lm.dropout = 1.0

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..rnn import AblatedRNN
-from ..validation import check_positive_int, check_prob
+from ..validation import Probability, check_positive_int
 from ..variants import get_variant, recurrent_param_count
 
 __all__ = ["LanguageModel", "State"]
@@ -34,6 +34,9 @@ State = Tuple[torch.Tensor, torch.Tensor]  # (h, c), each (num_layers, B, H)
 
 
 class LanguageModel(nn.Module):
+    dropout = Probability("The dropout on the embedding's and every layer's outputs, in "
+                          "training.")
+
     def __init__(self, variant: str, vocab_size: int, hidden_size: int, num_layers: int,
                  dropout: float = 0.0, init_scale: float = 0.1, forget_bias: float = 0.0):
         super().__init__()
@@ -41,9 +44,8 @@ class LanguageModel(nn.Module):
         for name, v in (("vocab_size", vocab_size), ("hidden_size", hidden_size),
                         ("num_layers", num_layers)):
             check_positive_int(name, v)
-        check_prob("dropout", dropout)
         self.vocab_size, self.hidden_size, self.num_layers = vocab_size, hidden_size, num_layers
-        self.dropout = float(dropout)
+        self.dropout = dropout
         self.init_scale = float(init_scale)
         self.forget_bias = float(forget_bias)
         self.embedding = nn.Embedding(vocab_size, hidden_size)
@@ -80,13 +82,15 @@ class LanguageModel(nn.Module):
 
     def _drop(self, x: torch.Tensor, rows: Optional[Tuple[int, int, int]],
               generator: Optional[torch.Generator]) -> torch.Tensor:
-        if not self.training or self.dropout == 0:
+        # (the boolean and the exact ratio, not the float: validation.Probability)
+        if not self.training or not self._dropout_on:
             return x
+        num, den = self._dropout_ratio
         if generator is None:
-            return F.dropout(x, self.dropout, True)
+            return F.dropout(x, num / den, True)
         T, B, D = x.shape
         lo, hi, total = rows if rows is not None else (0, B, B)
-        keep = 1.0 - self.dropout
+        keep = 1.0 - num / den
         mask = torch.empty(T, total, D, device=generator.device, dtype=x.dtype)
         mask.bernoulli_(keep, generator=generator)
         mask = mask[:, lo:hi].to(x.device)
