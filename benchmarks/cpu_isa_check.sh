@@ -27,7 +27,10 @@
 #          variant against nn.LSTM in bfloat16, oneDNN / AMX where the CPU has it);
 #   bf16 step  bf16_step_gemm_<cpu>.{json,md}: benchmarks/bf16_step_gemm.py, lstm and ran in
 #          bfloat16 with the step GEMM in float32 and in bfloat16 against nn.LSTM in bfloat16
-#          (plan.POLICY.bf16_step_gemm; cpu_bf16_step.log).
+#          (plan.POLICY.bf16_step_gemm; cpu_bf16_step.log);
+#   layout projection_layout_<cpu>.{json,md}: benchmarks/projection_layout.py, a no-gradient
+#          projection of a batch-first input as F.linear on the (T, B, d) view (T batched GEMMs)
+#          against the package's one GEMM, float32 and bfloat16 (cpu_projection_layout.log).
 # Environment: PYTHON (python3), CPUS (auto), REPEATS (5), WARMUP (1), SHAPE_NAMES (all rows),
 # CPU_ISA_CHECK_PRINT_CPUS=1 (print the CPUs it would pin to, as a taskset list, and exit).
 set -o pipefail
@@ -126,5 +129,13 @@ echo "== speed (bfloat16): exit $rc ($(( $(date +%s) - t0 )) s)"
     --warmup "${WARMUP:-1}" "${shape_names[@]}" --out "$out" 2>&1 | tee "$out/cpu_bf16_step.log"
 rc=$?
 echo "== bf16 step GEMM: exit $rc ($(( $(date +%s) - t0 )) s)"
+[ $rc -eq 0 ] || failed=1
+
+# shellcheck disable=SC2086
+"${pin[@]}" "$py" benchmarks/projection_layout.py --threads 2 --repeats "${REPEATS:-5}" \
+    --warmup "${WARMUP:-1}" "${shape_names[@]}" --out "$out" 2>&1 \
+    | tee "$out/cpu_projection_layout.log"
+rc=$?
+echo "== projection layout: exit $rc ($(( $(date +%s) - t0 )) s)"
 [ $rc -eq 0 ] || failed=1
 exit $failed

@@ -107,6 +107,7 @@ def test_gpu_machine_check_script_on_a_cpu_machine(tmp_path):
         assert member in names, sorted(names)
         meta = json.load(tar.extractfile(member))
         assert "./cpu/cpu_isa_tests.log" in names and "./summary.txt" in names
+        assert any(n.startswith("./cpu/projection_layout_") for n in names), sorted(names)
         tests_log = tar.extractfile("./cpu/cpu_isa_tests.log").read().decode()
     assert " passed" in tests_log and " failed" not in tests_log
     assert {r["shape"] for r in meta["rows"]} == {"PTB small LM"}
@@ -350,3 +351,21 @@ def test_speed_bounds_formula_and_tables(tmp_path, capsys):
     with pytest.raises(SystemExit):
         mod.main([str(bad)])
     assert "no 'rows'" in capsys.readouterr().err
+
+
+def test_projection_layout_end_to_end(tmp_path):
+    """``benchmarks/projection_layout.py`` at a tiny setting: every layer of the shape in both
+    dtypes, both ways timed, the machine and whether bfloat16 is emulated named; a variant
+    other than lstm is refused."""
+    mod = _load("projection_layout")
+    assert mod.main(["--shape-names", "PTB small LM", "--repeats", "1", "--warmup", "0",
+                     "--threads", "1", "--out", str(tmp_path), "--name", "pl"]) == 0
+    saved = json.loads((tmp_path / "pl.json").read_text())
+    assert [(r["layer"], r["dtype"]) for r in saved["rows"]] == [
+        ("PTB small LM layer 1", "float32"), ("PTB small LM layer 1", "bfloat16"),
+        ("PTB small LM layer 2", "float32"), ("PTB small LM layer 2", "bfloat16")]
+    assert all(r["view_ms"] > 0 and r["flat_ms"] > 0 for r in saved["rows"])
+    md = (tmp_path / "pl.md").read_text()
+    assert saved["meta"]["machine"] in md and "bfloat16" in saved["meta"]["bf16"]
+    with pytest.raises(SystemExit):
+        mod.main(["--variants", "ran", "--out", str(tmp_path)])
