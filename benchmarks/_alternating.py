@@ -1,12 +1,14 @@
 """What the library A/B benchmarks (``step_gemm_library.py``, ``projection_library.py``,
-``bf16_step_gemm.py``) share:
-their common options, the experiments' shapes they select, and the timing of two or more ways
-of doing the same call in one process: each called once per round, the order reversed every
-other round (so that a drift of the machine hits them alike), the median of the rounds
-reported."""
+``projection_layout.py``, ``bf16_step_gemm.py``) share:
+their common options, the experiments' shapes they select, the timing of two or more ways
+of doing the same call in one process (each called once per round, the order reversed every
+other round, so that a drift of the machine hits them alike, the median of the rounds
+reported), and the writing of a result (``write_results``, also used by
+``inference_memory.py``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -84,3 +86,12 @@ def time_policies(model, x, mode: str, policies: Dict[str, object], repeats: int
         return alternating_medians({k: (lambda k=k: call(k)) for k in policies}, repeats, warmup)
     finally:
         run_plan.POLICY = base
+
+
+def write_results(out: Path, name: str, meta: dict, rows: list, lines: List[str]) -> None:
+    """``OUT/NAME.json`` (``{"meta": meta, "rows": rows}``) and ``OUT/NAME.md`` (the lines of
+    its table), and a line saying so."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / name}.json / .md")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _alternating import alternating_medians  # noqa: E402
+from _alternating import alternating_medians, write_results  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -129,9 +128,6 @@ def main(argv=None) -> int:
     meta = {"command": "python benchmarks/bf16_step_gemm.py " + " ".join(argv or sys.argv[1:]),
             "machine": machine, "bf16_instructions": has_isa, "threads": args.threads,
             "repeats": args.repeats, "bf16_gemm": base.bf16_gemm}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1)
-                                           + "\n")
     lines = [f"# bfloat16: the step GEMM in float32 vs bfloat16, against nn.LSTM ({machine})", "",
              f"bfloat16 models, {args.threads} thread(s), median of {args.repeats} interleaved "
              f"rounds; ratio = nn.LSTM ms / variant ms (above 1: faster than nn.LSTM); "
@@ -143,8 +139,7 @@ def main(argv=None) -> int:
                      f"{r['f32_ms']:.2f} | {r['ratio_f32']:.2f}x | {r['bf16_ms']:.2f} | "
                      f"{r['ratio_bf16']:.2f}x | {r['f32_over_bf16']:.2f} | "
                      f"{r['bf16_f32proj_ms']:.2f} |")
-    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / name}.json / .md")
+    write_results(args.out, name, meta, rows, lines)
     return 0
 
 

@@ -20,7 +20,6 @@ Prints a table and writes ``OUT/inference_memory_<cpu-name>.{json,md}`` (``--out
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -30,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _alternating import write_results  # noqa: E402
 
 #: (T, B, d_in, H, layers, "uni"|"bi")
 SHAPES = [(1000, 1000, 64, 64, 1, "uni"), (16, 100_000, 64, 64, 1, "uni"),
@@ -135,9 +137,6 @@ def main(argv=None) -> int:
             "measure": "peak RSS of the no-grad forward (VmHWM after a reset) minus RSS before "
                        "it, one process per measurement, median of the repeats",
             "shape_fields": ["T", "B", "d_in", "H", "layers", "directions"]}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1)
-                                           + "\n")
     lines = [f"# Inference peak memory (no_grad forward), {args.threads} thread(s), median of "
              f"{args.repeats} processes", "", f"Machine: {meta['machine']}. Command: "
              f"`{meta['command']}`. Peak: the high-water mark of the process during the call "
@@ -147,8 +146,7 @@ def main(argv=None) -> int:
     for r in rows:
         lines.append(f"| {', '.join(map(str, r['shape']))} | {r['dtype']} | {r['model']} | "
                      f"{r['median_mb']:.1f} | {r['ratio_vs_nn_lstm']:.2f} |")
-    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / name}.json / .md")
+    write_results(args.out, name, meta, rows, lines)
     return 0
 
 

@@ -19,7 +19,6 @@ emulated on CPUs without AVX512-BF16 or AMX.  view/flat > 1: one GEMM is faster.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _alternating import add_arguments, alternating_medians, checked_shapes  # noqa: E402
+from _alternating import (add_arguments, alternating_medians, checked_shapes,  # noqa: E402
+                          write_results)
 from projection_library import layers_of  # noqa: E402
 
 
@@ -81,9 +81,6 @@ def main(argv=None) -> int:
                        + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": machine, "bf16": bf16_note, "threads": args.threads,
             "repeats": args.repeats}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1)
-                                           + "\n")
     lines = [f"# Input projection of a batch-first view: F.linear on the view vs one GEMM "
              f"({machine})", "",
              f"Command: `{meta['command']}`. lstm's projection (4H x d weight and bias, no "
@@ -94,8 +91,7 @@ def main(argv=None) -> int:
     for r in rows:
         lines.append(f"| {r['layer']} | {r['dtype']} | {r['view_ms']:.2f} | {r['flat_ms']:.2f} "
                      f"| {r['view_over_flat']:.2f} |")
-    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / name}.json / .md")
+    write_results(args.out, name, meta, rows, lines)
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _alternating import add_arguments, checked_shapes, time_policies  # noqa: E402
+from _alternating import add_arguments, checked_shapes, time_policies, write_results  # noqa: E402
 
 #: a threshold no weight reaches (the MKL side of the comparison)
 NEVER = 1 << 62
@@ -122,9 +121,6 @@ def main(argv=None) -> int:
             "machine": machine, "threads": args.threads, "repeats": args.repeats,
             "tolerance": args.tolerance, "supported_onednn_min_weight": threshold,
             "onednn_min_weight_in_use": base.onednn_min_weight}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1)
-                                           + "\n")
     lines = [f"# Input projection: MKL vs oneDNN per layer ({machine})", "",
              f"Command: `{meta['command']}`. float32, {args.threads} thread(s), median of "
              f"{args.repeats} interleaved rounds; MKL/oneDNN > 1: oneDNN faster; weight: the "
@@ -137,8 +133,7 @@ def main(argv=None) -> int:
     lines += ["", f"Supported `Policy.onednn_min_weight` (oneDNN at least as fast, within "
                   f"{args.tolerance:.0%}, on every layer from this weight up): {shown}; in use: "
                   f"{base.onednn_min_weight:,}"]
-    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / name}.json / .md")
+    write_results(args.out, name, meta, rows, lines)
     return 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _alternating import add_arguments, checked_shapes, time_policies  # noqa: E402
+from _alternating import add_arguments, checked_shapes, time_policies, write_results  # noqa: E402
 
 
 def suggest(rows, mode: str) -> int:
@@ -101,9 +100,6 @@ def main(argv=None) -> int:
     meta = {"command": "python benchmarks/step_gemm_library.py " + " ".join(argv or sys.argv[1:]),
             "machine": machine, "isa": isa, "threads": args.threads, "repeats": args.repeats,
             "suggested_entry": list(entry)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1)
-                                           + "\n")
     lines = [f"# Step GEMM: own packed kernel vs MKL packed GEMM ({machine})", "",
              f"float32, {args.threads} thread(s), median of {args.repeats} interleaved rounds; "
              "own/MKL > 1: MKL faster", "",
@@ -113,8 +109,7 @@ def main(argv=None) -> int:
         lines.append(f"| {r['shape']} | {r['variant']} | {r['mode']} | {r['step_macs']} | "
                      f"{r['own_ms']:.2f} | {r['mkl_ms']:.2f} | {r['own_over_mkl']:.2f} |")
     lines += ["", f"Supported `Policy.library_step_gemm` entry: `{entry}`"]
-    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / name}.json / .md")
+    write_results(args.out, name, meta, rows, lines)
     return 0
 
 
