@@ -1,5 +1,6 @@
 """A/B of two builds of the CPU kernel in ONE process: the plain kernel's forward
-(``_C.plain_forward``: the step GEMM and the element-wise pass, no input projection), or with
+(``_C.plain_forward``: the step GEMM and the element-wise pass, no input projection) and its
+forward + backward (``plain_backward``: the per-step GEMM for dh and the weight gradient), or with
 ``--kernel scan`` the element-wise scan's forward and backward, of the installed module against
 another compiled ``_C`` module (e.g. one built from an older commit), called in interleaved order
 so that machine load hits both alike.  Prints the median time of each, their ratio and the
@@ -61,7 +62,9 @@ def _plain_forward(module):
 
 
 def step_calls(dtype):
-    """(label, call(module)) for the plain step kernel's forward on SHAPES."""
+    """(label, call(module)) for the plain step kernel on SHAPES: its forward as in inference,
+    and its forward keeping what the backward reads followed by ``plain_backward`` (training;
+    a module without ``plain_backward`` gets the forward only)."""
     for variant, hidden, batch, steps in SHAPES:
         v = ra.get_variant(variant)
         torch.manual_seed(0)
@@ -69,6 +72,7 @@ def step_calls(dtype):
         w = m.weight_hh_l0.detach().contiguous()
         proj0 = torch.randn(steps, batch, m.weight_ih_l0.shape[0], dtype=dtype)
         h0 = torch.zeros(batch, hidden, dtype=dtype)
+        g_out = torch.randn(steps, batch, hidden, dtype=dtype)
         bs = torch.full((steps,), batch, dtype=torch.int64)
         empty = torch.empty(0, dtype=dtype)
 
@@ -76,7 +80,16 @@ def step_calls(dtype):
             return [_plain_forward(module)(v.kernel_spec, False, proj0.clone(), w, h0, h0, bs,
                                            empty, False, True)[0]]
 
-        yield f"{variant:5s} H={hidden:4d} B={batch:3d} T={steps:4d}", run
+        def train(module, v=v, proj0=proj0, w=w, h0=h0, bs=bs, empty=empty, g_out=g_out):
+            proj = proj0.clone()
+            out, _, _, gates, cs, hin = _plain_forward(module)(
+                v.kernel_spec, False, proj, w, h0, h0, bs, empty, True, True)
+            return module.plain_backward(v.kernel_spec, False, g_out, h0, h0, gates, cs, hin, out,
+                                         proj, w, h0, h0, bs, empty)
+
+        label = f"{variant:5s} H={hidden:4d} B={batch:3d} T={steps:4d}"
+        yield label + " forward", run
+        yield label + " fwd+bwd", train
 
 
 def scan_calls(dtype):
@@ -112,8 +125,8 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=25, help="interleaved calls per module and shape")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kernel", choices=("step", "scan"), default="step",
-                   help="the plain step kernel's forward, or the element-wise scan's forward "
-                        "and forward + backward")
+                   help="the plain step kernel's, or the element-wise scan's, forward and "
+                        "forward + backward")
     p.add_argument("--isa", default=None,
                    help="the kernels' vector path in both modules (e.g. portable; default: "
                         "each module's own choice)")

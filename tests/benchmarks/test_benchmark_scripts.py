@@ -212,8 +212,9 @@ def test_compile_speed_measures_both_modes():
 @requires_kernel
 @pytest.mark.parametrize("kernel", ["step", "scan"])
 def test_ab_kernel_modules_end_to_end(kernel, capsys, tmp_path):
-    """``benchmarks/ab_kernel_modules.py`` with a copy of this build as the other module: every
-    row is timed on both and gives the same numbers; --out writes the rows; an --isa the CPU
+    """``benchmarks/ab_kernel_modules.py`` with a copy of this build as the other module: both
+    kernels give a forward and a forward + backward row, each timed on both modules with the
+    same numbers; --out writes the rows; an --isa the CPU
     lacks and a path that is not a module are refused."""
     from rnn_ablations.kernels import registry
 
@@ -229,7 +230,7 @@ def test_ab_kernel_modules_end_to_end(kernel, capsys, tmp_path):
     finally:
         registry.cpu_kernel().raw.set_kernel_isa(before)
     saved = json.loads((tmp_path / "ab.json").read_text())
-    assert len(saved["rows"]) == (1 if kernel == "step" else 2)
+    assert [r["call"].rsplit(" ", 1)[1] for r in saved["rows"]] == ["forward", "fwd+bwd"]
     for row in saved["rows"]:
         assert row["this_ms"] > 0 and row["other_ms"] > 0 and row["max_abs_diff"] == 0.0
     assert "against a copy" in (tmp_path / "ab.md").read_text()
