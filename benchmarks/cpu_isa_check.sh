@@ -30,7 +30,8 @@
 #          (plan.POLICY.bf16_step_gemm; cpu_bf16_step.log);
 #   layout projection_layout_<cpu>.{json,md}: benchmarks/projection_layout.py, a no-gradient
 #          projection of a batch-first input as F.linear on the (T, B, d) view (T batched GEMMs)
-#          against the package's one GEMM, float32 and bfloat16 (cpu_projection_layout.log).
+#          against the package's one GEMM, float32 and bfloat16, and the weight gradients as
+#          the kernel's g^T in against (in^T g)^T copied (cpu_projection_layout.log).
 # Environment: PYTHON (python3), CPUS (auto), REPEATS (5), WARMUP (1), SHAPE_NAMES (all rows),
 # CPU_ISA_CHECK_PRINT_CPUS=1 (print the CPUs it would pin to, as a taskset list, and exit).
 set -o pipefail

@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""The input projection of a no-gradient layer call on a batch-first input: ``F.linear`` on the
-(T, B, d) view against the package's ``input_projection`` (one (T·B, d) GEMM), per layer of the
-experiments' shapes, float32 and bfloat16.
+"""The operand layouts of a layer's big GEMMs, per layer of the experiments' shapes: the input
+projection of a no-gradient call on a batch-first input (``F.linear`` on the (T, B, d) view
+against the package's ``input_projection``, one (T·B, d) GEMM; float32 and bfloat16), and the
+weight gradients of training (gᵀ·in written in place against (inᵀ·g)ᵀ copied; float32).
 
     python benchmarks/projection_layout.py
     python benchmarks/projection_layout.py --shape-names 'single layer 650' 'PTB medium LM'
+    python benchmarks/projection_layout.py --products weight-grad
 
 A batch-first input reaches a layer's projection as a (T, B, d) view.  Where the weight needs
 no gradient (frozen parameters; the bfloat16 copy that the bfloat16 GEMM multiplies),
@@ -13,7 +15,13 @@ the expanded weight (``aten::bmm``).  ``input_projection`` flattens the steps fi
 timed here on the same tensors (lstm's 4H x d weight with its bias, no gradient), called
 alternately in every round, median of ``--repeats`` rounds, at ``--threads`` threads;
 bfloat16: the operands rounded to bfloat16, the result widened to float32 (``Plan.bf16_gemm``),
-emulated on CPUs without AVX512-BF16 or AMX.  view/flat > 1: one GEMM is faster.  Writes
+emulated on CPUs without AVX512-BF16 or AMX.  view/flat > 1: one GEMM is faster.
+
+The weight gradients of W_ih (4H x d) and W_hh (4H x H) are one GEMM over all T·B rows of the
+gate gradients g (T·B, 4H) and the layer's input or previous hidden state.  The kernel computes
+gᵀ·in directly into the gradient (``weight_grad`` in ``csrc/cpu/layer_plain.cpp``); the other
+layout computes inᵀ·g, which some MKL builds run faster for a 4H x H result, and transposes it
+into a fresh tensor.  transposed/direct > 1: the kernel's layout is faster.  Writes
 ``OUT/projection_layout_<cpu-name>.{json,md}``.
 """
 from __future__ import annotations
@@ -39,7 +47,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(p, ["lstm"])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"],
-                   default=["float32", "bfloat16"])
+                   default=["float32", "bfloat16"],
+                   help="the projection's dtypes (the weight gradients are float32)")
+    p.add_argument("--products", nargs="+", choices=["projection", "weight-grad"],
+                   default=["projection", "weight-grad"],
+                   help="the no-gradient input projection, the training weight gradients, or both")
     args = p.parse_args(argv)
     shapes = checked_shapes(p, args)
     if args.variants != ["lstm"]:
@@ -47,10 +59,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     F = torch.nn.functional
     bf = torch.bfloat16
-    rows = []
+    rows, grads = [], []
     for shape in shapes:
         _, _, _, hidden, _, batch, seq_len = shape
         for label, d_in in layers_of(shape):
+            if "weight-grad" in args.products:
+                grads += weight_grad_rows(label, d_in, hidden, batch, seq_len, args)
+            if "projection" not in args.products:
+                continue
             torch.manual_seed(0)
             x = torch.randn(batch, seq_len, d_in).transpose(0, 1)  # the (T, B, d) view
             w, b = torch.randn(4 * hidden, d_in), torch.randn(4 * hidden)
@@ -64,7 +80,7 @@ def main(argv=None) -> int:
                                                              bf16_gemm=True)}
                 with torch.no_grad():
                     med = alternating_medians(ways, args.repeats, args.warmup)
-                row = {"layer": label, "d_in": d_in, "hidden": hidden, "batch": batch,
+                row = {"product": "projection", "layer": label, "d_in": d_in, "hidden": hidden, "batch": batch,
                        "steps": seq_len, "dtype": dtype,
                        "view_ms": round(med["view"] * 1e3, 3),
                        "flat_ms": round(med["flat"] * 1e3, 3),
@@ -81,18 +97,52 @@ def main(argv=None) -> int:
                        + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": machine, "bf16": bf16_note, "threads": args.threads,
             "repeats": args.repeats}
-    lines = [f"# Input projection of a batch-first view: F.linear on the view vs one GEMM "
-             f"({machine})", "",
-             f"Command: `{meta['command']}`. lstm's projection (4H x d weight and bias, no "
-             f"gradient), {args.threads} thread(s), median of {args.repeats} interleaved rounds; "
-             f"this CPU: {bf16_note}. view/flat > 1: one (T·B, d) GEMM is faster.", "",
-             "| layer | dtype | F.linear on the view ms | one GEMM ms | view/flat |",
-             "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['layer']} | {r['dtype']} | {r['view_ms']:.2f} | {r['flat_ms']:.2f} "
-                     f"| {r['view_over_flat']:.2f} |")
-    write_results(args.out, name, meta, rows, lines)
+    lines = [f"# Operand layouts of a layer's GEMMs ({machine})", "",
+             f"Command: `{meta['command']}`. lstm's weights, {args.threads} thread(s), median of "
+             f"{args.repeats} interleaved rounds; this CPU: {bf16_note}."]
+    if rows:
+        lines += ["", "## Input projection of a batch-first view: F.linear on the view vs one "
+                  "GEMM", "",
+                  "4H x d weight and bias, no gradient. view/flat > 1: one (T·B, d) GEMM is "
+                  "faster.", "",
+                  "| layer | dtype | F.linear on the view ms | one GEMM ms | view/flat |",
+                  "|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['layer']} | {r['dtype']} | {r['view_ms']:.2f} | "
+                         f"{r['flat_ms']:.2f} | {r['view_over_flat']:.2f} |")
+    if grads:
+        lines += ["", "## Weight gradients: gᵀ·in in place vs (inᵀ·g)ᵀ copied", "",
+                  "g (T·B, 4H) float32; in: the layer input (W_ih) or the previous hidden "
+                  "state (W_hh). transposed/direct > 1: the kernel's gᵀ·in is faster.", "",
+                  "| layer | weight | rows | direct ms | transposed + copy ms | "
+                  "transposed/direct |", "|---|---|---|---|---|---|"]
+        for r in grads:
+            lines.append(f"| {r['layer']} | {r['weight']} | {r['rows']} | {r['direct_ms']:.2f} "
+                         f"| {r['transposed_ms']:.2f} | {r['transposed_over_direct']:.2f} |")
+    write_results(args.out, name, meta, rows + grads, lines)
     return 0
+
+
+def weight_grad_rows(label, d_in, hidden, batch, seq_len, args):
+    """The two weight gradients of one layer direction, both layouts timed alternately."""
+    out = []
+    for weight, k in (("W_ih", d_in), ("W_hh", hidden)):
+        torch.manual_seed(0)
+        g, inp = torch.randn(seq_len * batch, 4 * hidden), torch.randn(seq_len * batch, k)
+        ways = {"direct": lambda: torch.mm(g.t(), inp),
+                "transposed": lambda: torch.mm(inp.t(), g).t().contiguous()}
+        with torch.no_grad():
+            med = alternating_medians(ways, args.repeats, args.warmup)
+        row = {"product": "weight gradient", "layer": label, "weight": weight,
+               "rows": seq_len * batch, "k": k, "hidden": hidden, "dtype": "float32",
+               "direct_ms": round(med["direct"] * 1e3, 3),
+               "transposed_ms": round(med["transposed"] * 1e3, 3),
+               "transposed_over_direct": round(med["transposed"] / med["direct"], 3)}
+        out.append(row)
+        print(f"{label:28s} {weight} gradient  direct {row['direct_ms']:9.2f} ms  transposed + "
+              f"copy {row['transposed_ms']:9.2f} ms  transposed/direct "
+              f"{row['transposed_over_direct']:.2f}", flush=True)
+    return out
 
 
 if __name__ == "__main__":

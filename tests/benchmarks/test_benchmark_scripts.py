@@ -356,17 +356,31 @@ def test_speed_bounds_formula_and_tables(tmp_path, capsys):
 
 def test_projection_layout_end_to_end(tmp_path):
     """``benchmarks/projection_layout.py`` at a tiny setting: every layer of the shape in both
-    dtypes, both ways timed, the machine and whether bfloat16 is emulated named; a variant
-    other than lstm is refused."""
+    dtypes for the projection and both weights for the weight gradient, both ways timed, the
+    machine and whether bfloat16 is emulated named; --products picks one table; a variant other
+    than lstm is refused."""
     mod = _load("projection_layout")
     assert mod.main(["--shape-names", "PTB small LM", "--repeats", "1", "--warmup", "0",
                      "--threads", "1", "--out", str(tmp_path), "--name", "pl"]) == 0
     saved = json.loads((tmp_path / "pl.json").read_text())
-    assert [(r["layer"], r["dtype"]) for r in saved["rows"]] == [
+    projection = [r for r in saved["rows"] if r["product"] == "projection"]
+    grads = [r for r in saved["rows"] if r["product"] == "weight gradient"]
+    assert [(r["layer"], r["dtype"]) for r in projection] == [
         ("PTB small LM layer 1", "float32"), ("PTB small LM layer 1", "bfloat16"),
         ("PTB small LM layer 2", "float32"), ("PTB small LM layer 2", "bfloat16")]
-    assert all(r["view_ms"] > 0 and r["flat_ms"] > 0 for r in saved["rows"])
+    assert all(r["view_ms"] > 0 and r["flat_ms"] > 0 for r in projection)
+    assert [(r["layer"], r["weight"], r["k"]) for r in grads] == [
+        ("PTB small LM layer 1", "W_ih", 200), ("PTB small LM layer 1", "W_hh", 200),
+        ("PTB small LM layer 2", "W_ih", 200), ("PTB small LM layer 2", "W_hh", 200)]
+    assert all(r["rows"] == 400 and r["direct_ms"] > 0 and r["transposed_ms"] > 0
+               for r in grads)
     md = (tmp_path / "pl.md").read_text()
     assert saved["meta"]["machine"] in md and "bfloat16" in saved["meta"]["bf16"]
+    assert "F.linear on the view" in md and "transposed/direct" in md
+    assert mod.main(["--shape-names", "PTB small LM", "--repeats", "1", "--warmup", "0",
+                     "--products", "weight-grad", "--out", str(tmp_path), "--name", "wg"]) == 0
+    assert {r["product"] for r in json.loads((tmp_path / "wg.json").read_text())["rows"]} == {
+        "weight gradient"}
+    assert "F.linear on the view" not in (tmp_path / "wg.md").read_text()
     with pytest.raises(SystemExit):
         mod.main(["--variants", "ran", "--out", str(tmp_path)])

@@ -24,15 +24,10 @@ using cpu::LayerSizes;
 using cpu::StepState;
 
 // Weight gradient dW (M x K) = g^T (M x rows) * in (rows x K), for g (rows x M) and in (rows x K)
-// with unit column stride.  For a large, contiguous g with M >= 4K (e.g. the LSTM's 4H x H
-// blocks) MKL runs the transposed product in^T g faster, so it is computed that way and
-// transposed once; for narrower blocks, a strided g or small sizes the direct product is used.
-at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in) {
-  const int64_t M = g.size(1), K = in.size(1);
-  const bool transposed = g.is_contiguous() && M >= 4 * K && M * K >= (int64_t{1} << 20);
-  if (transposed) return at::mm(in.t(), g).t().contiguous();
-  return at::mm(g.t(), in);
-}
+// with unit column stride: one GEMM over all rows, written straight into the gradient.  (in^T g
+// transposed into a fresh tensor was level at the 4H x H blocks of H = 650 and up to 1.37x slower
+// at smaller ones on an AMD EPYC with AVX2: benchmarks/projection_layout.py.)
+at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& in) { return at::mm(g.t(), in); }
 
 
 std::vector<at::Tensor> plain_forward(int64_t spec, bool highway, at::Tensor proj, at::Tensor w_hh,
