@@ -61,6 +61,14 @@ def alternating_medians(fn: Dict[str, Callable[[], object]], repeats: int,
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def pair_fields(med: Dict[str, float], a: str, b: str) -> Dict[str, float]:
+    """The row fields of two timed ways ``a`` and ``b`` of ``med`` (seconds): ``{a}_ms``,
+    ``{b}_ms`` and ``{a}_over_{b}`` (> 1: ``b`` is faster), rounded as the results files keep
+    them."""
+    return {f"{a}_ms": round(med[a] * 1e3, 3), f"{b}_ms": round(med[b] * 1e3, 3),
+            f"{a}_over_{b}": round(med[a] / med[b], 3)}
+
+
 def time_policies(model, x, mode: str, policies: Dict[str, object], repeats: int,
                   warmup: int) -> Dict[str, float]:
     """Median seconds of one call of ``model`` on ``x`` under each of ``policies`` (a name ->

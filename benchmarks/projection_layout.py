@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _alternating import (add_arguments, alternating_medians, checked_shapes,  # noqa: E402
-                          write_results)
+                          pair_fields, write_results)
 from projection_library import layers_of  # noqa: E402
 
 
@@ -80,11 +80,9 @@ def main(argv=None) -> int:
                                                              bf16_gemm=True)}
                 with torch.no_grad():
                     med = alternating_medians(ways, args.repeats, args.warmup)
-                row = {"product": "projection", "layer": label, "d_in": d_in, "hidden": hidden, "batch": batch,
-                       "steps": seq_len, "dtype": dtype,
-                       "view_ms": round(med["view"] * 1e3, 3),
-                       "flat_ms": round(med["flat"] * 1e3, 3),
-                       "view_over_flat": round(med["view"] / med["flat"], 3)}
+                row = {"product": "projection", "layer": label, "d_in": d_in,
+                       "hidden": hidden, "batch": batch, "steps": seq_len, "dtype": dtype,
+                       **pair_fields(med, "view", "flat")}
                 rows.append(row)
                 print(f"{label:28s} {dtype:9s} F.linear on the view {row['view_ms']:9.2f} ms  "
                       f"one GEMM {row['flat_ms']:9.2f} ms  view/flat {row['view_over_flat']:.2f}",
@@ -135,9 +133,7 @@ def weight_grad_rows(label, d_in, hidden, batch, seq_len, args):
             med = alternating_medians(ways, args.repeats, args.warmup)
         row = {"product": "weight gradient", "layer": label, "weight": weight,
                "rows": seq_len * batch, "k": k, "hidden": hidden, "dtype": "float32",
-               "direct_ms": round(med["direct"] * 1e3, 3),
-               "transposed_ms": round(med["transposed"] * 1e3, 3),
-               "transposed_over_direct": round(med["transposed"] / med["direct"], 3)}
+               **pair_fields(med, "transposed", "direct")}
         out.append(row)
         print(f"{label:28s} {weight} gradient  direct {row['direct_ms']:9.2f} ms  transposed + "
               f"copy {row['transposed_ms']:9.2f} ms  transposed/direct "

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _alternating import add_arguments, checked_shapes, time_policies, write_results  # noqa: E402
+from _alternating import (add_arguments, checked_shapes, pair_fields,  # noqa: E402
+                          time_policies, write_results)
 
 #: a threshold no weight reaches (the MKL side of the comparison)
 NEVER = 1 << 62
@@ -102,9 +103,7 @@ def main(argv=None) -> int:
                         row = {"layer": label, "d_in": d_in, "hidden": hidden,
                                "bidirectional": bi, "batch": batch, "steps": seq_len,
                                "variant": v, "mode": mode, "weight": weight,
-                               "mkl_ms": round(med["mkl"] * 1e3, 3),
-                               "onednn_ms": round(med["onednn"] * 1e3, 3),
-                               "mkl_over_onednn": round(med["mkl"] / med["onednn"], 3)}
+                               **pair_fields(med, "mkl", "onednn")}
                         rows.append(row)
                         print(f"{label:28s} {v:30s} {mode:9s} weight {weight:8d}  MKL "
                               f"{row['mkl_ms']:9.2f} ms  oneDNN {row['onednn_ms']:9.2f} ms  "

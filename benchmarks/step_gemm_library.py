@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _alternating import add_arguments, checked_shapes, time_policies, write_results  # noqa: E402
+from _alternating import (add_arguments, checked_shapes, pair_fields,  # noqa: E402
+                          time_policies, write_results)
 
 
 def suggest(rows, mode: str) -> int:
@@ -83,9 +84,7 @@ def main(argv=None) -> int:
                            "bidirectional": bi, "batch": batch, "steps": seq_len,
                            "variant": v, "mode": mode,
                            "step_macs": batch * r_blocks * hidden * hidden,
-                           "own_ms": round(med["own"] * 1e3, 3),
-                           "mkl_ms": round(med["mkl"] * 1e3, 3),
-                           "own_over_mkl": round(med["own"] / med["mkl"], 3)}
+                           **pair_fields(med, "own", "mkl")}
                     rows.append(row)
                     print(f"{label:24s} {v:14s} {mode:9s} own {row['own_ms']:9.2f} ms  MKL "
                           f"{row['mkl_ms']:9.2f} ms  own/MKL {row['own_over_mkl']:.2f}",
