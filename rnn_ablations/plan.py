@@ -72,7 +72,6 @@ __all__ = ["LayerCall", "Kernels", "Policy", "Plan", "plan_layer", "cached_plan"
 from ._dynamo_marks import assume_constant_result
 from .functional import Reversal
 from .kernels import registry
-from .kernels.projection import cpu_has_bf16_gemm
 from .kernels.registry import Kernels
 from .settings import Options, _keep_hash, _kept_hash, get_options
 
@@ -379,15 +378,15 @@ def _runner(plan: Plan, call: LayerCall) -> str:
     return "generic"
 
 
-def bf16_gemm_applies(setting: str) -> bool:
+def bf16_gemm_applies(setting: str, cpu_has_bf16_gemm: bool) -> bool:
     """Whether a bfloat16 CPU call computes a GEMM in bfloat16 (its input projection:
     ``Policy.bf16_gemm``; its step GEMM: ``Policy.bf16_step_gemm``): ``"on"`` / ``"off"``, or
-    ``"auto"``: where the CPU has bfloat16 GEMM instructions (:func:`rnn_ablations.kernels.
-    projection.cpu_has_bf16_gemm`: AVX512-BF16 or AMX); elsewhere bfloat16 is converted to
-    float32 inside the GEMM, and the float32 kernels' own GEMM is faster."""
+    ``"auto"``: where the CPU has bfloat16 GEMM instructions (``cpu_has_bf16_gemm``, i.e.
+    ``Kernels.bf16_gemm``: AVX512-BF16 or AMX); elsewhere bfloat16 is converted to float32
+    inside the GEMM, and the float32 kernels' own GEMM is faster."""
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"bf16_gemm must be 'auto', 'on' or 'off', got {setting!r}")
-    return setting == "on" or (setting == "auto" and cpu_has_bf16_gemm())
+    return setting == "on" or (setting == "auto" and cpu_has_bf16_gemm)
 
 
 def stream_steps(steps: int, batch: int, width: int, itemsize: int, min_bytes: int,
@@ -483,9 +482,11 @@ def plan_layer(settings: Options, call: LayerCall, kernels: Kernels,
     plan = dataclasses.replace(plan, **fields)
     runner = _runner(plan, call)
     if bf16:
-        gemm = runner in _OWN_PROJECTION and bf16_gemm_applies(policy.bf16_gemm)
+        gemm = runner in _OWN_PROJECTION and bf16_gemm_applies(policy.bf16_gemm,
+                                                               kernels.bf16_gemm)
         # every CPU step runner hands w_hh to the kernel, which takes it in bfloat16
-        step = call.rec_blocks > 0 and bf16_gemm_applies(policy.bf16_step_gemm)
+        step = call.rec_blocks > 0 and bf16_gemm_applies(policy.bf16_step_gemm,
+                                                         kernels.bf16_gemm)
         plan = dataclasses.replace(plan, bf16_on_f32=True, bf16_gemm=gemm, bf16_step_gemm=step,
                                    onednn=plan.onednn and not gemm)
     return dataclasses.replace(plan, runner=runner)

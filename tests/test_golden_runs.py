@@ -49,6 +49,10 @@ KERNEL_SETS = {
     "no persistent, no onednn": Kernels(cpu=True, cuda=True, cpu_scan=True, cuda_scan=True,
                                         isa="portable"),
 }
+#: a CPU with bfloat16 GEMM instructions (AVX512-BF16 or AMX), for the cases beyond the sample:
+#: what the machine has is an argument of the plan, so the golden data holds on any CPU
+BF16_KERNELS = {"cpu with bf16 GEMM": Kernels(cpu=True, cpu_scan=True, onednn=True, isa="avx512",
+                                              cuda_error="no CUDA", bf16_gemm=True)}
 SETTINGS = {
     "default": {},
     "generic": dict(backend="generic"),
@@ -95,6 +99,16 @@ def _plan_cases():
                                          (4, "f32", True), (0, "f32", True)):
         cases.append(dict(base, rec_blocks=rec_blocks, dtype=dtype, needs_grad=False,
                           extra=dict(steps=4096, proj_width=1536, projected=projected)))
+    # bfloat16 on a CPU with bfloat16 GEMM instructions: bfloat16 calls and bfloat16 autocast,
+    # step and scan cells, each schedule, with and without a gradient, streamed
+    for settings, dtype, autocast, rec_blocks, grad in itertools.product(
+            ["default", "plain", "pipelined", "generic"], ["bf16", "f32"], [None, "bf16"], [0, 4],
+            [False, True]):
+        cases.append(dict(base, kernels="cpu with bf16 GEMM", settings=settings, dtype=dtype,
+                          autocast=autocast, rec_blocks=rec_blocks, needs_grad=grad))
+    for rec_blocks in (0, 4):
+        cases.append(dict(base, kernels="cpu with bf16 GEMM", dtype="bf16", rec_blocks=rec_blocks,
+                          needs_grad=False, extra=dict(steps=4096, proj_width=1536)))
     return cases
 
 
@@ -111,13 +125,15 @@ def _decide(case):
                      autocast_dtype=DTYPES.get(case["autocast"]), uniform=case["uniform"],
                      scan_layout=case["scan_layout"])._replace(**case.get("extra", {}))
     try:
-        plan = plan_layer(Options(**SETTINGS[case["settings"]]), call, KERNEL_SETS[case["kernels"]])
+        plan = plan_layer(Options(**SETTINGS[case["settings"]]), call,
+                          {**KERNEL_SETS, **BF16_KERNELS}[case["kernels"]])
     except (RuntimeError, ValueError) as exc:
         return {"error": type(exc).__name__ + ": " + str(exc).split(":")[0]}
     return {"runner": plan.runner, "isa": plan.isa, "chunk": plan.chunk, "onednn": plan.onednn,
             "graphs": plan.graphs, "persistent": list(plan.persistent),
             "warning": plan.warning[0] if plan.warning else None,
-            "bf16_on_f32": plan.bf16_on_f32, "bf16_gemm": plan.bf16_gemm, "stream": plan.stream,
+            "bf16_on_f32": plan.bf16_on_f32, "bf16_gemm": plan.bf16_gemm,
+            "bf16_step_gemm": plan.bf16_step_gemm, "stream": plan.stream,
             "step_gemm": list(plan.step_gemm)}
 
 

@@ -222,6 +222,27 @@ def test_onednn_threshold_per_cpu_vendor(monkeypatch):
     assert registry.cpu_vendor() in ("intel", "amd", None)
 
 
+def test_bf16_instructions_are_a_field_of_kernels(monkeypatch):
+    """Whether the CPU has bfloat16 GEMM instructions reaches the plan as ``Kernels.bf16_gemm``
+    (``registry.kernels()`` probes it): ``Policy.bf16_gemm="auto"`` follows it, and the plan
+    asks the machine nothing itself (a probe patched to say the opposite changes no plan)."""
+    from rnn_ablations.kernels import projection, registry
+    bf16 = call(dtype=torch.bfloat16)
+    with_isa = dataclasses.replace(ALL, bf16_gemm=True)
+    for probe in (False, True):
+        monkeypatch.setattr(projection, "cpu_has_bf16_gemm", lambda probe=probe: probe)
+        monkeypatch.setattr(P, "cpu_has_bf16_gemm", lambda probe=probe: probe, raising=False)
+        plain = Options(cpu_schedule="plain")  # (the pipelined kernel projects inside)
+        assert not plan_layer(plain, bf16, ALL, POLICY).bf16_gemm
+        got = plan_layer(plain, bf16, with_isa, POLICY)
+        assert got.bf16_on_f32 and got.bf16_gemm and not got.onednn, got
+        # the step GEMM's default stays float32 until measured on such a CPU
+        assert not got.bf16_step_gemm
+        assert plan_layer(plain, bf16, with_isa, Policy(bf16_step_gemm="auto")).bf16_step_gemm
+    monkeypatch.undo()
+    assert registry.kernels().bf16_gemm == projection.cpu_has_bf16_gemm()
+
+
 def test_the_plan_is_pure():
     """Same arguments, same plan, and the cached form agrees."""
     args = (Options(), call(directions=2), ALL, POLICY)

@@ -229,7 +229,11 @@ class Kernels:
     the persistent CUDA kernel is in the build; onednn: torch's oneDNN linear works here;
     isa: the CPU kernel's vector path in use; cpu_error / cuda_error: why a kernel is missing;
     cpu_vendor: the CPU's maker, ``"intel"``, ``"amd"`` or ``None`` (:func:`cpu_vendor`: the
-    GEMM libraries' speeds differ by vendor, which the plan's oneDNN threshold reads)."""
+    GEMM libraries' speeds differ by vendor, which the plan's oneDNN threshold reads);
+    bf16_gemm: the CPU has bfloat16 GEMM instructions (AVX512-BF16 or AMX: :func:`rnn_ablations.
+    kernels.projection.cpu_has_bf16_gemm`), which ``Policy.bf16_gemm`` / ``bf16_step_gemm``
+    ``"auto"`` read.  Everything the plan knows of the machine is here, so that a plan is a
+    function of its arguments."""
 
     cpu: bool = False
     cuda: bool = False
@@ -241,6 +245,7 @@ class Kernels:
     cpu_error: str = "not built"
     cuda_error: str = "not built"
     cpu_vendor: Optional[str] = None
+    bf16_gemm: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
@@ -303,6 +308,8 @@ def kernels() -> Kernels:
     key = (id(cpu), id(cuda), isa)
     got = _kernels_cache.get(key)
     if got is None:
+        from .projection import cpu_has_bf16_gemm  # (projection imports this module)
+
         scan_why = ("the compiled extension has no scan kernels of this version (scan_abi "
                     f"{SCAN_ABI}): rebuild it "
                     "(`pip install --no-build-isolation -e .`)")
@@ -312,7 +319,7 @@ def kernels() -> Kernels:
             persistent=_can(cuda, "persistent"), onednn=onednn_usable(), isa=isa,
             cpu_error=_KERNEL_ERROR if cpu is None else scan_why,
             cuda_error=_CUDA_KERNEL_ERROR if cuda is None else scan_why,
-            cpu_vendor=cpu_vendor())
+            cpu_vendor=cpu_vendor(), bf16_gemm=cpu_has_bf16_gemm())
         _kernels_cache.clear()
         _kernels_cache[key] = got
     return got

@@ -33,6 +33,7 @@ BF16_TOL = dict(rtol=3e-2, atol=3e-2)
 
 # --------------------------------------------------------------------------- the plan
 KERNELS = Kernels(cpu=True, cpu_scan=True, onednn=True, isa="avx2")
+KERNELS_BF16 = dataclasses.replace(KERNELS, isa="avx512", bf16_gemm=True)  # AVX512-BF16 / AMX
 
 
 def _call(**kw) -> LayerCall:
@@ -44,14 +45,14 @@ def _call(**kw) -> LayerCall:
 
 @pytest.mark.parametrize("isa", [False, True], ids=["avx2", "avx512_bf16"])
 @pytest.mark.parametrize("setting", ["auto", "on", "off"])
-def test_plan_takes_the_bf16_step_gemm_where_the_isa_has_it(isa, setting, monkeypatch):
-    monkeypatch.setattr(run_plan, "cpu_has_bf16_gemm", lambda: isa)
+def test_plan_takes_the_bf16_step_gemm_where_the_isa_has_it(isa, setting):
+    kernels = KERNELS_BF16 if isa else KERNELS
     policy = Policy(bf16_step_gemm=setting)
     want = setting == "on" or (setting == "auto" and isa)
     for call in (_call(), _call(needs_grad=False), _call(directions=2),
                  _call(dtype=torch.float32, weight_dtypes=(torch.bfloat16, torch.float32)),
                  _call(dtype=torch.float32, autocast_dtype=torch.bfloat16)):
-        plan = plan_layer(Options(), call, KERNELS, policy)
+        plan = plan_layer(Options(), call, kernels, policy)
         assert plan.path == "cpu" and plan.bf16_on_f32, plan
         assert plan.bf16_step_gemm == want, (call, plan)
 
@@ -62,15 +63,14 @@ def test_plan_takes_the_bf16_step_gemm_where_the_isa_has_it(isa, setting, monkey
     _call(rec_blocks=0, proj_weight=32 * 16),  # a scan cell has no step GEMM
     _call(projected=True),  # proj_size: the generic path
 ], ids=["float32", "float64", "scan", "proj_size"])
-def test_plan_keeps_other_calls_off_the_bf16_step_gemm(call, monkeypatch):
-    monkeypatch.setattr(run_plan, "cpu_has_bf16_gemm", lambda: True)
-    plan = plan_layer(Options(), call, KERNELS, Policy(bf16_step_gemm="on"))
+def test_plan_keeps_other_calls_off_the_bf16_step_gemm(call):
+    plan = plan_layer(Options(), call, KERNELS_BF16, Policy(bf16_step_gemm="on"))
     assert not plan.bf16_step_gemm, plan
 
 
-def test_plan_generic_backend_no_bf16_step_gemm(monkeypatch):
-    monkeypatch.setattr(run_plan, "cpu_has_bf16_gemm", lambda: True)
-    plan = plan_layer(Options(backend="generic"), _call(), KERNELS, Policy(bf16_step_gemm="on"))
+def test_plan_generic_backend_no_bf16_step_gemm():
+    plan = plan_layer(Options(backend="generic"), _call(), KERNELS_BF16,
+                      Policy(bf16_step_gemm="on"))
     assert plan.path == "generic" and not plan.bf16_step_gemm
 
 

@@ -92,8 +92,10 @@ def test_generic_backend_keeps_bfloat16_generic(monkeypatch):
 
 
 def test_bf16_gemm_setting():
-    assert bf16_gemm_applies("on") and not bf16_gemm_applies("off")
+    for has in (False, True):  # "on" / "off" whatever the CPU has; "auto" follows the CPU
+        assert bf16_gemm_applies("on", has) and not bf16_gemm_applies("off", has)
+        assert bf16_gemm_applies("auto", has) == has
     with pytest.raises(ValueError, match="bf16_gemm"):
-        bf16_gemm_applies("sometimes")
+        bf16_gemm_applies("sometimes", True)
     with pytest.raises(ValueError, match="bf16_gemm"):
         dataclasses.replace(run_plan.POLICY, bf16_gemm="yes")
