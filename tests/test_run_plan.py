@@ -231,6 +231,7 @@ def test_bf16_instructions_are_a_field_of_kernels(monkeypatch):
     with_isa = dataclasses.replace(ALL, bf16_gemm=True)
     for probe in (False, True):
         monkeypatch.setattr(projection, "cpu_has_bf16_gemm", lambda probe=probe: probe)
+        monkeypatch.setattr(registry, "cpu_has_bf16_gemm", lambda probe=probe: probe)
         monkeypatch.setattr(P, "cpu_has_bf16_gemm", lambda probe=probe: probe, raising=False)
         plain = Options(cpu_schedule="plain")  # (the pipelined kernel projects inside)
         assert not plan_layer(plain, bf16, ALL, POLICY).bf16_gemm
@@ -240,7 +241,8 @@ def test_bf16_instructions_are_a_field_of_kernels(monkeypatch):
         assert not got.bf16_step_gemm
         assert plan_layer(plain, bf16, with_isa, Policy(bf16_step_gemm="auto")).bf16_step_gemm
     monkeypatch.undo()
-    assert registry.kernels().bf16_gemm == projection.cpu_has_bf16_gemm()
+    assert registry.kernels().bf16_gemm == registry.cpu_has_bf16_gemm()
+    assert projection.cpu_has_bf16_gemm is registry.cpu_has_bf16_gemm
 
 
 def test_the_plan_is_pure():

@@ -11,6 +11,7 @@ from typing import List, Optional
 import torch
 
 from . import registry
+from .registry import cpu_has_bf16_gemm  # noqa: F401  (a name of this module's)
 
 __all__ = ["input_projection", "streamed_forward", "streamed_scan_forward", "cpu_has_bf16_gemm"]
 
@@ -82,14 +83,6 @@ class _OneDnnLinear(torch.autograd.Function):
         if ctx.has_bias and need[2]:
             db = g2d.sum(0)
         return dx, dw, db
-
-
-def cpu_has_bf16_gemm() -> bool:
-    """The CPU has bfloat16 GEMM instructions (AVX512-BF16 or AMX), which oneDNN uses for a
-    bfloat16 ``F.linear``; elsewhere a bfloat16 GEMM is emulated and float32 is faster."""
-    cpu = torch.cpu
-    return bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()
-                or getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
 
 
 def input_projection(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

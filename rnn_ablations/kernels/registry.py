@@ -230,10 +230,10 @@ class Kernels:
     isa: the CPU kernel's vector path in use; cpu_error / cuda_error: why a kernel is missing;
     cpu_vendor: the CPU's maker, ``"intel"``, ``"amd"`` or ``None`` (:func:`cpu_vendor`: the
     GEMM libraries' speeds differ by vendor, which the plan's oneDNN threshold reads);
-    bf16_gemm: the CPU has bfloat16 GEMM instructions (AVX512-BF16 or AMX: :func:`rnn_ablations.
-    kernels.projection.cpu_has_bf16_gemm`), which ``Policy.bf16_gemm`` / ``bf16_step_gemm``
-    ``"auto"`` read.  Everything the plan knows of the machine is here, so that a plan is a
-    function of its arguments."""
+    bf16_gemm: the CPU has bfloat16 GEMM instructions (AVX512-BF16 or AMX:
+    :func:`cpu_has_bf16_gemm`), which ``Policy.bf16_gemm`` / ``bf16_step_gemm`` ``"auto"`` read.
+    Everything the plan knows of the machine is here, so that a plan is a function of its
+    arguments."""
 
     cpu: bool = False
     cuda: bool = False
@@ -298,6 +298,15 @@ def cpu_vendor() -> Optional[str]:
         pass
     return None
 
+
+def cpu_has_bf16_gemm() -> bool:
+    """The CPU has bfloat16 GEMM instructions (AVX512-BF16 or AMX), which oneDNN uses for a
+    bfloat16 ``F.linear``; elsewhere a bfloat16 GEMM is emulated and float32 is faster."""
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+                or getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
+
+
 _kernels_cache = {}
 
 
@@ -308,8 +317,6 @@ def kernels() -> Kernels:
     key = (id(cpu), id(cuda), isa)
     got = _kernels_cache.get(key)
     if got is None:
-        from .projection import cpu_has_bf16_gemm  # (projection imports this module)
-
         scan_why = ("the compiled extension has no scan kernels of this version (scan_abi "
                     f"{SCAN_ABI}): rebuild it "
                     "(`pip install --no-build-isolation -e .`)")
