@@ -34,8 +34,9 @@ import rnn_ablations as ra
 from rnn_ablations.kernels import registry
 from rnn_ablations.commands.machine import describe
 
+# the step kernel: variant, hidden, batch, steps (PTB medium, single layer 256, PTB small, parser-like)
 SHAPES = [("ran", 650, 20, 35), ("lstm", 650, 20, 35), ("ran", 256, 32, 64), ("lstm", 256, 32, 64),
-          ("lstm", 100, 40, 200)]
+          ("ran", 200, 20, 20), ("lstm", 200, 20, 20), ("lstm", 100, 40, 200)]
 # the element-wise scan (LSTM - S-RNN - HIDDEN): hidden, batch, steps, highway
 SCAN_SHAPES = [(256, 32, 100, False), (256, 32, 100, True), (650, 32, 100, False),
                (650, 32, 100, True)]

@@ -100,7 +100,7 @@ std::vector<at::Tensor> pipelined_forward(int64_t spec, bool highway, at::Tensor
         const int64_t t1 = std::min(T, (k + 1) * C);
         for (int64_t t = k * C; t < t1; ++t) {
           if (s.bs[t] == 0) return;
-          const scalar_t* xop = X > 0 ? xo[t].data_ptr<scalar_t>() : nullptr;
+          const scalar_t* xop = X > 0 ? cpu::at_step<scalar_t>(xo, t) : nullptr;
           cpu::forward_step<scalar_t>(s, t, xop, false);
         }
       }
@@ -202,7 +202,7 @@ std::vector<at::Tensor> pipelined_backward(int64_t spec, bool highway, at::Tenso
       for (int64_t k = chunks - 1; k >= 0; --k) {
         const int64_t t0 = k * C, t1 = std::min(T, t0 + C);
         for (int64_t t = t1 - 1; t >= t0; --t) {
-          const scalar_t* xop = X > 0 ? xo[t].data_ptr<scalar_t>() : nullptr;
+          const scalar_t* xop = X > 0 ? cpu::at_step<scalar_t>(xo, t) : nullptr;
           cpu::backward_step<scalar_t>(s, t, xop, false);
         }
         pipe.done[k].store(1, std::memory_order_release);

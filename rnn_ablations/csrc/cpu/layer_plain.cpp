@@ -53,7 +53,7 @@ std::vector<at::Tensor> plain_forward(int64_t spec, bool highway, at::Tensor pro
 
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_forward", [&] {
     for (int64_t t = 0; t < T && s.bs[t] > 0; ++t) {
-      const scalar_t* xop = X > 0 ? proj[t].data_ptr<scalar_t>() + R * H : nullptr;
+      const scalar_t* xop = X > 0 ? cpu::at_step<scalar_t>(proj, t) + R * H : nullptr;
       cpu::forward_step<scalar_t>(s, t, xop, true);
     }
   });
@@ -87,7 +87,7 @@ std::vector<at::Tensor> plain_backward(int64_t spec, bool highway, at::Tensor gr
 
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "rnn_ablations_backward", [&] {
     for (int64_t t = T - 1; t >= 0; --t) {
-      const scalar_t* xop = X > 0 ? proj[t].data_ptr<scalar_t>() + R * H : nullptr;
+      const scalar_t* xop = X > 0 ? cpu::at_step<scalar_t>(proj, t) + R * H : nullptr;
       cpu::backward_step<scalar_t>(s, t, xop, true);
     }
   });

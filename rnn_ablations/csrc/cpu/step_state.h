@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
@@ -40,6 +41,14 @@ inline int64_t grain_rows(int64_t rows, int64_t hidden) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   if (threads == 1 || rows * hidden < 16384) return std::max<int64_t>(rows, 1);
   return std::max<int64_t>(1, (rows + threads - 1) / threads);
+}
+
+// Step t of a (T, ...) tensor whose rows within a step are contiguous: a pointer, not a tensor
+// (a step of a small layer costs a few microseconds, about what ATen's select and narrow would
+// add to it).
+template <typename scalar_t>
+inline scalar_t* at_step(const at::Tensor& x, int64_t t) {
+  return x.data_ptr<scalar_t>() + t * x.stride(0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -213,25 +222,26 @@ bool step_gemm(StepState& s, int64_t n, const scalar_t* A, int64_t lda, scalar_t
 template <typename scalar_t>
 void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) {
   const int64_t n = s.bs[t];
-  at::Tensor h_prev = (t == 0 ? s.h0 : s.out[t - 1]).narrow(0, 0, n);
+  // h_{t-1} of the active rows (n x H, contiguous rows), masked into hp_buf with recurrent dropout
+  const scalar_t* a = t == 0 ? s.h0.data_ptr<scalar_t>() : at_step<scalar_t>(s.out, t - 1);
   if (s.has_mask) {
     at::Tensor hp = s.hp_buf.narrow(0, 0, n);
-    at::mul_out(hp, h_prev, s.rec_mask.narrow(0, 0, n));
-    h_prev = hp;
+    at::mul_out(hp, (t == 0 ? s.h0 : s.out[t - 1]).narrow(0, 0, n), s.rec_mask.narrow(0, 0, n));
+    a = hp.data_ptr<scalar_t>();
   }
-  scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
+  scalar_t* gp = at_step<scalar_t>(s.gates, t);
   // In inference c_{t-1} and c_t share the rolling buffer (element-wise, each unit read before
   // it is written).
   const scalar_t* cpp = s.rolling_c ? s.cs.data_ptr<scalar_t>()
-                                    : (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>();
-  scalar_t* cp = s.rolling_c ? s.cs.data_ptr<scalar_t>() : s.cs[t].data_ptr<scalar_t>();
-  scalar_t* hp = s.out[t].data_ptr<scalar_t>();
-  scalar_t* hinp = s.hin.defined() ? s.hin[t].data_ptr<scalar_t>() : nullptr;
+                        : t == 0    ? s.c0.data_ptr<scalar_t>()
+                                    : at_step<scalar_t>(s.cs, t - 1);
+  scalar_t* cp = s.rolling_c ? s.cs.data_ptr<scalar_t>() : at_step<scalar_t>(s.cs, t);
+  scalar_t* hp = at_step<scalar_t>(s.out, t);
+  scalar_t* hinp = s.hin.defined() ? at_step<scalar_t>(s.hin, t) : nullptr;
   if constexpr (std::is_same<scalar_t, float>::value) {
     if (!s.packed_blocks.empty()) {
       const int64_t H = s.d.H, R = s.d.R, panels = s.packed_blocks[0].panels();
       const int64_t width = s.packed_blocks[0].panel;
-      const float* a = h_prev.data_ptr<float>();
       const int64_t threads = parallel ? at::get_num_threads() : 1;
       const int64_t chunks = (threads > 1 && worth_splitting(n, R * H, H))
                                  ? std::min<int64_t>(threads, panels) : 1;
@@ -256,8 +266,9 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
       return;
     }
   }
-  if (!step_gemm<scalar_t, true>(s, n, h_prev.data_ptr<scalar_t>(), s.d.H, gp, s.d.gates_stride,
-                                 parallel)) {
+  if (!step_gemm<scalar_t, true>(s, n, a, s.d.H, gp, s.d.gates_stride, parallel)) {
+    const at::Tensor h_prev = at::from_blob(const_cast<scalar_t*>(a), {n, s.d.H},
+                                            s.out.options());
     s.gates[t].narrow(0, 0, n).addmm_(h_prev, s.w_t);
   }
   auto body = [&](int64_t r0, int64_t r1) {
@@ -272,28 +283,33 @@ void forward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) 
 template <typename scalar_t>
 void backward_step(StepState& s, int64_t t, const scalar_t* xo_t, bool parallel) {
   const int64_t n = s.bs[t], B = s.d.B, R = s.d.R, H = s.d.H, X = s.d.X;
-  if (n < B) s.dproj[t].narrow(0, n, B - n).zero_();
+  const int64_t P = s.d.proj_stride;
+  scalar_t* dap = at_step<scalar_t>(s.dproj, t);  // (B, P), contiguous
+  if (n < B) std::fill(dap + n * P, dap + B * P, scalar_t(0));
   if (n == 0) return;
-  s.dh.narrow(0, 0, n).add_(s.grad_out[t].narrow(0, 0, n));
-  const scalar_t* gp = s.gates[t].data_ptr<scalar_t>();
+  const scalar_t* gop = at_step<scalar_t>(s.grad_out, t);  // (B, H), contiguous
+  const scalar_t* gp = at_step<scalar_t>(s.gates, t);
   const bool memory = s.ks.memory;
-  const scalar_t* ccur = memory ? s.cs[t].data_ptr<scalar_t>() : nullptr;
-  const scalar_t* cprev = memory ? (t == 0 ? s.c0 : s.cs[t - 1]).data_ptr<scalar_t>() : nullptr;
-  const scalar_t* hinp = s.ks.highway ? s.hin[t].data_ptr<scalar_t>() : nullptr;
+  const scalar_t* ccur = memory ? at_step<scalar_t>(s.cs, t) : nullptr;
+  const scalar_t* cprev = !memory ? nullptr
+                          : t == 0 ? s.c0.data_ptr<scalar_t>()
+                                   : at_step<scalar_t>(s.cs, t - 1);
+  const scalar_t* hinp = s.ks.highway ? at_step<scalar_t>(s.hin, t) : nullptr;
   scalar_t* dhp = s.dh.data_ptr<scalar_t>();
   scalar_t* dcp = s.dc.data_ptr<scalar_t>();
-  scalar_t* dap = s.dproj[t].data_ptr<scalar_t>();
   scalar_t* dxop = X > 0 ? dap + R * H : nullptr;
   auto body = [&](int64_t r0, int64_t r1) {
+    // dL/dh_t: the carried gradient plus dL/dout_t, for this task's rows
+    for (int64_t i = r0 * H; i < r1 * H; ++i) dhp[i] += gop[i];
     pointwise_backward(s.ks, s.d, gp, xo_t, ccur, cprev, hinp, dhp, dcp, dap, dxop, r0, r1);
   };
   if (parallel) at::parallel_for(0, n, grain_rows(n, H), body);
   else body(0, n);
-  at::Tensor dh_n = s.dh.narrow(0, 0, n);
-  if (!step_gemm<scalar_t, false>(s, n, dap, s.d.proj_stride, dhp, H, parallel)) {
+  if (!step_gemm<scalar_t, false>(s, n, dap, P, dhp, H, parallel)) {
+    at::Tensor dh_n = s.dh.narrow(0, 0, n);
     at::mm_out(dh_n, s.dproj[t].narrow(0, 0, n).narrow(1, 0, R * H), s.w_hh);
   }
-  if (s.has_mask) dh_n.mul_(s.rec_mask.narrow(0, 0, n));
+  if (s.has_mask) s.dh.narrow(0, 0, n).mul_(s.rec_mask.narrow(0, 0, n));
 }
 
 }  // namespace cpu
