@@ -12,7 +12,8 @@ largest output difference (0 when the arithmetic is the same).
 Build the other module from a checkout of the older commit (``python setup.py build_ext
 --inplace`` there) and copy its ``rnn_ablations/_C*.so`` out first.  Both modules must have
 the same ``forward`` entry point (``spec, highway, proj, w_hh, h0, c0, batch_sizes, rec_mask,
-keep_hin, in_place``; for the scan ``scan_forward`` / ``scan_backward`` with the kernel spec and
+keep_hin, in_place``) and ``plain_backward`` (``spec, highway, grad_out, grad_hn, grad_cn,
+gates, cs, hin, out, proj, w_hh, h0, c0, batch_sizes, rec_mask``); for the scan ``scan_forward`` / ``scan_backward`` with the kernel spec and
 highway flag first): a module with another signature is refused by the call.
 """
 from __future__ import annotations
@@ -64,8 +65,7 @@ def _plain_forward(module):
 
 def step_calls(dtype):
     """(label, call(module)) for the plain step kernel on SHAPES: its forward as in inference,
-    and its forward keeping what the backward reads followed by ``plain_backward`` (training;
-    a module without ``plain_backward`` gets the forward only)."""
+    and its forward keeping what the backward reads followed by ``plain_backward`` (training)."""
     for variant, hidden, batch, steps in SHAPES:
         v = ra.get_variant(variant)
         torch.manual_seed(0)
@@ -85,8 +85,12 @@ def step_calls(dtype):
             proj = proj0.clone()
             out, _, _, gates, cs, hin = _plain_forward(module)(
                 v.kernel_spec, False, proj, w, h0, h0, bs, empty, True, True)
-            return module.plain_backward(v.kernel_spec, False, g_out, h0, h0, gates, cs, hin, out,
-                                         proj, w, h0, h0, bs, empty)
+            backward = getattr(module, "plain_backward", None)
+            if backward is None:
+                raise SystemExit(f"{module.__file__!r} has no plain_backward entry point: build "
+                                 "the other module from a newer commit, or use --kernel scan")
+            return backward(v.kernel_spec, False, g_out, h0, h0, gates, cs, hin, out, proj, w, h0,
+                            h0, bs, empty)
 
         label = f"{variant:5s} H={hidden:4d} B={batch:3d} T={steps:4d}"
         yield label + " forward", run

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from rnn_ablations.commands.machine import cpu_file_name, describe
     from rnn_ablations.commands.speed import EXPERIMENT_SHAPES
     from rnn_ablations.kernels import registry
-    from rnn_ablations.kernels.projection import cpu_has_bf16_gemm
+    from rnn_ablations.kernels.registry import cpu_has_bf16_gemm
     from rnn_ablations.variants import get_variant
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", default=["lstm", "ran"])

@@ -20,8 +20,8 @@ emulated on CPUs without AVX512-BF16 or AMX.  view/flat > 1: one GEMM is faster.
 The weight gradients of W_ih (4H x d) and W_hh (4H x H) are one GEMM over all T·B rows of the
 gate gradients g (T·B, 4H) and the layer's input or previous hidden state.  The kernel computes
 gᵀ·in directly into the gradient (``weight_grad`` in ``csrc/cpu/layer_plain.cpp``); the other
-layout computes inᵀ·g, which some MKL builds run faster for a 4H x H result, and transposes it
-into a fresh tensor.  transposed/direct > 1: the kernel's layout is faster.  Writes
+layout computes inᵀ·g (which an earlier measurement on an AMD EPYC found faster for a 4H x H
+result) and transposes it into a fresh tensor.  transposed/direct > 1: the kernel's layout is faster.  Writes
 ``OUT/projection_layout_<cpu-name>.{json,md}``.
 """
 from __future__ import annotations
@@ -43,7 +43,8 @@ from projection_library import layers_of  # noqa: E402
 
 def main(argv=None) -> int:
     from rnn_ablations.commands.machine import cpu_file_name, describe
-    from rnn_ablations.kernels.projection import cpu_has_bf16_gemm, input_projection
+    from rnn_ablations.kernels.projection import input_projection
+    from rnn_ablations.kernels.registry import cpu_has_bf16_gemm
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(p, ["lstm"])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"],

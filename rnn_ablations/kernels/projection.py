@@ -11,9 +11,8 @@ from typing import List, Optional
 import torch
 
 from . import registry
-from .registry import cpu_has_bf16_gemm  # noqa: F401  (a name of this module's)
 
-__all__ = ["input_projection", "streamed_forward", "streamed_scan_forward", "cpu_has_bf16_gemm"]
+__all__ = ["input_projection", "streamed_forward", "streamed_scan_forward"]
 
 
 @torch.library.custom_op("rnn_ablations::onednn_linear", mutates_args=(), device_types="cpu")

@@ -302,7 +302,7 @@ def test_bf16_step_gemm_benchmark_on_the_cpu(tmp_path, capsys):
                        "inference", "--repeats", "1", "--warmup", "0", "--out", str(out),
                        "--name", "t"]) == 0
     data = json.loads((out / "t.json").read_text())
-    from rnn_ablations.kernels.projection import cpu_has_bf16_gemm
+    from rnn_ablations.kernels.registry import cpu_has_bf16_gemm
     assert data["meta"]["bf16_instructions"] == cpu_has_bf16_gemm()
     assert data["meta"]["machine"]
     rows = data["rows"]
