@@ -99,8 +99,9 @@ def plan_in_words(plan: Plan, call: LayerCall, variant: str = "", highway: bool 
                 sched += f", chunk {plan.chunk or 'automatic'}"
         out.append(f"  schedule: {sched}")
     if plan.bf16_on_f32:
+        has = "has" if plan.bf16_instructions else "has no"
         out.append("  dtype path: bfloat16 on the float32 kernels (inputs widened to float32, "
-                   "results in bfloat16)")
+                   f"results in bfloat16); this CPU {has} bfloat16 GEMM instructions")
     else:
         out.append(f"  dtype path: {_dtype_name(call.dtype)}")
     if plan.runner in ("cpu_pipelined", "cpu_pipelined_pair"):

@@ -215,7 +215,9 @@ class Plan:
     ``torch.autocast("cpu", torch.bfloat16)``) that runs on the float32 kernels (inputs widened
     to float32, results narrowed to bfloat16); bf16_gemm: its input projection's GEMM in
     bfloat16; bf16_step_gemm: its step GEMM in bfloat16 (``w_hh`` given to the kernel in
-    bfloat16); stream: steps per chunk of a no-gradient forward whose input projections are
+    bfloat16); bf16_instructions: for such a call, whether the CPU has bfloat16 GEMM
+    instructions (``Kernels.bf16_gemm``), which the ``"auto"`` settings of the two GEMMs read;
+    stream: steps per chunk of a no-gradient forward whose input projections are
     computed a chunk at a time (0: all at once); step_gemm: ``(train_min_macs,
     inference_min_macs)`` from which the CPU kernel's step GEMM runs on MKL (-1: never);
     cuda_checked: the CUDA families (programs and rules) that passed their first-use check on
@@ -240,6 +242,7 @@ class Plan:
     bf16_on_f32: bool = False
     bf16_gemm: bool = False
     bf16_step_gemm: bool = False
+    bf16_instructions: bool = False
     stream: int = 0
     step_gemm: Tuple[int, int] = (-1, -1)
     cuda_checked: Tuple[str, ...] = ()
@@ -488,6 +491,7 @@ def plan_layer(settings: Options, call: LayerCall, kernels: Kernels,
         step = call.rec_blocks > 0 and bf16_gemm_applies(policy.bf16_step_gemm,
                                                          kernels.bf16_gemm)
         plan = dataclasses.replace(plan, bf16_on_f32=True, bf16_gemm=gemm, bf16_step_gemm=step,
+                                   bf16_instructions=kernels.bf16_gemm,
                                    onednn=plan.onednn and not gemm)
     return dataclasses.replace(plan, runner=runner)
 

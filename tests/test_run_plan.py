@@ -224,25 +224,32 @@ def test_onednn_threshold_per_cpu_vendor(monkeypatch):
 
 def test_bf16_instructions_are_a_field_of_kernels(monkeypatch):
     """Whether the CPU has bfloat16 GEMM instructions reaches the plan as ``Kernels.bf16_gemm``
-    (``registry.kernels()`` probes it): ``Policy.bf16_gemm="auto"`` follows it, and the plan
+    (``registry.kernels()`` probes it): ``Policy.bf16_gemm="auto"`` follows it, the plan of a
+    bfloat16 call carries it (``Plan.bf16_instructions``, which explain prints), and the plan
     asks the machine nothing itself (a probe patched to say the opposite changes no plan)."""
-    from rnn_ablations.kernels import projection, registry
+    from rnn_ablations.explanation import plan_in_words
+    from rnn_ablations.kernels import registry
     bf16 = call(dtype=torch.bfloat16)
     with_isa = dataclasses.replace(ALL, bf16_gemm=True)
     for probe in (False, True):
-        monkeypatch.setattr(projection, "cpu_has_bf16_gemm", lambda probe=probe: probe)
         monkeypatch.setattr(registry, "cpu_has_bf16_gemm", lambda probe=probe: probe)
         monkeypatch.setattr(P, "cpu_has_bf16_gemm", lambda probe=probe: probe, raising=False)
         plain = Options(cpu_schedule="plain")  # (the pipelined kernel projects inside)
-        assert not plan_layer(plain, bf16, ALL, POLICY).bf16_gemm
+        without = plan_layer(plain, bf16, ALL, POLICY)
+        assert not without.bf16_gemm and not without.bf16_instructions
         got = plan_layer(plain, bf16, with_isa, POLICY)
-        assert got.bf16_on_f32 and got.bf16_gemm and not got.onednn, got
+        assert got.bf16_on_f32 and got.bf16_gemm and got.bf16_instructions and not got.onednn, got
+        # explain says what the plan read of the machine
+        assert "this CPU has bfloat16 GEMM instructions" in "\n".join(plan_in_words(got, bf16))
+        assert "this CPU has no bfloat16 GEMM instructions" in "\n".join(
+            plan_in_words(without, bf16))
         # the step GEMM's default stays float32 until measured on such a CPU
         assert not got.bf16_step_gemm
         assert plan_layer(plain, bf16, with_isa, Policy(bf16_step_gemm="auto")).bf16_step_gemm
     monkeypatch.undo()
     assert registry.kernels().bf16_gemm == registry.cpu_has_bf16_gemm()
-    assert projection.cpu_has_bf16_gemm is registry.cpu_has_bf16_gemm
+    # a float32 call reads nothing of it
+    assert not plan_layer(Options(), call(), with_isa, POLICY).bf16_instructions
 
 
 def test_the_plan_is_pure():
